@@ -1,0 +1,184 @@
+"""What a probe is: the decorator that registers it, the context it gets, the result it returns.
+
+Probes measure and never conclude: a probe returns a named *outcome* and the numbers behind it; the
+YAML trees decide what an outcome means. Artifacts (plots, tables, image grids) are plain data that
+the report layer renders, so no probe imports matplotlib or rich.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import time
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from typing import TYPE_CHECKING, Any, Callable, Literal
+
+if TYPE_CHECKING:  # pragma: no cover
+    from nnwizard.target import Target
+
+Status = Literal["passed", "failed", "errored", "skipped"]
+
+
+# --------------------------------------------------------------------------------------- artifacts
+@dataclass
+class LinePlot:
+    """One or more series against the step (or a given x)."""
+
+    name: str
+    title: str
+    series: dict[str, list[float]]
+    xlabel: str = "step"
+    ylabel: str = "loss"
+    x: list[float] | None = None
+    logy: bool = False
+    logx: bool = False
+    marks: dict[str, float] = field(default_factory=dict)  # label -> x position of a vertical line
+    kind: str = "line"
+
+
+@dataclass
+class BarPlot:
+    name: str
+    title: str
+    labels: list[str]
+    values: list[float]
+    ylabel: str = ""
+    logy: bool = False
+    kind: str = "bar"
+
+
+@dataclass
+class ImageGrid:
+    """Images as nested lists (H, W) or (H, W, 3), values in [0, 1], each with a caption."""
+
+    name: str
+    title: str
+    images: list[Any]
+    captions: list[str]
+    kind: str = "images"
+
+
+@dataclass
+class Table:
+    """A table for the report; rows whose index is in ``marked`` are flagged."""
+
+    name: str
+    title: str
+    columns: list[str]
+    rows: list[list[Any]]
+    marked: list[int] = field(default_factory=list)
+    kind: str = "table"
+
+
+Artifact = LinePlot | BarPlot | ImageGrid | Table
+
+
+# ---------------------------------------------------------------------------------------- results
+@dataclass
+class ProbeResult:
+    status: Status
+    outcome: str
+    summary: str
+    data: dict[str, Any] = field(default_factory=dict)
+    artifacts: list[Artifact] = field(default_factory=list)
+    duration_s: float = 0.0
+    id: str = ""
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+def passed(summary: str, outcome: str = "ok", artifacts: list | None = None, **data: Any) -> ProbeResult:
+    """Nothing wrong was measured."""
+    return ProbeResult("passed", outcome, summary, data, list(artifacts or []))
+
+
+def failed(outcome: str, summary: str, artifacts: list | None = None, **data: Any) -> ProbeResult:
+    """A fault was measured; ``outcome`` names which one."""
+    return ProbeResult("failed", outcome, summary, data, list(artifacts or []))
+
+
+def skipped(summary: str, outcome: str = "skipped", **data: Any) -> ProbeResult:
+    """The probe does not apply to this target (e.g. no user ``evaluate`` to audit)."""
+    return ProbeResult("skipped", outcome, summary, data)
+
+
+# ---------------------------------------------------------------------------------------- context
+@dataclass
+class ProbeContext:
+    """Everything a probe may use. ``results`` holds the probes already run in this session."""
+
+    target: "Target"
+    params: dict[str, Any] = field(default_factory=dict)
+    results: dict[str, ProbeResult] = field(default_factory=dict)
+    seed: int = 0
+    deadline: float | None = None  # time.monotonic() value after which long loops should stop
+    on_progress: Callable[[float, str], None] | None = None
+
+    @property
+    def device(self):
+        return self.target.device
+
+    def param(self, name: str, default: Any) -> Any:
+        return self.params.get(name, default)
+
+    def time_left(self) -> float:
+        return float("inf") if self.deadline is None else self.deadline - time.monotonic()
+
+    def progress(self, fraction: float, text: str = "") -> None:
+        if self.on_progress is not None:
+            self.on_progress(fraction, text)
+
+
+# --------------------------------------------------------------------------------------- registry
+@dataclass
+class ProbeSpec:
+    id: str
+    func: Callable[[ProbeContext], ProbeResult]
+    title: str
+    outcomes: dict[str, str]  # outcome name -> what it means (the trees branch on these)
+    timeout_s: float
+    module: str
+
+    def __call__(self, ctx: ProbeContext) -> ProbeResult:
+        return self.func(ctx)
+
+
+_REGISTRY: dict[str, ProbeSpec] = {}
+_LOADED = False
+BUILTIN_OUTCOMES = {"errored": "the probe raised or timed out", "skipped": "the probe did not apply"}
+
+
+def probe(id: str, *, title: str, outcomes: dict[str, str], timeout_s: float = 60.0):
+    """Register a probe. ``outcomes`` lists every outcome it may return (``ok`` for quiet)."""
+
+    def register(func: Callable[[ProbeContext], ProbeResult]) -> Callable[[ProbeContext], ProbeResult]:
+        if id in _REGISTRY and _REGISTRY[id].func is not func:
+            raise ValueError(f"probe {id!r} is registered twice ({_REGISTRY[id].module}, {func.__module__})")
+        _REGISTRY[id] = ProbeSpec(id, func, title, {**outcomes, **BUILTIN_OUTCOMES}, timeout_s, func.__module__)
+        return func
+
+    return register
+
+
+def load_all() -> dict[str, ProbeSpec]:
+    """Import the built-in probe modules and every ``nnwizard.probes`` entry point."""
+    global _LOADED
+    if not _LOADED:
+        _LOADED = True
+        import nnwizard.probes as pkg
+
+        for info in pkgutil.iter_modules(pkg.__path__):
+            if info.name != "api" and not info.name.startswith("_"):
+                importlib.import_module(f"nnwizard.probes.{info.name}")
+        for ep in entry_points(group="nnwizard.probes"):
+            ep.load()
+    return dict(_REGISTRY)
+
+
+def get(id: str) -> ProbeSpec:
+    from nnwizard.errors import ProbeNotFound
+
+    registry = load_all()
+    if id not in registry:
+        raise ProbeNotFound(f"unknown probe {id!r}; known probes: {', '.join(sorted(registry))}")
+    return registry[id]

@@ -1,0 +1,214 @@
+"""The four sanity probes every diagnosis starts from: what the model is, whether one forward pass
+and loss run, whether the untrained loss is what arithmetic predicts, and whether one small batch
+can be overfit through the user's own optimizer and step."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+
+from nnwizard.probes._instrument import error_kind, expected_input, first_line, trace_modules, user_frame
+from nnwizard.probes.api import LinePlot, ProbeContext, Table, failed, passed, probe
+from nnwizard.target import user_source_files
+
+
+def _count(params) -> int:
+    return sum(p.numel() for p in params)
+
+
+@probe(
+    "model-summary",
+    title="Architecture, parameter and trainable counts",
+    outcomes={"ok": "every parameter trains", "partly-frozen": "some parameters have requires_grad=False",
+              "all-frozen": "no parameter requires grad", "no-parameters": "the model registers no parameters"},
+    timeout_s=30,
+)
+def model_summary(ctx: ProbeContext):
+    model = ctx.target.fresh_model(ctx.seed)
+    params = list(model.parameters())
+    total, trainable = _count(params), _count(p for p in params if p.requires_grad)
+    frozen = sorted({name.rsplit(".", 1)[0] for name, p in model.named_parameters() if not p.requires_grad})
+    rows = []
+    for name, child in model.named_children():
+        n = _count(child.parameters())
+        t = _count(p for p in child.parameters() if p.requires_grad)
+        rows.append([name, type(child).__name__, n, t])
+    table = Table("modules", "Top-level modules", ["module", "type", "parameters", "trainable"], rows,
+                  marked=[i for i, r in enumerate(rows) if r[2] and not r[3]])
+    data = dict(total=total, trainable=trainable, frozen_modules=frozen, model=type(model).__name__,
+                modules=len(list(model.modules())), frozen_fraction=round(1 - trainable / total, 4) if total else 0.0)
+    head = f"{type(model).__name__}: {total:,} parameters, {trainable:,} trainable"
+    if total == 0:
+        return failed("no-parameters", f"{type(model).__name__} registers no parameters at all", **data)
+    if trainable == 0:
+        return failed("all-frozen", f"{head}: every parameter has requires_grad=False", [table], **data)
+    if frozen:
+        return passed(f"{head}; frozen: {', '.join(frozen[:5])}", "partly-frozen", [table], **data)
+    return passed(head, artifacts=[table], **data)
+
+
+@probe(
+    "forward-shape",
+    title="One forward pass and loss on a real batch",
+    outcomes={
+        "ok": "forward and loss ran; output and target shapes fit",
+        "layer-shape": "a layer raised because its input has the wrong shape",
+        "forward-error": "the forward pass raised for another reason",
+        "loss-dtype": "the loss raised on the targets' dtype",
+        "label-range": "the loss raised on a class index out of range",
+        "loss-shape": "the loss raised on output/target shapes",
+        "loss-error": "the loss raised for another reason",
+        "broadcast": "output and target shapes differ but broadcast silently in the loss",
+    },
+    timeout_s=60,
+)
+def forward_shape(ctx: ProbeContext):
+    target = ctx.target
+    model = target.fresh_model(ctx.seed).train()
+    inputs, targets = target.batch()
+    files = user_source_files(target)
+    data = {"input_shape": list(inputs.shape) if hasattr(inputs, "shape") else None,
+            "target_shape": list(targets.shape), "target_dtype": str(targets.dtype).replace("torch.", "")}
+    with trace_modules(model) as trace:
+        try:
+            outputs = model(inputs)
+            error = None
+        except Exception as exc:  # the user's forward raising is what we measure
+            error = exc
+    rows = [[c.path, c.type, c.input, c.output if not c.raised else "raised"] for c in trace.calls]
+    marked = [i for i, c in enumerate(trace.calls) if c.raised]
+    layers = Table("layers", "Layer input and output shapes", ["module", "type", "input", "output"], rows, marked)
+    if error is not None:
+        bad = trace.failing
+        data.update(error=first_line(error), kind=error_kind(error), where=user_frame(error, files))
+        if bad is not None:
+            module = trace.modules.get(bad.path)
+            expects = expected_input(module) if module is not None else None
+            data.update(layer=bad.path, layer_type=bad.type, layer_input=bad.input, expects=expects)
+            if data["kind"] == "shape":
+                fits = f"; it expects {expects}" if expects else ""
+                return failed("layer-shape", f"{bad.type} '{bad.path}' received input of shape {bad.input}{fits} "
+                              f"({data['error']})", [layers], **data)
+        where = f" in {bad.type} '{bad.path}'" if bad else ""
+        return failed("forward-error", f"forward raised{where}: {data['error']}", [layers], **data)
+    out_shape = list(outputs.shape) if isinstance(outputs, torch.Tensor) else None
+    data["output_shape"] = out_shape
+    try:
+        loss = target.loss_fn(outputs, targets)
+    except Exception as exc:
+        kind = error_kind(exc)
+        data.update(error=first_line(exc), kind=kind, where=user_frame(exc, files))
+        outcome = {"dtype": "loss-dtype", "label-range": "label-range", "shape": "loss-shape"}.get(kind, "loss-error")
+        return failed(outcome, f"the loss raised on outputs {out_shape} / targets {data['target_shape']} "
+                      f"({data['target_dtype']}): {data['error']}", [layers], **data)
+    loss_shape = list(loss.shape) if isinstance(loss, torch.Tensor) else []
+    data["loss_shape"] = loss_shape
+    if out_shape is not None and out_shape != data["target_shape"] and target.task in ("regression", "binary"):
+        try:
+            broadcast = list(torch.broadcast_shapes(tuple(out_shape), tuple(data["target_shape"])))
+        except RuntimeError:
+            broadcast = None
+        if broadcast is not None and math.prod(broadcast) > max(math.prod(out_shape), math.prod(data["target_shape"])):
+            data["broadcast_shape"] = broadcast
+            return failed("broadcast", f"output {out_shape} and target {data['target_shape']} broadcast to "
+                          f"{broadcast} inside the loss: every prediction is compared with every target", [layers], **data)
+    return passed(f"output {out_shape} vs target {data['target_shape']} ({data['target_dtype']}); loss "
+                  f"{float(loss.detach().float().mean()):.4g}", artifacts=[layers], **data)
+
+
+@probe(
+    "initial-loss",
+    title="First-batch loss against the arithmetic expectation",
+    outcomes={"ok": "the untrained loss is near its expected value", "high": "far above the expectation",
+              "low": "far below the expectation", "non-finite": "the untrained loss is NaN/Inf",
+              "no-reference": "no arithmetic expectation for this loss", "crashed": "forward or loss raised"},
+    timeout_s=60,
+)
+def initial_loss(ctx: ProbeContext):
+    target = ctx.target
+    model = target.fresh_model(ctx.seed).eval()
+    inputs, targets = target.batch()
+    try:
+        with torch.no_grad():
+            outputs = model(inputs)
+            loss = float(target.loss_fn(outputs, targets).float().mean())
+    except Exception as exc:
+        return failed("crashed", f"forward or loss raised: {first_line(exc)}", error=first_line(exc))
+    data = {"loss": loss}
+    if isinstance(outputs, torch.Tensor) and outputs.is_floating_point():
+        data["output_std"] = float(outputs.float().std()) if outputs.numel() > 1 else 0.0
+        data["output_absmax"] = float(outputs.float().abs().max())
+    if not math.isfinite(loss):
+        return failed("non-finite", f"the untrained model's loss is already {loss}", **data)
+    expected = target.expected_initial_loss(targets)
+    if expected is None:
+        return passed(f"initial loss {loss:.4g}; no arithmetic expectation for {type(target.loss_fn).__name__}", "no-reference", **data)
+    value, how = expected
+    ratio = loss / value if value > 0 else math.inf
+    data.update(expected=value, expected_how=how, ratio=ratio)
+    text = f"initial loss {loss:.4g} against {value:.4g} expected ({how}): {ratio:.2f}x"
+    spread = f"; output std {data['output_std']:.3g}" if "output_std" in data else ""
+    if ratio > 2.0 and loss - value > 0.5:
+        return failed("high", text + spread, **data)
+    if ratio < 0.4 and value - loss > 0.2:
+        return failed("low", text, **data)
+    return passed(text, **data)
+
+
+@probe(
+    "overfit-one-batch",
+    title="Overfit one small batch through the user's optimizer and step",
+    outcomes={"learns": "loss approaches zero and accuracy reaches 100%",
+              "slow": "loss falls but stays far from zero", "stuck": "loss does not fall",
+              "unchanged": "loss and parameters do not change at all",
+              "diverged": "loss becomes NaN/Inf", "crashed": "the step raised"},
+    timeout_s=120,
+)
+def overfit_one_batch(ctx: ProbeContext):
+    target = ctx.target
+    size, steps = int(ctx.param("samples", 16)), int(ctx.param("steps", 200))
+    batch = target.batch(size=size)
+    model = target.fresh_model(ctx.seed)
+    optimizer = target.make_optimizer(model)
+    before = [p.detach().clone() for p in model.parameters()]
+    losses: list[float] = []
+    files = user_source_files(target)
+    started = time.monotonic()
+    try:
+        for step in range(steps):
+            losses.append(target.train_step(model, batch, optimizer))
+            if not math.isfinite(losses[-1]) or losses[-1] < 1e-4 or ctx.time_left() < 1:
+                break
+            if step % 20 == 0:
+                ctx.progress(step / steps, f"step {step} loss {losses[-1]:.4g}")
+    except Exception as exc:
+        data = dict(error=first_line(exc), kind=error_kind(exc), where=user_frame(exc, files), step=len(losses))
+        return failed("crashed", f"the training step raised at step {len(losses)}: {data['error']}"
+                      + (f" ({data['where']})" if data["where"] else ""), **data)
+    moved = max((float((p.detach() - b).abs().max()) for p, b in zip(model.parameters(), before)), default=0.0)
+    model.eval()
+    with torch.no_grad():
+        accuracy = target.accuracy(model(batch[0]), batch[1])
+    first, last = losses[0], losses[-1]
+    best = min((l for l in losses if math.isfinite(l)), default=math.nan)
+    fn = "train_step" if target.user_train_step else "the reference step"
+    data = dict(samples=len(batch[1]), steps=len(losses), first_loss=first, final_loss=last, best_loss=best,
+                ratio=(last / first) if first else math.nan, accuracy=accuracy, max_param_change=moved,
+                step_fn=fn, seconds=round(time.monotonic() - started, 2))
+    plot = LinePlot("curve", f"Overfitting {len(batch[1])} samples ({fn})", {"loss": losses}, logy=all(l > 0 for l in losses if math.isfinite(l)))
+    acc = f", accuracy {accuracy:.0%}" if accuracy is not None else ""
+    text = f"{len(batch[1])} samples, {len(losses)} steps of {fn}: loss {first:.4g} -> {last:.4g}{acc}"
+    if not math.isfinite(last):
+        bad = next(i for i, l in enumerate(losses) if not math.isfinite(l))
+        data["nan_step"] = bad
+        return failed("diverged", f"{text}: non-finite at step {bad}", [plot], **data)
+    if moved == 0.0 and (max(losses) - min(losses)) <= 1e-6 * max(abs(first), 1e-12):
+        return failed("unchanged", f"{text}: no parameter changed (max |delta| = 0) over {len(losses)} steps", [plot], **data)
+    learned = (last < 0.05 or last < 0.1 * first) and (accuracy is None or accuracy >= 0.99)
+    if learned:
+        return passed(text, "learns", [plot], **data)
+    if last < 0.7 * first:
+        return failed("slow", text, [plot], **data)
+    return failed("stuck", text, [plot], **data)

@@ -1,0 +1,3 @@
+from nnwizard.cli import main
+
+main()

@@ -1,0 +1,193 @@
+"""The ``nnwizard`` command: diagnose, and helpers for trees and probes, with error handling
+that shows users one clear line (``--debug`` for the traceback) with the contract's exit codes."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+from typing import List, Optional
+
+import click
+import typer
+from rich.console import Console
+
+import nnwizard
+from nnwizard.errors import ExitCode, NNWizardError, UsageError
+
+app = typer.Typer(
+    name="nnwizard", add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+    rich_markup_mode=None, help="A guided troubleshooting wizard for PyTorch training that goes wrong.",
+)
+trees_app = typer.Typer(help="List, draw and validate decision trees.", no_args_is_help=True)
+probes_app = typer.Typer(help="List the registered probes.", no_args_is_help=True)
+app.add_typer(trees_app, name="trees")
+app.add_typer(probes_app, name="probes")
+
+FAIL_ON_NAMES = {"low": 0.3, "medium": 0.5, "high": 0.8}
+_debug = False
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"nnwizard {nnwizard.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Show the version and exit."),
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks of errors."),
+) -> None:
+    global _debug
+    _debug = debug
+
+
+def parse_fail_on(value: str | None) -> float | None:
+    if value is None:
+        return None
+    if value.lower() in FAIL_ON_NAMES:
+        return FAIL_ON_NAMES[value.lower()]
+    try:
+        threshold = float(value)
+    except ValueError:
+        threshold = -1.0
+    if not 0.0 <= threshold <= 1.0:
+        raise UsageError(f"--fail-on {value!r}: expected a confidence in [0, 1] or one of {', '.join(FAIL_ON_NAMES)}")
+    return threshold
+
+
+@app.command()
+def diagnose(
+    module: str = typer.Option(..., "--module", "-m", help="Training module: mypkg.train, path/to/train.py, optionally :attr."),
+    symptom: Optional[List[str]] = typer.Option(None, "--symptom", "-s", help="What you see (repeatable): nan, flat, oscillating, overfitting, underfitting, val-suspicious, crash, not-reproducible, auto."),
+    answers: Optional[Path] = typer.Option(None, "--answers", help="YAML/JSON file of answers (as saved by an interactive session)."),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the JSON report here."),
+    report_path: Optional[Path] = typer.Option(None, "--report", help="Write the markdown report here (plots go in a folder beside it)."),
+    device: str = typer.Option("auto", "--device", help="auto (CUDA when present), cpu or cuda."),
+    seed: int = typer.Option(0, "--seed", help="Seed for every probe."),
+    fail_on: Optional[str] = typer.Option(None, "--fail-on", help="Exit 1 when a hypothesis reaches this confidence (0-1, or low/medium/high)."),
+    non_interactive: bool = typer.Option(False, "--non-interactive", help="Never prompt: answers file, then defaults."),
+    trees: Optional[Path] = typer.Option(None, "--trees", help="A folder of extra trees (and catalog.yaml) that add to or override the built-in ones."),
+    probe_timeout: Optional[float] = typer.Option(None, "--probe-timeout", help="Seconds before a probe is stopped (default: each probe's own limit)."),
+    save_answers_path: Optional[Path] = typer.Option(None, "--save-answers", help="Where an interactive session saves its answers (default nnwizard-answers.yaml)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Only the final table."),
+) -> None:
+    """Diagnose a training module: ask what you see, measure, and rank the hypotheses."""
+    from nnwizard.session import Options, run_session
+
+    code = run_session(Options(
+        module=module, symptoms=list(symptom or []), answers=answers, json_path=json_path, report_path=report_path,
+        device=device, seed=seed, fail_on=parse_fail_on(fail_on),
+        interactive=not non_interactive and sys.stdin.isatty(), trees_dir=trees, probe_timeout=probe_timeout,
+        save_answers=save_answers_path, quiet=quiet,
+    ))
+    raise typer.Exit(int(code))
+
+
+@trees_app.command("list")
+def trees_list(trees: Optional[Path] = typer.Option(None, "--trees", help="Extra trees folder.")) -> None:
+    """The trees, their entry symptoms and sizes."""
+    from rich.table import Table
+
+    from nnwizard.tree import load_trees
+
+    table = Table("id", "title", "symptoms", "nodes", "file")
+    for t in load_trees(trees).values():
+        table.add_row(t.id, t.title, ", ".join(t.symptoms), str(len(t.nodes)), Path(t.path).name)
+    Console().print(table)
+
+
+@trees_app.command("show")
+def trees_show(tree_id: str, trees: Optional[Path] = typer.Option(None, "--trees", help="Extra trees folder.")) -> None:
+    """Draw one tree."""
+    from nnwizard.tree import load_trees
+    from nnwizard.view import draw_tree
+
+    loaded = load_trees(trees)
+    if tree_id not in loaded:
+        raise UsageError(f"no tree {tree_id!r}; known: {', '.join(loaded)}")
+    Console().print(draw_tree(loaded[tree_id]))
+
+
+@trees_app.command("validate")
+def trees_validate(paths: Optional[List[Path]] = typer.Argument(None, help="Tree files or folders (default: the built-in trees).")) -> None:
+    """Check trees against the schema, the probe registry and the hypothesis catalog."""
+    from nnwizard.catalog import load_catalog
+    from nnwizard.errors import TreeError
+    from nnwizard.tree import load_tree, tree_files
+
+    files: list[Path] = []
+    for p in paths or []:
+        if not p.exists():
+            raise UsageError(f"{p}: no such file or folder")
+        files += sorted(x for x in p.glob("*.yaml") if x.name != "catalog.yaml") if p.is_dir() else [p]
+    extra = next((str(p) for p in paths or [] if p.is_dir() and (p / "catalog.yaml").exists()), None)
+    catalog = load_catalog(extra)
+    errors = 0
+    for f in files or tree_files():
+        try:
+            tree = load_tree(f, catalog)
+            print(f"ok   {f}  ({tree.id}: {len(tree.nodes)} nodes)")
+        except TreeError as exc:
+            errors += 1
+            print(f"FAIL {exc}")
+    if errors:
+        raise typer.Exit(int(ExitCode.USAGE))
+
+
+@probes_app.command("list")
+def probes_list() -> None:
+    """Every registered probe with its outcomes."""
+    from rich.table import Table
+
+    from nnwizard.probes import load_all
+
+    table = Table("probe", "title", "outcomes", "timeout")
+    for spec in sorted(load_all().values(), key=lambda s: s.id):
+        outcomes = ", ".join(o for o in spec.outcomes if o not in ("errored", "skipped"))
+        table.add_row(spec.id, spec.title, outcomes, f"{spec.timeout_s:.0f}s")
+    Console().print(table)
+
+
+def _crash(exc: BaseException) -> int:
+    log = Path(tempfile.gettempdir()) / "nnwizard-crash.log"
+    log.write_text(
+        f"nnwizard {nnwizard.__version__} python {sys.version.split()[0]}\n{' '.join(sys.argv)}\n\n"
+        + "".join(traceback.format_exception(exc)),
+        encoding="utf-8",
+    )
+    print(f"nnwizard: internal error: {type(exc).__name__}: {exc}. This is a bug in nnwizard; the traceback "
+          f"is in {log}.", file=sys.stderr)
+    return int(ExitCode.INTERNAL)
+
+
+def main(argv: list[str] | None = None) -> None:
+    os.environ.setdefault("PYTHONWARNINGS", "ignore")
+    try:
+        code = app(args=argv, standalone_mode=False, prog_name="nnwizard")
+        code = int(code or 0)
+    except click.exceptions.Exit as exc:
+        code = exc.exit_code
+    except click.UsageError as exc:
+        hint = f" (see 'nnwizard {exc.ctx.command.name} --help')" if exc.ctx and exc.ctx.command.name != "nnwizard" else " (see 'nnwizard --help')"
+        print(f"nnwizard: error: {exc.format_message()}{hint}", file=sys.stderr)
+        code = int(ExitCode.USAGE)
+    except click.Abort:
+        print("nnwizard: interrupted", file=sys.stderr)
+        code = int(ExitCode.INTERRUPTED)
+    except NNWizardError as exc:
+        if _debug:
+            traceback.print_exc()
+        print(f"nnwizard: error: {exc}", file=sys.stderr)
+        code = int(exc.exit_code)
+    except KeyboardInterrupt:
+        print("nnwizard: interrupted", file=sys.stderr)
+        code = int(ExitCode.INTERRUPTED)
+    except Exception as exc:  # noqa: BLE001 - last line of defence: log it, exit 3
+        if _debug:
+            traceback.print_exc()
+        code = _crash(exc)
+    sys.exit(code)

@@ -1,0 +1,227 @@
+"""The engine walks the trees for the session's symptoms, runs probes, asks questions and collects
+evidence. It imports no UI library: it talks to a Prompter and emits Events that a view renders."""
+
+from __future__ import annotations
+
+import json
+import operator
+import string
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+from nnwizard.catalog import Catalog
+from nnwizard.isolation import run_probe
+from nnwizard.probes.api import ProbeContext, ProbeResult, get
+from nnwizard.ranking import Evidence, Ranked, rank
+from nnwizard.target import Target
+from nnwizard.tree import END, SYMPTOMS, Node, Tree
+
+MAX_TREES = 64
+
+
+@dataclass
+class Question:
+    key: str
+    text: str
+    choices: dict[str, str]
+    default: str | None = None
+    help: str | None = None
+
+
+class Prompter(Protocol):
+    def choose_symptoms(self, choices: dict[str, str]) -> list[str]: ...
+
+    def ask(self, question: Question) -> str: ...
+
+
+@dataclass
+class Event:
+    kind: str  # tree-start | question | answer | probe-start | probe-progress | probe-end | conclusion | tree-end
+    tree: str = ""
+    node: str = ""
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Diagnosis:
+    target: Target
+    seed: int
+    symptoms: list[str]
+    given_symptoms: list[str]
+    answers: dict[str, str] = field(default_factory=dict)
+    results: list[ProbeResult] = field(default_factory=list)
+    evidence: list[Evidence] = field(default_factory=list)
+    trees: list[str] = field(default_factory=list)
+    ranked: list[Ranked] = field(default_factory=list)
+    interrupted: bool = False
+    started: float = field(default_factory=time.time)
+    duration_s: float = 0.0
+
+
+class _Quote(string.Formatter):
+    """Formats evidence sentences; a missing or unformattable field shows as '?'."""
+
+    def get_value(self, key, args, kwargs):
+        return kwargs.get(key, "?") if isinstance(key, str) else "?"
+
+    def format_field(self, value, spec):
+        try:
+            return super().format_field(value, spec)
+        except (ValueError, TypeError):
+            return str(value)
+
+
+_OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "==": operator.eq, "!=": operator.ne}
+
+
+def quote(template: str, result: ProbeResult | None) -> str:
+    values: dict[str, Any] = {}
+    if result is not None:
+        values.update({k: v for k, v in result.data.items() if not isinstance(v, dict) and not (isinstance(v, list) and len(v) > 8)})
+        values.update(summary=result.summary, outcome=result.outcome, probe=result.id)
+    try:
+        return _Quote().vformat(template, (), values)
+    except (ValueError, IndexError, KeyError):
+        return template
+
+
+def _lookup(data: dict, path: str) -> Any:
+    value: Any = data
+    for part in path.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
+class Engine:
+    def __init__(
+        self,
+        target: Target,
+        trees: dict[str, Tree],
+        catalog: Catalog,
+        prompter: Prompter,
+        *,
+        seed: int = 0,
+        probe_timeout: float | None = None,
+        listener: Callable[[Event], None] | None = None,
+    ):
+        self.target, self.trees, self.catalog, self.prompter = target, trees, catalog, prompter
+        self.seed, self.probe_timeout = seed, probe_timeout
+        self.listener = listener or (lambda event: None)
+        self._cache: dict[tuple, ProbeResult] = {}
+        self._latest: dict[str, ProbeResult] = {}
+
+    # ------------------------------------------------------------------------------------ public
+    def run(self, symptoms: list[str] | None = None, answers: dict[str, str] | None = None) -> Diagnosis:
+        given = list(symptoms or [])
+        diagnosis = Diagnosis(self.target, self.seed, symptoms=[], given_symptoms=given, answers=dict(answers or {}))
+        try:
+            if not given:
+                given = self.prompter.choose_symptoms(dict(SYMPTOMS)) or ["auto"]
+                diagnosis.given_symptoms = given
+            diagnosis.symptoms = [s for s in given if s != "auto"]
+            queue = self._trees_for(given)
+            while queue and len(diagnosis.trees) < MAX_TREES:
+                tree = queue.pop(0)
+                if tree.id in diagnosis.trees:
+                    continue
+                diagnosis.trees.append(tree.id)
+                for symptom in self._walk(tree, diagnosis):
+                    if symptom not in diagnosis.symptoms:
+                        diagnosis.symptoms.append(symptom)
+                    queue += [t for t in self._trees_for([symptom]) if t.id not in diagnosis.trees and t not in queue]
+        except KeyboardInterrupt:
+            diagnosis.interrupted = True
+        diagnosis.ranked = rank(diagnosis.evidence, self.catalog)
+        diagnosis.duration_s = round(time.time() - diagnosis.started, 2)
+        return diagnosis
+
+    # ----------------------------------------------------------------------------------- walking
+    def _trees_for(self, symptoms: list[str]) -> list[Tree]:
+        return [t for s in symptoms for t in self.trees.values() if s in t.symptoms]
+
+    def _walk(self, tree: Tree, diagnosis: Diagnosis) -> list[str]:
+        """Walk one tree; returns symptoms measured by ``follow: symptoms`` probe nodes."""
+        self.listener(Event("tree-start", tree.id, data={"title": tree.title}))
+        measured: list[str] = []
+        last: ProbeResult | None = None
+        name = tree.start
+        while name != END:
+            node = tree.nodes[name]
+            kind = node.kind
+            if kind == "probe":
+                last = self._probe(tree, name, node, diagnosis)
+                if node.follow == "symptoms":
+                    measured += [s for s in last.data.get("symptoms", []) if s in SYMPTOMS and s != "auto"]
+                name = self._route(node, last.outcome, node.on, diagnosis)
+            elif kind == "ask":
+                answer = self._ask(tree, name, node, diagnosis)
+                name = self._route(node, answer, node.on, diagnosis)
+            elif kind == "branch":
+                name = self._route(node, self._value_of(node.branch, diagnosis), node.cases, diagnosis)
+            else:
+                for c in node.conclude or []:
+                    source = self._latest.get(c.source) if c.source else last
+                    evidence = Evidence(c.hypothesis, c.weight, quote(c.evidence, source), tree.id, name,
+                                        source.id if source else None)
+                    diagnosis.evidence.append(evidence)
+                    self.listener(Event("conclusion", tree.id, name, {"evidence": evidence}))
+                name = node.next
+        self.listener(Event("tree-end", tree.id))
+        return measured
+
+    def _route(self, node: Node, value: str | None, table: dict[str, str], diagnosis: Diagnosis) -> str:
+        if value is not None and value in table:
+            return table[value]
+        for test in node.when:
+            source, path, op, literal = test.parts()
+            if source == "answer":
+                actual = diagnosis.answers.get(path)
+            else:
+                result = self._latest.get(source)
+                actual = _lookup(result.data, path) if result else None
+                if result and path in ("outcome", "status", "summary"):
+                    actual = getattr(result, path)
+            try:
+                if actual is not None and _OPS[op](actual, literal):
+                    return test.goto
+            except TypeError:
+                continue
+        return node.next
+
+    def _value_of(self, ref: str, diagnosis: Diagnosis) -> str | None:
+        if ref.startswith("answer:"):
+            return diagnosis.answers.get(ref.removeprefix("answer:"))
+        result = self._latest.get(ref)
+        return result.outcome if result else "not-run"
+
+    def _ask(self, tree: Tree, name: str, node: Node, diagnosis: Diagnosis) -> str:
+        if node.key in diagnosis.answers:
+            return diagnosis.answers[node.key]
+        question = Question(node.key, node.ask, dict(node.choices), node.default, node.help)
+        self.listener(Event("question", tree.id, name, {"question": question}))
+        answer = self.prompter.ask(question)
+        diagnosis.answers[node.key] = answer
+        self.listener(Event("answer", tree.id, name, {"key": node.key, "answer": answer}))
+        return answer
+
+    def _probe(self, tree: Tree, name: str, node: Node, diagnosis: Diagnosis) -> ProbeResult:
+        key = (node.probe, json.dumps(node.params, sort_keys=True, default=str))
+        if key in self._cache:
+            result = self._cache[key]
+            self._latest[node.probe] = result
+            return result
+        spec = get(node.probe)
+        self.listener(Event("probe-start", tree.id, name, {"probe": spec.id, "title": spec.title}))
+
+        def progress(fraction: float, text: str) -> None:
+            self.listener(Event("probe-progress", tree.id, name, {"probe": spec.id, "fraction": fraction, "text": text}))
+
+        ctx = ProbeContext(self.target, dict(node.params), dict(self._latest), self.seed, on_progress=progress)
+        result = run_probe(spec, ctx, self.probe_timeout)
+        self._cache[key] = self._latest[node.probe] = result
+        diagnosis.results.append(result)
+        self.listener(Event("probe-end", tree.id, name, {"result": result}))
+        return result

@@ -1,0 +1,87 @@
+"""The markdown report: environment, symptoms, ranked hypotheses with evidence and fixes, the probe
+table, and the probes' plots and tables (PNG files in a folder next to the .md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from nnwizard.engine import Diagnosis
+from nnwizard.plots import render
+from nnwizard.probes.api import Table
+from nnwizard.ranking import FINDING
+from nnwizard.report import Report
+
+STATUS_MARK = {"passed": "✅ passed", "failed": "❌ failed", "errored": "⚠️ errored", "skipped": "⏭ skipped"}
+
+
+def _cell(value) -> str:
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def _table(columns: list[str], rows: list[list], marked: list[int] = ()) -> list[str]:
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for i, row in enumerate(rows):
+        cells = [_cell(c) for c in row]
+        if i in marked:
+            cells = [f"**{c}**" if c else c for c in cells]
+            cells[0] = "⟶ " + cells[0]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def render_markdown(report: Report, diagnosis: Diagnosis, path: str | Path) -> Path:
+    path = Path(path)
+    assets = path.parent / f"{path.stem}_files"
+    out: list[str] = [f"# nnwizard diagnosis: `{report.module}`", ""]
+    if report.interrupted:
+        out += ["> **Interrupted**: this is a partial report of what was measured before Ctrl-C.", ""]
+    findings = [h for h in report.hypotheses if h.confidence >= FINDING]
+    verdict_line = {
+        "problems-found": f"**{len(findings)} problem{'s' if len(findings) != 1 else ''} found**",
+        "healthy": "**Healthy**: no hypothesis reached 0.5 confidence",
+        "inconclusive": "**Inconclusive**: too little could be measured",
+    }[report.verdict]
+    out += [
+        f"Verdict: {verdict_line}. Symptoms: {', '.join(report.symptoms) or 'none measured'}"
+        + (f" (given: {', '.join(report.given_symptoms)})" if report.given_symptoms != report.symptoms else "")
+        + f". Task: {report.task}. Seed {report.seed}, {report.duration_s:.1f} s.",
+        "",
+        "## Environment",
+        "",
+        *_table(["", ""], [[k, v] for k, v in report.environment.items()]),
+        "",
+        "## Ranked hypotheses",
+        "",
+    ]
+    if not report.hypotheses:
+        out += ["No hypothesis gathered supporting evidence.", ""]
+    else:
+        out += _table(
+            ["#", "hypothesis", "category", "confidence", "strongest evidence"],
+            [[i + 1, f"`{h.id}` {h.title}", h.category, f"{h.confidence:.2f}", (h.evidence or ["-"])[0]]
+             for i, h in enumerate(report.hypotheses)],
+        ) + [""]
+        for i, h in enumerate(report.hypotheses):
+            tag = "finding" if h.confidence >= FINDING else "weak"
+            out += [f"### {i + 1}. {h.title} (`{h.id}`, {h.confidence:.2f}, {tag})", "", h.meaning, "", "Evidence (weight, measured):", ""]
+            out += [f"- {m.weight:+.2f} {m.text} _(tree `{m.tree}`, node `{m.node}`)_" for m in h.moves]
+            out += ["", f"**Fix.** {h.fix}", ""]
+            if h.snippet:
+                out += ["```python", h.snippet.rstrip(), "```", ""]
+    if report.answers:
+        out += ["## Answers", "", *_table(["question", "answer"], [[k, v] for k, v in report.answers.items()]), ""]
+    out += ["## Probes", ""]
+    out += _table(
+        ["probe", "status", "outcome", "summary", "seconds"],
+        [[f"`{p.id}`", STATUS_MARK[p.status], p.outcome, p.summary, f"{p.duration_s:.2f}"] for p in report.probes],
+    ) + [""]
+    for result in diagnosis.results:
+        for artifact in result.artifacts:
+            if isinstance(artifact, Table):
+                out += [f"### {artifact.title} (`{result.id}`)", "", *_table(artifact.columns, artifact.rows, artifact.marked), ""]
+                continue
+            png = render(artifact, assets, result.id)
+            if png is not None:
+                out += [f"### {artifact.title} (`{result.id}`)", "", f"![{artifact.title}]({assets.name}/{png.name})", ""]
+    path.write_text("\n".join(out) + "\n", encoding="utf-8")
+    return path

@@ -1,0 +1,128 @@
+"""The JSON report (CONTRACT §4): a pydantic model built from a Diagnosis."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+import nnwizard
+from nnwizard.engine import Diagnosis
+from nnwizard.environment import collect
+from nnwizard.ranking import FINDING
+
+Verdict = Literal["problems-found", "healthy", "inconclusive"]
+
+
+class Move(BaseModel):
+    weight: float
+    text: str
+    tree: str
+    node: str
+    probe: str | None = None
+
+
+class HypothesisOut(BaseModel):
+    id: str
+    title: str
+    category: str
+    confidence: float
+    evidence: list[str]
+    fix: str
+    snippet: str = ""
+    meaning: str = ""
+    prior: float = 0.0
+    moves: list[Move] = []
+
+
+class ProbeOut(BaseModel):
+    id: str
+    status: Literal["passed", "failed", "errored", "skipped"]
+    outcome: str
+    summary: str
+    duration_s: float
+    params: dict[str, Any] = {}
+    data: dict[str, Any] = {}
+    artifacts: list[str] = []
+
+
+class Report(BaseModel):
+    nnwizard_version: str
+    module: str
+    device: str
+    seed: int
+    symptoms: list[str]
+    given_symptoms: list[str]
+    verdict: Verdict
+    hypotheses: list[HypothesisOut]
+    probes: list[ProbeOut]
+    answers: dict[str, Any] = {}
+    trees: list[str] = []
+    task: str = ""
+    interrupted: bool = False
+    duration_s: float = 0.0
+    environment: dict[str, str] = {}
+
+
+def verdict(diagnosis: Diagnosis) -> Verdict:
+    if any(h.confidence >= FINDING for h in diagnosis.ranked):
+        return "problems-found"
+    ran = [r for r in diagnosis.results if r.status in ("passed", "failed")]
+    if diagnosis.interrupted or not ran:
+        return "inconclusive"
+    return "healthy"
+
+
+def _jsonable(value: Any) -> Any:
+    """Probe data made JSON-safe: NaN/Inf as strings, tensors and numpy values as Python numbers."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (str, int, bool)) or value is None:
+        return value
+    if hasattr(value, "tolist"):
+        return _jsonable(value.tolist())
+    return str(value)
+
+
+def build(diagnosis: Diagnosis) -> Report:
+    return Report(
+        nnwizard_version=nnwizard.__version__,
+        module=diagnosis.target.spec,
+        device=str(diagnosis.target.device),
+        seed=diagnosis.seed,
+        symptoms=diagnosis.symptoms,
+        given_symptoms=diagnosis.given_symptoms,
+        verdict=verdict(diagnosis),
+        hypotheses=[
+            HypothesisOut(
+                id=h.id, title=h.title, category=h.category, confidence=h.confidence,
+                evidence=[e.text for e in h.evidence if e.weight > 0], fix=h.fix, snippet=h.snippet,
+                meaning=h.meaning, prior=h.prior, moves=[Move(**asdict(e)) for e in h.evidence],
+            )
+            for h in diagnosis.ranked
+        ],
+        probes=[
+            ProbeOut(
+                id=r.id, status=r.status, outcome=r.outcome, summary=r.summary, duration_s=r.duration_s,
+                params=_jsonable(r.params), data=_jsonable(r.data), artifacts=[a.name for a in r.artifacts],
+            )
+            for r in diagnosis.results
+        ],
+        answers=diagnosis.answers,
+        trees=diagnosis.trees,
+        task=diagnosis.target.task,
+        interrupted=diagnosis.interrupted,
+        duration_s=diagnosis.duration_s,
+        environment=collect(diagnosis.target.device),
+    )
+
+
+def write_json(report: Report, path: str | Path) -> None:
+    Path(path).write_text(report.model_dump_json(indent=2) + "\n", encoding="utf-8")

@@ -1,0 +1,91 @@
+"""One diagnosis session from options to reports and exit code: the glue between the CLI, the
+engine, the prompters, the view and the report writers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from nnwizard.catalog import load_catalog
+from nnwizard.engine import Diagnosis, Engine
+from nnwizard.errors import ExitCode, UsageError
+from nnwizard.isolation import preserved_state, seed_everything
+from nnwizard.prompts import SYMPTOMS_KEY, QuestionaryPrompter, ScriptedPrompter, load_answers, save_answers
+from nnwizard.report import build, write_json
+from nnwizard.target import load_target
+from nnwizard.tree import SYMPTOMS, load_trees, question_keys
+
+
+@dataclass
+class Options:
+    module: str
+    symptoms: list[str] = field(default_factory=list)
+    answers: Path | None = None
+    json_path: Path | None = None
+    report_path: Path | None = None
+    device: str = "auto"
+    seed: int = 0
+    fail_on: float | None = None
+    interactive: bool = False
+    trees_dir: Path | None = None
+    probe_timeout: float | None = None
+    save_answers: Path | None = None
+    quiet: bool = False
+
+
+def _check_outputs(opts: Options) -> None:
+    for flag, path in (("--json", opts.json_path), ("--report", opts.report_path)):
+        if path is not None and not Path(path).resolve().parent.is_dir():
+            raise UsageError(f"{flag} {path}: the folder {Path(path).resolve().parent} does not exist")
+    unknown = [s for s in opts.symptoms if s not in SYMPTOMS]
+    if unknown:
+        raise UsageError(f"--symptom {unknown[0]!r}: unknown; choose from {', '.join(SYMPTOMS)}")
+
+
+def diagnose(opts: Options, listener=None) -> Diagnosis:
+    """Load everything, run the engine; raises NNWizardError on bad input. No files are written."""
+    _check_outputs(opts)
+    trees = load_trees(opts.trees_dir)
+    catalog = load_catalog(str(opts.trees_dir) if opts.trees_dir else None)
+    answers = load_answers(opts.answers, question_keys(trees)) if opts.answers else {}
+    if opts.symptoms:
+        answers[SYMPTOMS_KEY] = list(opts.symptoms)
+    with preserved_state():
+        seed_everything(opts.seed)
+        target = load_target(opts.module, opts.device)
+        prompter = QuestionaryPrompter(answers) if opts.interactive else ScriptedPrompter(answers)
+        engine = Engine(target, trees, catalog, prompter, seed=opts.seed, probe_timeout=opts.probe_timeout, listener=listener)
+        preset = {k: v for k, v in answers.items() if k != SYMPTOMS_KEY}
+        return engine.run(answers.get(SYMPTOMS_KEY), preset)
+
+
+def write_reports(diagnosis: Diagnosis, opts: Options) -> tuple[object, list[str]]:
+    from nnwizard.markdown import render_markdown
+
+    report = build(diagnosis)
+    written = []
+    if opts.json_path:
+        write_json(report, opts.json_path)
+        written.append(str(opts.json_path))
+    if opts.report_path:
+        render_markdown(report, diagnosis, opts.report_path)
+        written.append(str(opts.report_path))
+    if opts.interactive and (diagnosis.answers or diagnosis.given_symptoms):
+        path = opts.save_answers or Path("nnwizard-answers.yaml")
+        save_answers(path, diagnosis.given_symptoms, diagnosis.answers)
+        written.append(f"{path} (replay with --answers {path})")
+    return report, written
+
+
+def run_session(opts: Options) -> ExitCode:
+    from nnwizard.view import TerminalView
+
+    view = TerminalView(quiet=opts.quiet)
+    diagnosis = diagnose(opts, listener=view)
+    report, written = write_reports(diagnosis, opts)
+    view.summary(report, written)
+    if diagnosis.interrupted:
+        return ExitCode.INTERRUPTED
+    if opts.fail_on is not None and any(h.confidence >= opts.fail_on for h in report.hypotheses):
+        return ExitCode.FINDINGS
+    return ExitCode.OK

@@ -1,0 +1,102 @@
+"""The rich terminal view: renders engine events (progress per probe, results as they come) and the
+final ranked table. Tests render to Console(file=StringIO(), width=100)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.status import Status
+from rich.table import Table
+from rich.tree import Tree as RichTree
+
+from nnwizard.engine import Event
+from nnwizard.ranking import FINDING
+from nnwizard.report import Report
+
+_STYLE = {"passed": ("✓", "green"), "failed": ("✗", "red"), "errored": ("!", "yellow"), "skipped": ("-", "dim")}
+
+
+class TerminalView:
+    def __init__(self, console: Console | None = None, quiet: bool = False):
+        self.console = console or Console(stderr=True)
+        self.quiet = quiet
+        self._status: Status | None = None
+
+    def __call__(self, event: Event) -> None:
+        if self.quiet:
+            return
+        c = self.console
+        if event.kind == "tree-start":
+            c.print(f"\n[bold cyan]▶ {event.data['title']}[/] [dim]({event.tree})[/]")
+        elif event.kind == "probe-start":
+            self._stop()
+            self._status = c.status(f"[bold]{event.data['probe']}[/]: {event.data['title']}…", spinner="dots")
+            self._status.start()
+        elif event.kind == "probe-progress" and self._status is not None:
+            pct = f"{100 * event.data['fraction']:.0f}%"
+            self._status.update(f"[bold]{event.data['probe']}[/] {pct} {event.data['text']}")
+        elif event.kind == "probe-end":
+            self._stop()
+            r = event.data["result"]
+            mark, style = _STYLE[r.status]
+            c.print(f"  [{style}]{mark} {r.id:<22}[/] {r.summary} [dim]({r.duration_s:.1f}s)[/]", highlight=False)
+        elif event.kind == "conclusion":
+            e = event.data["evidence"]
+            sign, style = ("+", "magenta") if e.weight > 0 else ("−", "dim")
+            c.print(f"    [{style}]{sign} {e.hypothesis}[/] [dim]{abs(e.weight):.2f}[/]", highlight=False)
+        elif event.kind == "question":
+            self._stop()
+
+    def _stop(self) -> None:
+        if self._status is not None:
+            self._status.stop()
+            self._status = None
+
+    def summary(self, report: Report, files: list[str]) -> None:
+        self._stop()
+        c = self.console
+        c.print()
+        if not report.hypotheses:
+            c.print("[bold green]No hypothesis gathered supporting evidence.[/]")
+        else:
+            table = Table(title="Ranked hypotheses", show_lines=True, expand=True)
+            table.add_column("#", width=2)
+            table.add_column("hypothesis", ratio=2)
+            table.add_column("conf.", width=5)
+            table.add_column("measured evidence", ratio=4)
+            table.add_column("fix", ratio=3)
+            for i, h in enumerate(report.hypotheses[:8]):
+                style = "bold red" if h.confidence >= FINDING else "dim"
+                table.add_row(
+                    str(i + 1), f"[{style}]{h.id}[/]\n{h.title}", f"{h.confidence:.2f}",
+                    "\n".join(f"• {e}" for e in h.evidence[:3]), h.fix,
+                )
+            c.print(table)
+        verdict_style = {"problems-found": "bold red", "healthy": "bold green", "inconclusive": "bold yellow"}[report.verdict]
+        c.print(f"Verdict: [{verdict_style}]{report.verdict}[/]" + (" (interrupted: partial)" if report.interrupted else ""))
+        for f in files:
+            c.print(f"[dim]wrote {f}[/]")
+
+
+def draw_tree(tree) -> RichTree:
+    """A rich drawing of a decision tree, each node with its kind and routes."""
+    root = RichTree(f"[bold]{tree.id}[/]: {tree.title}  [dim]symptoms: {', '.join(tree.symptoms)}[/]")
+
+    def label(name: str) -> str:
+        node = tree.nodes[name]
+        if node.kind == "probe":
+            return f"[cyan]{name}[/]: probe [bold]{node.probe}[/]" + (f" {node.params}" if node.params else "")
+        if node.kind == "ask":
+            return f"[cyan]{name}[/]: ask [italic]{node.ask}[/] [dim](key {node.key}, default {node.default})[/]"
+        if node.kind == "branch":
+            return f"[cyan]{name}[/]: branch on {node.branch}"
+        return f"[cyan]{name}[/]: conclude " + ", ".join(f"[magenta]{c.hypothesis}[/] {c.weight:+.2f}" for c in node.conclude)
+
+    for name, node in tree.nodes.items():
+        branch = root.add(label(name) + ("  [green](start)[/]" if name == tree.start else ""))
+        for value, target in {**node.on, **node.cases}.items():
+            branch.add(f"{value} → [cyan]{target}[/]")
+        for test in node.when:
+            branch.add(f"if {test.test} → [cyan]{test.goto}[/]")
+        if node.next != "end" or node.on or node.cases or node.when:
+            branch.add(f"{'otherwise' if (node.on or node.cases or node.when) else 'then'} → [cyan]{node.next}[/]")
+    return root
