@@ -10,8 +10,12 @@ import traceback
 from pathlib import Path
 from typing import List, Optional
 
-import click
 import typer
+
+try:  # recent typer vendors its own click
+    from typer._click.exceptions import NoArgsIsHelpError, UsageError as ClickUsageError
+except ImportError:  # pragma: no cover - older typer uses click itself
+    from click.exceptions import NoArgsIsHelpError, UsageError as ClickUsageError
 from rich.console import Console
 
 import nnwizard
@@ -169,13 +173,16 @@ def main(argv: list[str] | None = None) -> None:
     try:
         code = app(args=argv, standalone_mode=False, prog_name="nnwizard")
         code = int(code or 0)
-    except click.exceptions.Exit as exc:
+    except typer.Exit as exc:
         code = exc.exit_code
-    except click.UsageError as exc:
+    except NoArgsIsHelpError as exc:
+        print(exc.format_message() if hasattr(exc, "format_message") else str(exc), file=sys.stderr)
+        code = 0
+    except ClickUsageError as exc:
         hint = f" (see 'nnwizard {exc.ctx.command.name} --help')" if exc.ctx and exc.ctx.command.name != "nnwizard" else " (see 'nnwizard --help')"
         print(f"nnwizard: error: {exc.format_message()}{hint}", file=sys.stderr)
         code = int(ExitCode.USAGE)
-    except click.Abort:
+    except typer.Abort:
         print("nnwizard: interrupted", file=sys.stderr)
         code = int(ExitCode.INTERRUPTED)
     except NNWizardError as exc:

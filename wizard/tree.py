@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from nnwizard.catalog import Catalog, builtin_trees_dir, load_catalog
 from nnwizard.errors import TreeError
@@ -85,6 +85,24 @@ class Node(BaseModel):
     when: list[Test] = Field(default_factory=list)
     next: str = END
 
+    @field_validator("default")
+    @classmethod
+    def _default_is_a_choice(cls, value: str | None, info: ValidationInfo) -> str | None:
+        choices = info.data.get("choices") or {}
+        if value is not None and choices and value not in choices:
+            raise ValueError(f"default {value!r} is not one of the choices {list(choices)}")
+        return value
+
+    @field_validator("on")
+    @classmethod
+    def _answers_are_choices(cls, value: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        choices = info.data.get("choices")
+        if info.data.get("ask") is not None and choices:
+            bad = [c for c in value if c not in choices]
+            if bad:
+                raise ValueError(f"names answers that are not choices: {bad}")
+        return value
+
     @model_validator(mode="after")
     def _one_kind(self) -> "Node":
         kinds = [k for k in ("probe", "ask", "branch", "conclude") if getattr(self, k) is not None]
@@ -93,11 +111,6 @@ class Node(BaseModel):
         if self.ask is not None:
             if not self.key or not self.choices:
                 raise ValueError("an ask node needs 'key' and 'choices'")
-            if self.default is not None and self.default not in self.choices:
-                raise ValueError(f"default {self.default!r} is not one of the choices {list(self.choices)}")
-            bad = [c for c in self.on if c not in self.choices]
-            if bad:
-                raise ValueError(f"'on' names answers that are not choices: {bad}")
         if self.cases and self.branch is None:
             raise ValueError("'cases' belongs to branch nodes; probe and ask nodes route with 'on'")
         if self.on and self.kind in ("branch", "conclude"):

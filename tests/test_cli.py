@@ -1,0 +1,134 @@
+"""The CLI end to end (in process): exit codes, one-line errors, the JSON and markdown reports."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import nnwizard
+from nnwizard.cli import main
+from tests.conftest import EXAMPLES
+
+NO_STEP = str(EXAMPLES / "broken_no_step.py")
+HEALTHY = str(EXAMPLES / "healthy_mlp.py")
+
+
+def cli(capsys, *argv):
+    with pytest.raises(SystemExit) as info:
+        main(list(argv))
+    out, err = capsys.readouterr()
+    return info.value.code, out, err
+
+
+def test_version(capsys):
+    code, out, _ = cli(capsys, "--version")
+    assert code == 0 and out.strip() == f"nnwizard {nnwizard.__version__}"
+
+
+def test_scripted_diagnosis_writes_both_reports(capsys, tmp_path):
+    js, md = tmp_path / "r.json", tmp_path / "r.md"
+    code, _, err = cli(capsys, "diagnose", "--module", NO_STEP, "--non-interactive", "--symptom", "flat",
+                       "--json", str(js), "--report", str(md), "--device", "cpu", "--seed", "3")
+    assert code == 0, err
+    report = json.loads(js.read_text())
+    for key in ("nnwizard_version", "module", "device", "seed", "symptoms", "verdict", "hypotheses", "probes"):
+        assert key in report
+    assert report["seed"] == 3 and report["device"] == "cpu" and report["symptoms"] == ["flat"]
+    assert report["verdict"] == "problems-found"
+    top = report["hypotheses"][0]
+    assert top["id"] == "missing-optimizer-step" and top["confidence"] >= 0.5
+    assert set(top) >= {"id", "title", "category", "confidence", "evidence", "fix"}
+    assert any("train_step" in e for e in top["evidence"])
+    for p in report["probes"]:
+        assert p["status"] in ("passed", "failed", "errored", "skipped") and p["duration_s"] >= 0
+    text = md.read_text()
+    assert "## Ranked hypotheses" in text and "missing-optimizer-step" in text and "## Environment" in text
+    assert "r_files/overfit-one-batch-curve.png" in text
+    assert (tmp_path / "r_files" / "overfit-one-batch-curve.png").stat().st_size > 1000
+    assert "Ranked hypotheses" in err and "missing-optimizer-step" in err
+
+
+def test_fail_on(capsys, tmp_path):
+    code, _, _ = cli(capsys, "diagnose", "-m", NO_STEP, "--non-interactive", "-s", "flat", "--fail-on", "0.5", "-q")
+    assert code == 1
+    code, _, _ = cli(capsys, "diagnose", "-m", HEALTHY, "--non-interactive", "-s", "flat", "--fail-on", "low", "-q")
+    assert code == 0
+    code, _, err = cli(capsys, "diagnose", "-m", HEALTHY, "--non-interactive", "--fail-on", "2")
+    assert code == 2 and "--fail-on" in err
+
+
+def test_healthy_json_verdict(capsys, tmp_path):
+    js = tmp_path / "h.json"
+    code, _, _ = cli(capsys, "diagnose", "-m", HEALTHY, "--non-interactive", "-s", "flat", "--json", str(js), "-q")
+    assert code == 0 and json.loads(js.read_text())["verdict"] == "healthy"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["diagnose", "-m", "no_such_module_xyz", "--non-interactive"], "no module named 'no_such_module_xyz'"),
+    (["diagnose", "-m", HEALTHY, "--frobnicate"], "No such option: --frobnicate"),
+    (["diagnose", "-m", HEALTHY, "--non-interactive", "-s", "sad"], "--symptom 'sad': unknown"),
+    (["diagnose", "-m", HEALTHY, "--non-interactive", "--json", "/no/such/dir/r.json"], "does not exist"),
+    (["trees", "show", "nope"], "no tree 'nope'"),
+])
+def test_bad_usage_is_one_line_and_exit_2(capsys, argv, message):
+    code, _, err = cli(capsys, *argv)
+    assert code == 2
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and message in lines[0] and "Traceback" not in err, err
+
+
+def test_malformed_answers_and_trees(capsys, tmp_path):
+    answers = tmp_path / "a.yaml"
+    answers.write_text("not-a-question: yes\n")
+    code, _, err = cli(capsys, "diagnose", "-m", HEALTHY, "--non-interactive", "--answers", str(answers))
+    assert code == 2 and "unknown question key 'not-a-question'" in err
+    trees = tmp_path / "trees"
+    trees.mkdir()
+    (trees / "bad.yaml").write_text("id: bad\ntitle: t\nsymptoms: [flat]\nstart: a\nnodes:\n  a:\n    probe: nope\n")
+    code, _, err = cli(capsys, "diagnose", "-m", HEALTHY, "--non-interactive", "--trees", str(trees))
+    assert code == 2 and "bad.yaml:7: nodes.a.probe: unknown probe 'nope'" in err
+    code, out, _ = cli(capsys, "trees", "validate", str(trees / "bad.yaml"))
+    assert code == 2 and "FAIL" in out
+
+
+def test_trees_and_probes_commands(capsys):
+    code, out, _ = cli(capsys, "trees", "validate")
+    assert code == 0 and "ok" in out and "sanity" in out
+    code, out, _ = cli(capsys, "trees", "show", "sanity")
+    assert code == 0 and "overfit-one-batch" in out
+    code, out, _ = cli(capsys, "trees", "list")
+    assert code == 0 and "sanity" in out
+    code, out, _ = cli(capsys, "probes", "list")
+    assert code == 0 and "initial-loss" in out
+
+
+def test_internal_error_exit_3_with_crash_log(capsys, monkeypatch):
+    import nnwizard.session as session
+
+    def explode(opts, listener=None):
+        raise AttributeError("an nnwizard bug")
+
+    monkeypatch.setattr(session, "diagnose", explode)
+    code, _, err = cli(capsys, "diagnose", "-m", HEALTHY, "--non-interactive")
+    assert code == 3 and "internal error" in err and "nnwizard-crash.log" in err
+
+
+def test_interrupt_writes_partial_report_and_exits_130(capsys, tmp_path, monkeypatch):
+    import nnwizard.engine as engine_module
+
+    real, calls = engine_module.run_probe, {"n": 0}
+
+    def interrupt_third(spec, ctx, timeout=None):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return real(spec, ctx, timeout)
+
+    monkeypatch.setattr(engine_module, "run_probe", interrupt_third)
+    js, md = tmp_path / "p.json", tmp_path / "p.md"
+    code, _, _ = cli(capsys, "diagnose", "-m", NO_STEP, "--non-interactive", "-s", "flat", "--json", str(js), "--report", str(md), "-q")
+    assert code == 130
+    report = json.loads(js.read_text())
+    assert report["interrupted"] is True and len(report["probes"]) == 2
+    assert "Interrupted" in md.read_text()

@@ -1,0 +1,140 @@
+"""The target loader: dotted paths, file paths, :attr, and clear errors for bad modules."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from nnwizard.errors import ExitCode, TargetError, UsageError
+from nnwizard.loader import split_spec
+from nnwizard.target import load_target, resolve_device
+
+GOOD = """
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+def build_model():
+    return nn.Linear(4, 3)
+
+def build_data():
+    x = torch.randn(64, 4)
+    y = torch.randint(0, 3, (64,))
+    return TensorDataset(x[:48], y[:48]), TensorDataset(x[48:], y[48:])
+
+loss_fn = nn.CrossEntropyLoss()
+"""
+
+
+@pytest.fixture
+def make_module(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    created = []
+
+    def make(name: str, source: str):
+        path = tmp_path / f"{name}.py"
+        path.write_text(textwrap.dedent(source))
+        created.append(name)
+        return path
+
+    yield make
+    for name in created:
+        sys.modules.pop(name, None)
+
+
+def test_split_spec():
+    assert split_spec("pkg.mod:make") == ("pkg.mod", "make")
+    assert split_spec("pkg.mod") == ("pkg.mod", None)
+    assert split_spec("C:\\x\\train.py") == ("C:\\x\\train.py", None)
+
+
+def test_dotted_path_from_cwd_wraps_datasets(make_module):
+    make_module("good_mod", GOOD)
+    target = load_target("good_mod", "cpu")
+    assert target.task == "classification" and target.num_classes == 3
+    assert target.train_loader.batch_size == 32 and target.val_loader is not None
+    x, y = target.batch()
+    assert x.shape == (32, 4) and y.dtype == torch.long
+    assert target.fresh_model() is not target.fresh_model()
+
+
+def test_file_path_and_attr(make_module):
+    path = make_module("holder_mod", GOOD + "\nimport types\ndef make():\n    return types.SimpleNamespace(build_model=build_model, build_data=build_data, loss_fn=loss_fn)\n")
+    target = load_target(f"{path}:make", "cpu")
+    assert target.task == "classification"
+
+
+def test_missing_module_is_told_apart(make_module):
+    with pytest.raises(TargetError, match="no module named 'no_such_mod'"):
+        load_target("no_such_mod", "cpu")
+
+
+def test_import_error_inside_user_module_names_the_line(make_module):
+    make_module("broken_import", "import math\nimport not_installed_pkg_xyz\n")
+    with pytest.raises(TargetError, match=r"was found but importing it failed at .*broken_import.py:2"):
+        load_target("broken_import", "cpu")
+
+
+def test_exception_at_import_time(make_module):
+    make_module("raises_mod", "x = 1\nraise RuntimeError('boom at import')\n")
+    with pytest.raises(TargetError, match="raised while being imported.*boom at import"):
+        load_target("raises_mod", "cpu")
+
+
+def test_missing_names_are_listed_with_expectations(make_module):
+    make_module("partial_mod", "def build_model():\n    pass\n")
+    with pytest.raises(TargetError) as info:
+        load_target("partial_mod", "cpu")
+    message = str(info.value)
+    assert "build_data" in message and "loss_fn" in message and "(train, val)" in message
+    assert info.value.exit_code == ExitCode.USAGE
+
+
+def test_builder_that_raises(make_module):
+    make_module("bad_builder", GOOD.replace("return nn.Linear(4, 3)", "raise ValueError('no weights file')"))
+    with pytest.raises(TargetError, match=r"build_model\(\) raised while being built.*no weights file"):
+        load_target("bad_builder", "cpu")
+
+
+def test_build_model_must_return_module(make_module):
+    make_module("not_module", GOOD.replace("return nn.Linear(4, 3)", "return 42"))
+    with pytest.raises(TargetError, match="not a torch.nn.Module"):
+        load_target("not_module", "cpu")
+
+
+def test_missing_file():
+    with pytest.raises(TargetError, match="there is no file"):
+        load_target("does/not/exist.py", "cpu")
+
+
+def test_task_inference_and_declared_task(make_module):
+    make_module("reg_mod", GOOD.replace("nn.Linear(4, 3)", "nn.Linear(4, 1)").replace(
+        "torch.randint(0, 3, (64,))", "torch.randn(64, 1)").replace("nn.CrossEntropyLoss()", "nn.MSELoss()"))
+    assert load_target("reg_mod", "cpu").task == "regression"
+    make_module("declared_mod", GOOD + "\nTASK = 'binary'\n")
+    assert load_target("declared_mod", "cpu").task == "binary"
+    make_module("bad_task_mod", GOOD + "\nTASK = 'ranking'\n")
+    with pytest.raises(TargetError, match="TASK"):
+        load_target("bad_task_mod", "cpu")
+
+
+def test_device_resolution():
+    assert resolve_device("cpu").type == "cpu"
+    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(UsageError, match="CUDA is not available"):
+            resolve_device("cuda")
+    with pytest.raises(UsageError):
+        resolve_device("quantum")
+
+
+def test_loading_restores_global_rng(make_module):
+    make_module("rng_mod", GOOD)
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    load_target("rng_mod", "cpu")
+    assert torch.equal(torch.rand(3), expected)
