@@ -1,0 +1,306 @@
+"""Batch independence: in eval mode, the output of one sample must depend on that sample's input
+alone. Backpropagating sample i's output and finding gradient on sample j's input means the batch
+axis is being used as another axis (a sequence layer without ``batch_first``, a softmax or a
+normalisation over dim 0, a reshape that interleaves samples). The probe says which samples mix,
+along which dimension, and the first module and op whose output already mixes them."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from nnwizard.probes._instrument import first_line, shape_of
+from nnwizard.probes.api import ProbeContext, Table, failed, passed, probe, skipped
+from nnwizard.target import user_source_files
+
+# In eval mode a per-sample model routes exactly zero gradient to other samples (a zero row of the
+# upstream gradient times any weight is exactly zero), so any cross-sample gradient above float
+# round-off is real. 1e-5 of the largest own-sample gradient sits far above round-off (~1e-7
+# relative in float32) and far below any genuine mixing (a recurrence or softmax over the batch
+# gives ratios of 1e-2 to 1).
+MIX_TOLERANCE = 1e-5
+# A softmax over the batch leaves every column summing to one along dim 0.
+SUM_TOLERANCE = 1e-3
+SOFTMAX_OPS = {"softmax", "log_softmax", "softmin", "_softmax", "_log_softmax"}
+SEQUENCE_TYPES = (nn.RNNBase, nn.MultiheadAttention, nn.Transformer, nn.TransformerEncoder,
+                  nn.TransformerDecoder, nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)
+
+
+def _first_tensor(out, n: int):
+    """The model's main output: the tensor itself, or the first tensor with ``n`` rows inside a
+    tuple, list or dict (models returning (logits, hidden) or {"logits": ...})."""
+    if isinstance(out, torch.Tensor):
+        return out
+    items = out.values() if isinstance(out, dict) else out if isinstance(out, (tuple, list)) else []
+    for item in items:
+        if isinstance(item, torch.Tensor) and item.dim() > 0 and item.shape[0] == n:
+            return item
+    return None
+
+
+def _sample_count(inputs: torch.Tensor, limit: int, avoid: set[int]) -> int:
+    """How many samples to test: at most ``limit``, and a count that no other input dimension (or
+    the class count) shares, so that a transposed tensor cannot pass for the batch axis."""
+    for n in range(min(limit, inputs.shape[0]), 1, -1):
+        if n not in avoid:
+            return n
+    return min(limit, inputs.shape[0])
+
+
+@dataclass
+class _Op:
+    name: str
+    dim: object
+    out: torch.Tensor
+    module: str
+    where: str | None
+
+
+class _OpRecorder(TorchFunctionMode):
+    """Records every torch function whose output still has ``n`` rows and carries gradient, with
+    the innermost module running it and the user's file:line that called it."""
+
+    def __init__(self, n: int, files: set[str], stack: list[str]):
+        super().__init__()
+        self.n, self.files, self.stack, self.ops = n, files, stack, []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        first = out[0] if isinstance(out, tuple) and out and isinstance(out[0], torch.Tensor) else out
+        if (isinstance(first, torch.Tensor) and first.requires_grad and first.dim() > 0
+                and first.shape[0] == self.n and len(self.ops) < 2000):
+            name = getattr(func, "__name__", str(func))
+            dim = kwargs.get("dim", args[1] if name in SOFTMAX_OPS and len(args) > 1 else None)
+            self.ops.append(_Op(name, dim, first, self.stack[-1] if self.stack else "(model)", self._where()))
+        return out
+
+    def _where(self) -> str | None:
+        frame = sys._getframe(2)
+        for _ in range(40):
+            if frame is None:
+                return None
+            if frame.f_code.co_filename in self.files:
+                return f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno} in {frame.f_code.co_name}"
+            frame = frame.f_back
+        return None
+
+
+def _leaves(model: nn.Module, inputs: torch.Tensor):
+    """Input tensors that gradients are measured on: the inputs themselves when they are floating
+    point, else the outputs of every Embedding (integer token ids cannot require grad)."""
+    if inputs.is_floating_point():
+        x = inputs.detach().clone().requires_grad_(True)
+        return x, [x], []
+    entries: list[torch.Tensor] = []
+
+    def hook(module, args, output):
+        leaf = output.detach().requires_grad_(True)
+        entries.append(leaf)
+        return leaf
+
+    handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, nn.Embedding)]
+    return inputs, entries, handles
+
+
+def _row_mix(tensor: torch.Tensor, row: int, entries: list[torch.Tensor], weights: torch.Tensor | None = None):
+    """Gradient reaching each sample of ``entries`` from row ``row`` of ``tensor``: (own, per-sample)."""
+    if weights is None:
+        g = torch.Generator(device="cpu").manual_seed(row)
+        weights = torch.randn(tensor[row].shape, generator=g).to(tensor.device, tensor.dtype)
+    grads = torch.autograd.grad((tensor[row] * weights).sum(), entries, retain_graph=True, allow_unused=True)
+    per_sample = torch.zeros(tensor.shape[0], dtype=torch.float64)
+    for entry, grad in zip(entries, grads):
+        if grad is not None and grad.dim() > 0 and grad.shape[0] == tensor.shape[0]:
+            per_sample += grad.detach().abs().double().reshape(grad.shape[0], -1).sum(1).cpu()
+    return per_sample
+
+
+def _batch_first(module: nn.Module) -> bool | None:
+    if isinstance(module, nn.Transformer):
+        return module.batch_first
+    if hasattr(module, "batch_first"):
+        return bool(module.batch_first)
+    return None
+
+
+def _softmax_signature(out: torch.Tensor) -> dict | None:
+    """Outputs that are probabilities (or log-probabilities) summing to one along dim 0."""
+    if out.dim() < 2 or out.shape[0] < 2 or not out.is_floating_point():
+        return None
+    o = out.detach().double()
+    if bool(((o >= 0) & (o <= 1)).all()):
+        probs, kind = o, "probabilities"
+    elif bool((o <= 0).all()):
+        probs, kind = o.exp(), "log-probabilities"
+    else:
+        return None
+    along_batch = float((probs.sum(0) - 1).abs().max())
+    along_last = float((probs.sum(-1) - 1).abs().max())
+    if along_batch < SUM_TOLERANCE and along_last >= SUM_TOLERANCE:
+        return {"kind": kind, "batch_sum_error": along_batch, "class_sum_error": along_last}
+    return None
+
+
+@probe(
+    "batch-independence",
+    title="Does each sample's output depend on its own input only? (eval mode, backprop per sample)",
+    outcomes={
+        "ok": "every sample's output depends on its own input alone",
+        "batch-softmax": "a softmax / log-softmax normalises over the batch dimension (dim 0)",
+        "sequence-axis": "a recurrent or attention layer without batch_first runs across the samples of the batch",
+        "mixes": "outputs depend on other samples' inputs (the batch axis is mixed by another op)",
+    },
+    timeout_s=60,
+)
+def batch_independence(ctx: ProbeContext):
+    target = ctx.target
+    batch = target.batch()
+    inputs = batch[0] if batch else None
+    if not isinstance(inputs, torch.Tensor) or inputs.dim() == 0 or inputs.shape[0] < 2:
+        return skipped("needs a batch of at least two samples in a single input tensor")
+    avoid = set(inputs.shape[1:]) | ({target.num_classes} if target.num_classes else set())
+    n = _sample_count(inputs, int(ctx.param("samples", 8)), avoid)
+    model = target.fresh_model(ctx.seed).eval()  # BatchNorm in train mode mixes legitimately
+    files = {str(p) for p in user_source_files(target)} | {str(p.resolve()) for p in user_source_files(target)}
+    stack: list[str] = []
+    done: list[tuple[str, nn.Module, object]] = []  # (path, module, output) in completion order
+    paths = {m: (p or "(model)") for p, m in model.named_modules()}
+
+    def pre(module, args):
+        stack.append(paths[module])
+
+    def post(module, args, output):
+        if stack:
+            stack.pop()
+        done.append((paths[module], module, (shape_of(args[0]) if args else None), output))
+
+    x, entries, handles = _leaves(model, inputs[:n])
+    if not x.is_floating_point() and not handles:
+        return skipped(f"integer inputs {list(inputs.shape)} and no nn.Embedding to measure gradients at")
+    handles += [m.register_forward_pre_hook(pre) for m in model.modules()]
+    handles += [m.register_forward_hook(post) for m in model.modules()]
+    recorder = _OpRecorder(n, files, stack)
+    try:
+        with torch.enable_grad(), recorder:
+            raw = model(x)
+    except Exception as exc:  # the forward pass raising is forward-shape's finding, not ours
+        return skipped(f"the forward pass raised: {first_line(exc)}", error=first_line(exc))
+    finally:
+        for h in handles:
+            h.remove()
+    out = _first_tensor(raw, n)
+    if out is None or out.dim() == 0 or out.shape[0] != n or not out.requires_grad or not entries:
+        shape = list(out.shape) if isinstance(out, torch.Tensor) else type(raw).__name__
+        return skipped(f"the output ({shape}) has no batch dimension of {n} rows carrying gradient from the input")
+
+    matrix = torch.stack([_row_mix(out, i, entries) for i in range(n)])  # [output row, input sample]
+    own = matrix.diagonal()
+    scale = float(own.max())
+    signature = _softmax_signature(out)
+    data = {"samples": n, "input_shape": list(inputs[:n].shape), "output_shape": list(out.shape), "dim": 0}
+    if scale == 0.0 and signature is None:
+        return skipped("no output row receives any gradient from its own input", **data)
+    off = matrix.clone()
+    off.fill_diagonal_(0.0)
+    ratio = off / max(scale, 1e-30)
+    worst = float(ratio.max())
+    data["mixing_ratio"] = worst
+    mixed_rows = [i for i in range(n) if float(ratio[i].max()) > MIX_TOLERANCE]
+    rows = [[i, float(own[i]), float(off[i].max()), ", ".join(str(j) for j in range(n) if float(ratio[i, j]) > MIX_TOLERANCE) or "-"]
+            for i in range(n)]
+    table = Table("batch-mixing", "Gradient from each output row to the input samples",
+                  ["output row", "grad on own input", "largest grad on another sample", "samples it depends on"],
+                  rows, marked=mixed_rows)
+    if not mixed_rows and signature is None:
+        return passed(f"{n} samples in eval mode: no output row receives gradient from another sample's input "
+                      f"(largest cross-sample ratio {worst:.1e})", artifacts=[table], **data)
+
+    i = int(ratio.max(1).values.argmax())
+    sources = [j for j in range(n) if j != i and float(ratio[i, j]) > MIX_TOLERANCE]
+    data.update(row=i, depends_on=sources, mixed_rows=len(mixed_rows))
+    data.update(_locate(out, i, n, entries, done, recorder.ops, ctx))
+    if signature is not None:
+        data.update(sums_to_one=signature["kind"], batch_sum_error=signature["batch_sum_error"])
+    who = (f"output row {i} (dim 0 of the output {list(out.shape)}) receives gradient from the inputs of samples "
+           f"{_list(sources)}" if sources else f"the output {list(out.shape)} mixes samples along dim 0")
+    where = _where_text(data)
+    op_is_softmax = data.get("op") in SOFTMAX_OPS and _is_batch_dim(data.get("op_dim"), data.get("op_ndim"))
+    if signature is not None or op_is_softmax:
+        sums = (f"; the {signature['kind']} sum to 1 along dim 0 (the batch of {n}) within "
+                f"{signature['batch_sum_error']:.1e}") if signature else ""
+        return failed("batch-softmax", f"{who}{where}{sums}", [table], **data)
+    if data.get("seq_batch_first") is False:
+        return failed("sequence-axis", f"{who}{where}", [table], **data)
+    return failed("mixes", f"{who}{where}", [table], **data)
+
+
+def _list(items: list[int], limit: int = 6) -> str:
+    text = ", ".join(str(i) for i in items[:limit])
+    return text + (f" and {len(items) - limit} more" if len(items) > limit else "")
+
+
+def _is_batch_dim(dim, ndim) -> bool:
+    if not isinstance(dim, int):
+        return False
+    return dim == 0 or (isinstance(ndim, int) and dim == -ndim)
+
+
+def _mixes(tensor, row: int, entries, ctx: ProbeContext) -> bool:
+    per_sample = _row_mix(tensor, row, entries)
+    own = float(per_sample[row])
+    per_sample[row] = 0.0
+    other = float(per_sample.max())
+    return other > MIX_TOLERANCE * max(own, 1e-30) and other > 0.0
+
+
+def _locate(out, row: int, n: int, entries, done, ops: list[_Op], ctx: ProbeContext) -> dict:
+    """The first module (innermost, earliest to finish) and the first op whose output already mixes
+    samples: each candidate's row ``row`` is backpropagated to the inputs, in execution order."""
+    found: dict = {}
+    for path, module, in_shape, output in done:
+        tensor = _first_tensor(output, n)
+        if tensor is None or not tensor.requires_grad or tensor.dim() == 0 or tensor.shape[0] != n:
+            continue
+        if ctx.time_left() < 2:
+            break
+        if _mixes(tensor, row, entries, ctx):
+            found.update(module=path, module_type=type(module).__name__, module_input=in_shape)
+            seq = module if isinstance(module, SEQUENCE_TYPES) else None
+            if seq is None:  # MultiheadAttention inside a Transformer layer: the layer owns batch_first
+                for other_path, other, _, _ in done:
+                    if isinstance(other, SEQUENCE_TYPES) and path.startswith(other_path + ".") and _batch_first(other) is not None:
+                        seq = other
+                        break
+            if seq is not None and _batch_first(seq) is not None:
+                found.update(seq_batch_first=_batch_first(seq), seq_type=type(seq).__name__)
+            break
+    for op in ops:
+        if ctx.time_left() < 2:
+            break
+        if _mixes(op.out, row, entries, ctx):
+            found.update(op=op.name, op_dim=op.dim if isinstance(op.dim, int) else None, op_ndim=op.out.dim(),
+                         op_where=op.where, op_module=op.module)
+            break
+    return found
+
+
+def _where_text(data: dict) -> str:
+    parts = []
+    if "module" in data:
+        text = f"{data['module_type']} '{data['module']}'"
+        if data.get("seq_batch_first") is False and isinstance(data.get("module_input"), list) and len(data["module_input"]) == 3:
+            a, b, c = data["module_input"]
+            text += (f" (batch_first=False) reads its input {data['module_input']} as (time={a}, batch={b}, "
+                     f"features={c}): the batch axis is its time axis")
+        parts.append(text)
+    if "op" in data:
+        dim = f"(dim={data['op_dim']})" if data.get("op_dim") is not None else "()"
+        at = f" at {data['op_where']}" if data.get("op_where") else ""
+        parts.append(f"op {data['op']}{dim}{at}")
+    return ("; first mixing at " + ", ".join(parts)) if parts else ""
