@@ -60,16 +60,14 @@ class TerminalView:
         else:
             table = Table(title="Ranked hypotheses", show_lines=True, expand=True)
             table.add_column("#", width=2)
-            table.add_column("hypothesis", ratio=2)
+            table.add_column("hypothesis", no_wrap=True)
             table.add_column("conf.", width=5)
-            table.add_column("measured evidence", ratio=4)
-            table.add_column("fix", ratio=3)
+            table.add_column("what was measured", ratio=3)
+            table.add_column("fix", ratio=2)
             for i, h in enumerate(report.hypotheses[:8]):
                 style = "bold red" if h.confidence >= FINDING else "dim"
-                table.add_row(
-                    str(i + 1), f"[{style}]{h.id}[/]\n{h.title}", f"{h.confidence:.2f}",
-                    "\n".join(f"• {e}" for e in h.evidence[:3]), h.fix,
-                )
+                measured = "\n".join(f"• {e}" for e in h.evidence[:3])
+                table.add_row(str(i + 1), f"[{style}]{h.id}[/]", f"{h.confidence:.2f}", f"[bold]{h.title}[/]\n{measured}", h.fix)
             c.print(table)
         verdict_style = {"problems-found": "bold red", "healthy": "bold green", "inconclusive": "bold yellow"}[report.verdict]
         c.print(f"Verdict: [{verdict_style}]{report.verdict}[/]" + (" (interrupted: partial)" if report.interrupted else ""))
