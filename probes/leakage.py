@@ -166,10 +166,19 @@ def leakage_audit(ctx: ProbeContext):
     text = (f"{len(exact)} exact and {len(near)} near duplicates (relative distance < {NEAR}) among {checked} "
             f"validation samples checked against {train.describe()}{note}: {val_rate:.1%} of validation vs "
             f"{base_rate:.1%} between two halves of the training set")
-    # Leakage when at least 3 validation samples (5%) have a training twin and that rate is well above
-    # (3x + 2 points) how often training samples meet a twin among themselves: duplicates that are a
-    # property of the data (discrete features, repeated records) show up inside the training set too.
-    if len(set(near) | set(exact)) >= 3 and val_rate >= 0.05 and val_rate > 3 * base_rate + 0.02:
+    # Leakage when at least 3 validation samples (5%) have a training twin. For continuous inputs a twin
+    # closer than a tenth of a sample's size is a copy (augmented or repeated record), whether or not
+    # the training set holds copies too (then any random split leaks). Only where every column takes
+    # few values (<= 16: one-hot, binary, small categorical tables) are identical rows expected by
+    # chance; there the validation rate must also be well above (3x + 2 points) the rate between two
+    # halves of the training set.
+    flat_train = _flat(train.x, max_dim=10**9)
+    distinct = max((len(torch.unique(flat_train[:, j])) for j in range(min(flat_train.shape[1], 256))), default=0)
+    discrete = distinct <= 16
+    data.update(discrete=discrete, max_distinct_per_column=distinct)
+    if base_rate > 0.05:
+        text += "; the training set holds copies of its own samples, so any random split leaks"
+    if len(set(near) | set(exact)) >= 3 and val_rate >= 0.05 and (not discrete or val_rate > 3 * base_rate + 0.02):
         artifacts = [table]
         if train.x.dim() == 4 and examples:
             imgs, caps = [], []
