@@ -6,15 +6,13 @@ along which dimension, and the first module and op whose output already mixes th
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch import nn
-from torch.overrides import TorchFunctionMode
 
 from nnwizard.probes._instrument import first_line, shape_of
+from nnwizard.probes._optrace import OpTracer
 from nnwizard.probes.api import ProbeContext, Table, failed, passed, probe, skipped
 from nnwizard.target import user_source_files
 
@@ -59,36 +57,6 @@ class _Op:
     out: torch.Tensor
     module: str
     where: str | None
-
-
-class _OpRecorder(TorchFunctionMode):
-    """Records every torch function whose output still has ``n`` rows and carries gradient, with
-    the innermost module running it and the user's file:line that called it."""
-
-    def __init__(self, n: int, files: set[str], stack: list[str]):
-        super().__init__()
-        self.n, self.files, self.stack, self.ops = n, files, stack, []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        first = out[0] if isinstance(out, tuple) and out and isinstance(out[0], torch.Tensor) else out
-        if (isinstance(first, torch.Tensor) and first.requires_grad and first.dim() > 0
-                and first.shape[0] == self.n and len(self.ops) < 2000):
-            name = getattr(func, "__name__", str(func))
-            dim = kwargs.get("dim", args[1] if name in SOFTMAX_OPS and len(args) > 1 else None)
-            self.ops.append(_Op(name, dim, first, self.stack[-1] if self.stack else "(model)", self._where()))
-        return out
-
-    def _where(self) -> str | None:
-        frame = sys._getframe(2)
-        for _ in range(40):
-            if frame is None:
-                return None
-            if frame.f_code.co_filename in self.files:
-                return f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno} in {frame.f_code.co_name}"
-            frame = frame.f_back
-        return None
 
 
 def _leaves(model: nn.Module, inputs: torch.Tensor):
@@ -167,27 +135,12 @@ def batch_independence(ctx: ProbeContext):
     avoid = set(inputs.shape[1:]) | ({target.num_classes} if target.num_classes else set())
     n = _sample_count(inputs, int(ctx.param("samples", 8)), avoid)
     model = target.fresh_model(ctx.seed).eval()  # BatchNorm in train mode mixes legitimately
-    files = {str(p) for p in user_source_files(target)} | {str(p.resolve()) for p in user_source_files(target)}
-    stack: list[str] = []
-    done: list[tuple[str, nn.Module, object]] = []  # (path, module, output) in completion order
-    paths = {m: (p or "(model)") for p, m in model.named_modules()}
-
-    def pre(module, args):
-        stack.append(paths[module])
-
-    def post(module, args, output):
-        if stack:
-            stack.pop()
-        done.append((paths[module], module, (shape_of(args[0]) if args else None), output))
-
+    files = user_source_files(target)
     x, entries, handles = _leaves(model, inputs[:n])
     if not x.is_floating_point() and not handles:
         return skipped(f"integer inputs {list(inputs.shape)} and no nn.Embedding to measure gradients at")
-    handles += [m.register_forward_pre_hook(pre) for m in model.modules()]
-    handles += [m.register_forward_hook(post) for m in model.modules()]
-    recorder = _OpRecorder(n, files, stack)
     try:
-        with torch.enable_grad(), recorder:
+        with torch.enable_grad():
             raw = model(x)
     except Exception as exc:  # the forward pass raising is forward-shape's finding, not ours
         return skipped(f"the forward pass raised: {first_line(exc)}", error=first_line(exc))
@@ -224,7 +177,7 @@ def batch_independence(ctx: ProbeContext):
     i = int(ratio.max(1).values.argmax())
     sources = [j for j in range(n) if j != i and float(ratio[i, j]) > MIX_TOLERANCE]
     data.update(row=i, depends_on=sources, mixed_rows=len(mixed_rows))
-    data.update(_locate(out, i, n, entries, done, recorder.ops, ctx))
+    data.update(_locate(model, inputs[:n], i, n, files, ctx))
     if signature is not None:
         data.update(sums_to_one=signature["kind"], batch_sum_error=signature["batch_sum_error"])
     who = (f"output row {i} (dim 0 of the output {list(out.shape)}) receives gradient from the inputs of samples "
@@ -259,9 +212,37 @@ def _mixes(tensor, row: int, entries, ctx: ProbeContext) -> bool:
     return other > MIX_TOLERANCE * max(own, 1e-30) and other > 0.0
 
 
-def _locate(out, row: int, n: int, entries, done, ops: list[_Op], ctx: ProbeContext) -> dict:
+def _locate(model: nn.Module, inputs: torch.Tensor, row: int, n: int, files, ctx: ProbeContext) -> dict:
     """The first module (innermost, earliest to finish) and the first op whose output already mixes
-    samples: each candidate's row ``row`` is backpropagated to the inputs, in execution order."""
+    samples. A second, traced forward pass (eval mode: the same function) keeps every module output
+    and every op output with ``n`` rows; each candidate's row ``row`` is backpropagated to the
+    inputs, in execution order, until one reaches another sample."""
+    done: list[tuple[str, nn.Module, object, object]] = []  # (path, module, input shape, output), completion order
+    paths = {m: (p or "(model)") for p, m in model.named_modules()}
+    ops: list[_Op] = []
+
+    def post(module, args, output):
+        done.append((paths[module], module, shape_of(args[0]) if args else None, output))
+
+    def on_op(rec, func, args, out):
+        first = out[0] if isinstance(out, tuple) and out and isinstance(out[0], torch.Tensor) else out
+        if (isinstance(first, torch.Tensor) and first.requires_grad and first.dim() > 0 and first.shape[0] == n
+                and rec.phase == "forward" and len(ops) < 2000):
+            # the normalised axis, read from the autograd node (SoftmaxBackward0._saved_dim), which
+            # holds whether the user wrote F.softmax(x, 0), x.softmax(dim=0) or torch.log_softmax(x, 0)
+            dim = getattr(first.grad_fn, "_saved_dim", None) if rec.op in SOFTMAX_OPS else None
+            ops.append(_Op(rec.op, dim, first, rec.module or "(model)", rec.where))
+
+    x, entries, handles = _leaves(model, inputs)
+    handles += [m.register_forward_hook(post) for m in model.modules()]
+    try:
+        with torch.enable_grad(), OpTracer(model, files, record="all", on_op=on_op):
+            model(x)
+    except Exception:  # noqa: BLE001 - the untraced pass ran; a tracing failure only loses the location
+        return {}
+    finally:
+        for h in handles:
+            h.remove()
     found: dict = {}
     for path, module, in_shape, output in done:
         tensor = _first_tensor(output, n)

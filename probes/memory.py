@@ -1,0 +1,232 @@
+"""Graphs kept alive across steps: run a few steps of the user's own epoch (or step) and count,
+after each step, the autograd graph nodes still reachable from live tensors, naming the variable
+that holds them (a local of the user's loop, a module-level global, a model attribute). A loop
+that lets go of each step's graph holds a constant number of nodes; ``total_loss += loss`` or
+``outputs.append(out)`` adds a whole step's graph every step, which is how memory climbs until the
+process (or CUDA) runs out. Resident memory (CPU) and ``torch.cuda.memory_allocated`` (GPU) are
+recorded alongside."""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from nnwizard.probes._instrument import first_line, user_frame
+from nnwizard.probes.api import LinePlot, ProbeContext, Table, failed, passed, probe, skipped
+from nnwizard.target import user_source_files
+
+_SKIP_TYPES = (type(sys), type, type(len), type(lambda: 0))
+_INTERNAL = set(vars(nn.Module()))
+_NODE_CAP = 200_000
+
+
+def _tensors(value, depth: int = 0, seen: set[int] | None = None):
+    """Tensors carrying a grad_fn inside a value (through lists, tuples, dicts, up to depth 3)."""
+    seen = set() if seen is None else seen
+    if id(value) in seen or depth > 3:
+        return
+    seen.add(id(value))
+    if isinstance(value, torch.Tensor):
+        if value.grad_fn is not None:
+            yield value
+    elif isinstance(value, dict):
+        for item in list(value.values())[:10_000]:
+            yield from _tensors(item, depth + 1, seen)
+    elif isinstance(value, (list, tuple, set)):
+        for item in list(value)[:10_000]:
+            yield from _tensors(item, depth + 1, seen)
+
+
+def _graph_nodes(tensors) -> int:
+    """Distinct autograd nodes reachable from the tensors' grad_fn (strong refs keep ids stable)."""
+    seen: dict[int, object] = {}
+    stack = [t.grad_fn for t in tensors]
+    while stack and len(seen) < _NODE_CAP:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen[id(node)] = node
+        stack.extend(fn for fn, _ in node.next_functions)
+    return len(seen)
+
+
+def _live_graph_nodes() -> tuple[int, int]:
+    """(graph-carrying tensors alive anywhere in Python, nodes reachable from them)."""
+    live = [o for o in gc.get_objects() if issubclass(type(o), torch.Tensor) and o.grad_fn is not None]
+    return len(live), _graph_nodes(live)
+
+
+def _rss_mb() -> float | None:
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class _Roots:
+    """Where a retained graph can live: locals of the user's functions on the stack, the user's
+    module-level globals, and plain attributes of the model's modules."""
+
+    def __init__(self, target, model: nn.Module, files: set[str], stop_frame):
+        self.target, self.model, self.files, self.stop = target, model, files, stop_frame
+
+    def collect(self) -> dict[str, list[torch.Tensor]]:
+        roots: dict[str, list[torch.Tensor]] = {}
+
+        def add(label: str, value) -> None:
+            if isinstance(value, _SKIP_TYPES) or isinstance(value, nn.Module):
+                return
+            found = list(_tensors(value))
+            if found:
+                roots[label] = found
+
+        frame = sys._getframe(1)
+        while frame is not None and frame is not self.stop:
+            code = frame.f_code
+            if code.co_filename in self.files:
+                for name, value in list(frame.f_locals.items()):
+                    add(f"{name}|local of {code.co_name} in {Path(code.co_filename).name}", value)
+            frame = frame.f_back
+        namespace = self.target.namespace
+        source = Path(self.target.source).name if self.target.source else "the module"
+        for name, value in list(vars(namespace).items()) if hasattr(namespace, "__dict__") else []:
+            if not name.startswith("__"):
+                add(f"{name}|module-level global in {source}", value)
+        for path, module in self.model.named_modules():
+            for name, value in vars(module).items():
+                if name not in _INTERNAL:
+                    add(f"{(path + '.' if path else '')}{name}|attribute of the model", value)
+        return roots
+
+
+class _MeasuringLoader:
+    """The user's training loader, measuring the graph state each time the loop asks for the next
+    batch (so after every completed step) and once when the loader is exhausted."""
+
+    def __init__(self, loader, measure):
+        self.loader, self.measure = loader, measure
+
+    def __iter__(self):
+        for step, batch in enumerate(self.loader):
+            self.measure(step)
+            yield batch
+        self.measure(len(self.loader))
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __getattr__(self, name: str):
+        return getattr(self.loader, name)
+
+
+def _steadily_growing(series: list[int]) -> bool:
+    """Strictly more nodes after every step: each step's graph is being kept. A loop that releases
+    its graphs holds a constant count (the last step's graph, until the next step rebinds it)."""
+    return len(series) >= 3 and all(b > a for a, b in zip(series, series[1:]))
+
+
+@probe(
+    "memory-growth",
+    title="Autograd graphs and memory held after each step of the user's loop",
+    outcomes={
+        "ok": "the loop holds a constant amount of graph from step to step",
+        "grows": "the graph held after each step grows linearly with the number of steps",
+        "returns-graph": "the loop releases its graphs but returns a tensor still attached to the epoch's graph",
+    },
+    timeout_s=60,
+)
+def memory_growth(ctx: ProbeContext):
+    target = ctx.target
+    if not (target.user_train_epoch or target.user_train_step):
+        return skipped("no user train_epoch or train_step: the reference loop keeps only numbers (loss.item())")
+    steps = int(ctx.param("steps", 8))
+    loader = target.loader("train", steps)
+    steps = len(loader)
+    if steps < 4:
+        return skipped(f"only {steps} training batches: too few steps to see growth")
+    model = target.fresh_model(ctx.seed)
+    optimizer = target.make_optimizer(model)
+    scheduler = target.make_scheduler(optimizer)
+    files = {str(p) for p in user_source_files(target)} | {str(p.resolve()) for p in user_source_files(target)}
+    roots = _Roots(target, model, files, sys._getframe())
+    cuda = target.device.type == "cuda"
+    points: list[dict] = []
+    live_points: dict[int, tuple[int, int]] = {}
+    checkpoints = {1, max(2, steps // 2), steps}  # whole-process scans are dearer (~50 ms): three of them
+
+    def measure(step: int) -> None:
+        if step < 1 or (points and points[-1]["step"] == step):
+            return
+        held = {label: _graph_nodes(ts) for label, ts in roots.collect().items()}
+        point = {"step": step, "roots": held, "rss_mb": _rss_mb()}
+        if cuda:
+            torch.cuda.synchronize()
+            point["cuda_mb"] = torch.cuda.memory_allocated() / 2**20
+        if step in checkpoints and step not in live_points:
+            live_points[step] = _live_graph_nodes()
+        points.append(point)
+
+    fn = "train_epoch" if target.user_train_epoch else "train_step"
+    returned = None
+    try:
+        if target.user_train_epoch:
+            returned = target.user_train_epoch(model, _MeasuringLoader(loader, measure), target.loss_fn, optimizer, scheduler)
+        else:
+            for step, batch in enumerate(loader):
+                if ctx.time_left() < 2:
+                    break
+                returned = target.user_train_step(model, batch, target.loss_fn, optimizer)
+                measure(step + 1)
+    except Exception as exc:  # the user's loop raising is another probe's finding
+        return skipped(f"{fn} raised: {first_line(exc)} ({user_frame(exc, [Path(f) for f in files])})", error=first_line(exc))
+    if len(points) < 3:
+        return skipped(f"{fn} completed fewer than 3 measured steps (did it iterate the loader?)")
+    returned_nodes = _graph_nodes(list(_tensors(returned)))
+    series_steps = [p["step"] for p in points]
+    labels = {label for p in points for label in p["roots"]}
+    per_root = {label: [p["roots"].get(label, 0) for p in points] for label in labels}
+    growing = {label: s for label, s in per_root.items() if _steadily_growing(s)}
+    live = [live_points[s] for s in sorted(live_points)]
+    live_growing = len(live) >= 3 and all(b[1] > a[1] for a, b in zip(live, live[1:]))
+    rss = [p["rss_mb"] for p in points if p["rss_mb"] is not None]
+    data = dict(step_fn=fn, steps=series_steps[-1], live_nodes=[n for _, n in live], live_tensors=[t for t, _ in live],
+                rss_growth_mb=round(rss[-1] - rss[0], 2) if len(rss) > 1 else None)
+    if cuda:
+        mem = [p["cuda_mb"] for p in points]
+        data.update(cuda_start_mb=round(mem[0], 3), cuda_end_mb=round(mem[-1], 3),
+                    cuda_growth_per_step_mb=round((mem[-1] - mem[0]) / max(len(mem) - 1, 1), 4))
+    series = {label.split("|")[0]: [float(v) for v in s] for label, s in sorted(per_root.items(), key=lambda kv: -max(kv[1]))[:4]}
+    plots = [LinePlot("graph-nodes", f"Autograd nodes held after each step of {fn}", series or {"held": [0.0]},
+                      ylabel="graph nodes", x=[float(s) for s in series_steps])]
+    rows = [[label.split("|")[0], label.split("|")[1], s[0], s[-1], "yes" if label in growing else "no"]
+            for label, s in sorted(per_root.items(), key=lambda kv: -kv[1][-1])]
+    plots.append(Table("graph-holders", "Variables holding autograd graphs between steps",
+                       ["variable", "where", f"nodes after step {series_steps[0]}", f"after step {series_steps[-1]}", "grows"],
+                       rows, marked=[i for i, r in enumerate(rows) if r[4] == "yes"]))
+    if growing or live_growing:
+        if growing:
+            label, s = max(growing.items(), key=lambda kv: kv[1][-1] - kv[1][0])
+            name, where = label.split("|")
+        else:
+            s, name, where = [n for _, n in live], "an object the probe could not name", "held somewhere in the process"
+        per_step = (s[-1] - s[0]) / max(series_steps[-1] - series_steps[0], 1)
+        data.update(holder=name, holder_where=where, nodes_first=s[0], nodes_last=s[-1], nodes_per_step=round(per_step, 1))
+        mem = f"; CUDA memory {data['cuda_start_mb']:.2f} -> {data['cuda_end_mb']:.2f} MB" if cuda else (
+            f"; resident memory +{data['rss_growth_mb']:.1f} MB" if data.get("rss_growth_mb") else "")
+        ret = f"; {fn} returns a tensor still attached to a {returned_nodes}-node graph" if returned_nodes else ""
+        data["returned_nodes"] = returned_nodes
+        return failed("grows", f"'{name}' ({where}) holds an autograd graph that grows by {per_step:.0f} nodes every step "
+                      f"({s[0]} after step {series_steps[0]}, {s[-1]} after step {series_steps[-1]}){ret}{mem}", plots, **data)
+    if returned_nodes:
+        data["returned_nodes"] = returned_nodes
+        return failed("returns-graph", f"{fn} returns a tensor attached to a {returned_nodes}-node autograd graph "
+                      f"(return loss.item() or a float)", plots, **data)
+    biggest = max((s[-1] for s in per_root.values()), default=0)
+    return passed(f"{series_steps[-1]} steps of {fn}: the graph held between steps stays constant "
+                  f"(at most {biggest} nodes, no more than one step holds)", artifacts=plots, **data)
