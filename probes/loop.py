@@ -321,7 +321,11 @@ def step_audit(ctx: ProbeContext):
         carry = sum(b / a if abs(a) > 1e-12 else 0.0 for a, b, _ in fits) / len(fits)
         resid = sum(r for _, _, r in fits) / len(fits)
         data.update(carry=carry, carry_residual=resid)
-        if carry > 0.5 and resid < 0.5:
+        # The reference stands for "this step's fresh gradient" only where the user's first step
+        # agrees with it (cosine >= 0.5, as in loss-target-audit); otherwise the fit is not evidence.
+        comparable = scale is not None and scale[1] >= 0.5
+        data["carry_testable"] = comparable
+        if comparable and carry > 0.5 and resid < 0.5:
             grow = float(audit.events[-1].grads.norm()) / max(float(audit.events[0].grads.norm()), 1e-30)
             data["grad_growth"] = grow
             return failed("carry-over", f"{fn} never clears gradients: at each optimizer.step() the gradient is the "
