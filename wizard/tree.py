@@ -131,6 +131,7 @@ class Tree(BaseModel):
     title: str
     description: str = ""
     symptoms: list[str]
+    priority: int = 50  # trees of the same symptom are walked in (priority, id) order: cheap, broad ones first
     start: str
     nodes: dict[str, Node]
     path: str = ""
@@ -234,7 +235,7 @@ def load_trees(extra_dir: str | Path | None = None) -> dict[str, Tree]:
     for path in tree_files(extra_dir):
         tree = load_tree(path, catalog)
         trees[tree.id] = tree
-    return trees
+    return dict(sorted(trees.items(), key=lambda item: (item[1].priority, item[0])))
 
 
 def question_keys(trees: dict[str, Tree]) -> dict[str, Node]:
