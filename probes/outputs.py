@@ -45,6 +45,7 @@ def _last_leaf(trace):
         "logits-to-bce": "BCELoss gets values outside [0, 1] (logits)",
         "double-sigmoid": "BCEWithLogitsLoss gets probabilities from a Sigmoid",
         "squashed-logits": "a Sigmoid/Tanh bounds the logits of CrossEntropyLoss",
+        "other-dim": "outputs are normalised (softmax / log_softmax) over a dimension other than the classes",
     },
     timeout_s=30,
 )
@@ -66,11 +67,22 @@ def loss_output_audit(ctx: ProbeContext):
     last_type = type(module).__name__ if module is not None else None
     data = dict(loss=name, last_module=last.path if last else None, last_type=last_type, output_shape=list(out.shape),
                 out_min=float(out.min()), out_max=float(out.max()))
-    where = f"the model's last module is {last_type} '{last.path}'" if last else "the model's output"
+    where = f"the model's last module call is {last_type} '{last.path}'" if last else "the model's output"
     o = out.detach().float()
     in01 = bool(((o >= 0) & (o <= 1)).all())
     rows_sum_one = o.dim() >= 2 and o.shape[1] > 1 and in01 and bool(((o.sum(1) - 1).abs() < 1e-3).all())
     data["rows_sum_to_one"] = rows_sum_one
+    if o.dim() >= 2 and o.shape[1] > 1 and not rows_sum_one:
+        # normalised over another dimension (softmax(dim=0) written for a single sample): the columns,
+        # not the rows, sum to one (or their logsumexp is zero)
+        for dim in [d for d in range(o.dim()) if d != 1 and o.shape[d] > 1]:
+            sums = o.sum(dim) if in01 else torch.logsumexp(o, dim)
+            goal = 1.0 if in01 else 0.0
+            if bool(((sums - goal).abs() < 1e-3).all()):
+                data["normalised_dim"] = dim
+                what = "softmax" if in01 else "log_softmax"
+                return failed("other-dim", f"the outputs {list(o.shape)} are a {what} over dimension {dim}, not over the "
+                              f"classes (dimension 1): each class score is normalised across the samples of the batch", **data)
     if isinstance(loss, nn.CrossEntropyLoss):
         if rows_sum_one or isinstance(module, nn.Softmax):
             c = o.shape[1]
