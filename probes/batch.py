@@ -217,12 +217,14 @@ def _locate(model: nn.Module, inputs: torch.Tensor, row: int, n: int, files, ctx
     samples. A second, traced forward pass (eval mode: the same function) keeps every module output
     and every op output with ``n`` rows; each candidate's row ``row`` is backpropagated to the
     inputs, in execution order, until one reaches another sample."""
-    done: list[tuple[str, nn.Module, object, object]] = []  # (path, module, input shape, output), completion order
+    done: list[tuple] = []  # (path, module, input shape, output, input), in completion order
     paths = {m: (p or "(model)") for p, m in model.named_modules()}
     ops: list[_Op] = []
+    reducers: list[_Op] = []  # ops that take a tensor with n rows and return one without (mean(0), view...)
 
     def post(module, args, output):
-        done.append((paths[module], module, shape_of(args[0]) if args else None, output))
+        first = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        done.append((paths[module], module, shape_of(args[0]) if args else None, output, first))
 
     def on_op(rec, func, args, out):
         first = out[0] if isinstance(out, tuple) and out and isinstance(out[0], torch.Tensor) else out
@@ -232,6 +234,9 @@ def _locate(model: nn.Module, inputs: torch.Tensor, row: int, n: int, files, ctx
             # holds whether the user wrote F.softmax(x, 0), x.softmax(dim=0) or torch.log_softmax(x, 0)
             dim = getattr(first.grad_fn, "_saved_dim", None) if rec.op in SOFTMAX_OPS else None
             ops.append(_Op(rec.op, dim, first, rec.module or "(model)", rec.where))
+        elif (isinstance(first, torch.Tensor) and first.grad_fn is not None and rec.phase == "forward" and len(reducers) < 2000
+              and any(isinstance(a, torch.Tensor) and a.dim() > 0 and a.shape[0] == n for a in args)):
+            reducers.append(_Op(rec.op, None, first, rec.module or "(model)", rec.where))
 
     x, entries, handles = _leaves(model, inputs)
     handles += [m.register_forward_hook(post) for m in model.modules()]
@@ -244,17 +249,21 @@ def _locate(model: nn.Module, inputs: torch.Tensor, row: int, n: int, files, ctx
         for h in handles:
             h.remove()
     found: dict = {}
-    for path, module, in_shape, output in done:
+    for path, module, in_shape, output, given in done:
         tensor = _first_tensor(output, n)
         if tensor is None or not tensor.requires_grad or tensor.dim() == 0 or tensor.shape[0] != n:
             continue
         if ctx.time_left() < 2:
             break
-        if _mixes(tensor, row, entries, ctx):
+        # the culprit's output mixes samples while its input does not; a layer that merely receives
+        # an already mixed input (the Linear after a hand-rolled batch normalisation) is not it
+        fed_mixed = (given is not None and given.requires_grad and given.dim() > 0 and given.shape[0] == n
+                     and _mixes(given, row, entries, ctx))
+        if not fed_mixed and _mixes(tensor, row, entries, ctx):
             found.update(module=path, module_type=type(module).__name__, module_input=in_shape)
             seq = module if isinstance(module, SEQUENCE_TYPES) else None
             if seq is None:  # MultiheadAttention inside a Transformer layer: the layer owns batch_first
-                for other_path, other, _, _ in done:
+                for other_path, other, *_ in done:
                     if isinstance(other, SEQUENCE_TYPES) and path.startswith(other_path + ".") and _batch_first(other) is not None:
                         seq = other
                         break
@@ -267,8 +276,27 @@ def _locate(model: nn.Module, inputs: torch.Tensor, row: int, n: int, files, ctx
         if _mixes(op.out, row, entries, ctx):
             found.update(op=op.name, op_dim=op.dim if isinstance(op.dim, int) else None, op_ndim=op.out.dim(),
                          op_where=op.where, op_module=op.module)
+            # an op that collapsed the batch axis just before (h.mean(0), a view merging samples) and
+            # feeds this one is where the samples met: name it, and this op as where they recombine
+            feeding = _graph_nodes(op.out, limit=5000)
+            inside = [r for r in reducers if r.out.grad_fn is not None and id(r.out.grad_fn) in feeding]
+            if inside:
+                last = inside[-1]
+                found.update(op=last.name, op_dim=None, op_where=last.where, op_module=last.module, op_into=op.name)
             break
     return found
+
+
+def _graph_nodes(tensor: torch.Tensor, limit: int) -> set[int]:
+    seen: dict[int, object] = {}
+    stack = [tensor.grad_fn]
+    while stack and len(seen) < limit:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen[id(node)] = node
+        stack.extend(fn for fn, _ in node.next_functions)
+    return set(seen)
 
 
 def _where_text(data: dict) -> str:
@@ -283,5 +311,6 @@ def _where_text(data: dict) -> str:
     if "op" in data:
         dim = f"(dim={data['op_dim']})" if data.get("op_dim") is not None else "()"
         at = f" at {data['op_where']}" if data.get("op_where") else ""
-        parts.append(f"op {data['op']}{dim}{at}")
+        into = f" (feeding {data['op_into']}(), which spreads it back over the samples)" if data.get("op_into") else ""
+        parts.append(f"op {data['op']}{dim}{at}{into}")
     return ("; first mixing at " + ", ".join(parts)) if parts else ""
