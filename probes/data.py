@@ -389,7 +389,7 @@ def sample_dump(ctx: ProbeContext):
             lo, hi = float(t.min()), float(t.max())
             t = (t - lo) / (hi - lo) if hi > lo else torch.zeros_like(t)
             images.append(t.tolist())
-        grid = ImageGrid("samples", "Random training samples (label under each; each image scaled to its own range)",
+        grid = ImageGrid("samples", "Random training samples (label above each; each image scaled to its own range)",
                          images, [f"#{i}: label {lab}" for i, lab in zip(ids, labels)])
         return passed(summary, artifacts=[grid], **data)
     if layout == "tabular":
