@@ -1,0 +1,197 @@
+"""The simplify-ladder: when nothing works, change one thing at a time and see what starts to learn.
+
+Every rung trains for the same number of steps on the user's data (a fixed subset), through the
+user's own step (or epoch) function, with exactly one piece replaced:
+
+====================  ===========================================  ==================================
+rung                  replaces                                     learns -> rules out
+====================  ===========================================  ==================================
+your setup            nothing (baseline)                           (nothing is broken at this scale)
+one-hidden-layer MLP  the model                                    the data and the loop
+100-sample subset     the data size (overfit 100 samples)          labels/loop bugs that stop memorising
+MSE loss              the loss (MSE on one-hot / raw targets)      the loop and the model
+SGD(lr=0.01)          the optimizer                                the model, data and loss
+synthetic y=x[0]>0    the data (a known rule, user's input shape)  the model and the loop
+====================  ===========================================  ==================================
+
+The outcome names the layer that the rungs point at: data, model or loop (with loss and optimizer
+as the two parts of the loop that a single rung isolates).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+from torch import nn
+
+from nnwizard import reference
+from nnwizard.probes._instrument import first_line
+from nnwizard.probes.api import Table, failed, passed, probe, skipped
+from nnwizard.probes.generalization import _wide_mlp
+
+# A rung "learns" when its eval-mode training loss ends below half of where it started (for
+# classification also: accuracy at least 20 points above the majority class). The 100-sample rung is
+# a memorisation test and must reach a fifth of its start. A healthy model on a learnable subset
+# passes both within a couple of hundred steps; a broken piece leaves the loss near its start.
+LEARN_RATIO, OVERFIT_RATIO = 0.5, 0.2
+
+
+def _mse_for(task: str, num_classes: int | None):
+    mse = nn.MSELoss()
+
+    def loss(outputs, targets):
+        if task == "classification" and outputs.dim() == 2 and not targets.is_floating_point():
+            return mse(outputs, nn.functional.one_hot(targets.long(), outputs.shape[1]).float())
+        return mse(outputs.float(), targets.float().reshape(outputs.shape) if targets.numel() == outputs.numel() else targets.float())
+
+    return loss
+
+
+def _synthetic(batches, task: str, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for x, y in batches:
+        xs = torch.randn(x.shape, generator=g).to(x.device, x.dtype)
+        rule = xs.reshape(len(xs), -1)[:, 0] > 0
+        if task == "classification":
+            ys = rule.long()
+        else:
+            ys = rule.float().reshape(-1, *([1] * (y.dim() - 1))).expand_as(y).clone() if y.dim() > 1 else rule.float()
+        out.append((xs, ys.to(y.device)))
+    return out
+
+
+def _subset(batches, n: int):
+    out, left = [], n
+    for x, y in batches:
+        if left <= 0:
+            break
+        out.append((x[:left], y[:left]))
+        left -= len(y)
+    return out
+
+
+def _evaluate(model, batches, loss_fn, task) -> tuple[float, float | None]:
+    model.eval()
+    with torch.no_grad():
+        losses, accs = [], []
+        for x, y in batches:
+            out = model(x)
+            losses.append(reference.as_float(loss_fn(out, y)))
+            acc = reference.accuracy(out, y, task) if isinstance(out, torch.Tensor) else None
+            if acc is not None:
+                accs.append(acc)
+    model.train()
+    return sum(losses) / len(losses), (sum(accs) / len(accs) if accs else None)
+
+
+def _train(target, model, batches, loss_fn, optimizer, steps: int, deadline: float) -> None:
+    """Steps through the user's own step (or epoch) function with the given loss."""
+    if target.user_train_step or not target.user_train_epoch:
+        step = target.user_train_step or reference.train_step
+        for i in range(steps):
+            value = reference.as_float(step(model, batches[i % len(batches)], loss_fn, optimizer))
+            if math.isinf(value) or time.monotonic() > deadline:  # NaN may just be a step returning None
+                break
+    else:
+        for _ in range(max(1, steps // len(batches))):
+            target.user_train_epoch(model, batches, loss_fn, optimizer, None)
+            if time.monotonic() > deadline:
+                break
+
+
+def _majority(batches) -> float | None:
+    ys = torch.cat([y.reshape(-1).float() for _, y in batches])
+    if ys.numel() == 0:
+        return None
+    _, counts = torch.unique(ys, return_counts=True)
+    return float(counts.max()) / ys.numel()
+
+
+@probe(
+    "simplify-ladder",
+    title="Simplify one piece at a time (model, data size, loss, optimizer, data) and see what learns",
+    outcomes={"ok": "the user's own setup learns the subset: nothing to simplify",
+              "data": "the model and loop learn a known rule, but not the user's data",
+              "model": "another model learns the user's data through the user's loop; the user's model does not",
+              "loss": "the user's setup learns once the loss is replaced by MSE",
+              "optimizer": "the user's setup learns once the optimizer is replaced by SGD(lr=0.01)",
+              "loop": "nothing learns through the user's loop, not even a plain MLP or a known rule"},
+    timeout_s=90,
+)
+def simplify_ladder(ctx):
+    target = ctx.target
+    steps = int(ctx.param("steps", 150))
+    batches = target.batches(int(ctx.param("batches", 8)))
+    if not batches or not isinstance(batches[0][0], torch.Tensor):
+        return skipped("the batches are not (tensor, tensor) pairs")
+    float_inputs = batches[0][0].is_floating_point()
+    task = target.task
+    deadline = time.monotonic() + min(ctx.time_left() - 1, 40)
+    rows, results = [], {}
+    with torch.no_grad():
+        out_shape = list(target.fresh_model(ctx.seed).eval()(batches[0][0]).shape)
+
+    def rung(name, replaced, rules_out, make_model, data, loss_fn, make_opt, ratio=LEARN_RATIO):
+        if time.monotonic() > deadline:
+            rows.append([name, replaced, "not run (time)", "", ""])
+            return
+        try:
+            torch.manual_seed(ctx.seed)
+            model = make_model()
+            optimizer = make_opt(model)
+            before, _ = _evaluate(model, data, loss_fn, task)
+            _train(target, model, data, loss_fn, optimizer, steps, deadline)
+            after, acc = _evaluate(model, data, loss_fn, task)
+        except Exception as exc:  # noqa: BLE001 - a rung that raises did not learn
+            rows.append([name, replaced, "raised", first_line(exc)[:80], ""])
+            results[name] = False
+            return
+        major = _majority(data) if task != "regression" else None
+        learned = math.isfinite(after) and after <= ratio * before
+        if acc is not None and major is not None and learned:
+            learned = acc >= min(0.99, major + 0.2) if ratio < LEARN_RATIO else acc >= min(0.95, major + 0.2)
+        results[name] = learned
+        acc_text = f", accuracy {acc:.0%}" if acc is not None else ""
+        rows.append([name, replaced, "learns" if learned else "does not learn", f"{before:.4g} -> {after:.4g}{acc_text}",
+                     rules_out if learned else ""])
+
+    user_model = lambda: target.fresh_model(ctx.seed)  # noqa: E731
+    mlp = lambda: _wide_mlp(batches[0][0], out_shape, 128).to(target.device)  # noqa: E731
+    rung("your setup", "nothing", "nothing is broken at this scale", user_model, batches, target.loss_fn, target.make_optimizer)
+    if float_inputs:
+        rung("one-hidden-layer MLP", "the model", "the data and the loop", mlp, batches, target.loss_fn, target.make_optimizer)
+    rung("100-sample subset", "data size", "labels or loop bugs that stop memorising", user_model, _subset(batches, 100),
+         target.loss_fn, target.make_optimizer, OVERFIT_RATIO)
+    if task != "regression" or not isinstance(target.loss_fn, nn.MSELoss):
+        rung("MSE loss", "the loss", "the loss choice", user_model, batches, _mse_for(task, target.num_classes), target.make_optimizer)
+    rung("SGD(lr=0.01)", "the optimizer", "the optimizer settings", user_model, batches, target.loss_fn,
+         lambda m: torch.optim.SGD(m.parameters(), lr=0.01))
+    if float_inputs:
+        rung("synthetic y = x[0] > 0", "the data", "the model and the loop", user_model, _synthetic(batches, task, ctx.seed),
+             target.loss_fn, target.make_optimizer)
+    table = Table("ladder", "Simplify-ladder (each rung replaces one piece)",
+                  ["rung", "replaces", "result", "loss (accuracy)", "what that rules out"], rows,
+                  marked=[i for i, r in enumerate(rows) if r[2] == "learns" and i > 0])
+    group = target.make_optimizer(target.fresh_model(ctx.seed)).param_groups[0]
+    data = dict(rungs={r[0]: r[2] for r in rows}, steps=steps, user_lr=float(group.get("lr", math.nan)),
+                summary_table=[" | ".join(map(str, r[:4])) for r in rows])
+    learns = lambda name: results.get(name, False)  # noqa: E731
+    line = "; ".join(f"{r[0]}: {r[2]}" for r in rows)
+    if learns("your setup"):
+        return passed(f"your setup learns {sum(len(b[1]) for b in batches)} samples in {steps} steps: {line}", "ok", [table], **data)
+    if learns("MSE loss") and not learns("one-hidden-layer MLP"):
+        return failed("loss", f"only replacing the loss makes it learn: {line}", [table], **data)
+    if learns("SGD(lr=0.01)"):
+        data["direction"] = "lower" if data["user_lr"] > 0.01 else "higher"
+        return failed("optimizer", f"replacing the optimizer by SGD(lr=0.01) makes it learn: {line}", [table], **data)
+    through_loop = learns("one-hidden-layer MLP") or learns("synthetic y = x[0] > 0") or learns("100-sample subset")
+    if not through_loop:
+        return failed("loop", f"nothing learns through {'your train_step' if target.user_train_step else 'your train_epoch' if target.user_train_epoch else 'the loop'}: {line}", [table], **data)
+    if learns("synthetic y = x[0] > 0") and not learns("one-hidden-layer MLP"):
+        return failed("data", f"your model and loop learn a known rule but no model learns your data: {line}", [table], **data)
+    if learns("one-hidden-layer MLP"):
+        return failed("model", f"a one-hidden-layer MLP learns your data through your loop; your model does not: {line}", [table], **data)
+    return failed("data", f"only memorising 100 samples works: {line}", [table], **data)
