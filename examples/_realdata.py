@@ -23,7 +23,8 @@ def loaders(x, y, val_fraction: float = 0.25, batch_size: int = 32, standardise:
     n_val = max(1, int(len(x) * val_fraction))
     x_train, y_train, x_val, y_val = x[:-n_val], y[:-n_val], x[-n_val:], y[-n_val:]
     if standardise:
-        mean, std = x_train.mean(0), x_train.std(0).clamp_min(1e-6)
+        mean, std = x_train.mean(0), x_train.std(0)
+        std = torch.where(std > 1e-6, std, torch.ones_like(std))  # constant columns (digits' corner pixels) stay as they are
         x_train, x_val = (x_train - mean) / std, (x_val - mean) / std
     train = DataLoader(TensorDataset(x_train, y_train), batch_size=batch_size, shuffle=True,
                        generator=torch.Generator().manual_seed(0))
