@@ -1,0 +1,244 @@
+"""Gradient and activation instruments: per-parameter gradient norms (none, zero, huge, the trend
+with depth, update-to-parameter ratios) and per-layer activation statistics (dead ReLU units,
+saturated sigmoid/tanh outputs), measured on the user's model, data and step."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from nnwizard.probes._instrument import first_line
+from nnwizard.probes._optrace import OpTracer
+from nnwizard.probes.api import BarPlot, ProbeContext, Table, failed, passed, probe, skipped
+
+# Thresholds (see the README): a gradient norm below 1e-9 is zero at float32 resolution for weights
+# of order 1e-2..1; above 1e3 no sane loss at chance level produces it (initial per-parameter norms
+# are O(1e-3..10)); three orders of magnitude between the first and the last weight layer's
+# relative gradient (|g|/|w|) is what a deep sigmoid stack shows and ReLU/residual nets never do.
+ZERO_GRAD = 1e-9
+HUGE_GRAD = 1e3
+VANISH_RATIO = 1e-3
+DEAD_FRACTION = 0.5
+SATURATED_FRACTION = 0.5
+
+
+def _batches(target, n):
+    try:
+        n = min(n, len(target.train_loader))
+    except TypeError:
+        pass
+    return target.batches(max(1, n))
+
+
+@probe(
+    "grad-norms",
+    title="Gradient norm per parameter, its trend with depth, update-to-parameter ratios",
+    outcomes={"ok": "every parameter gets a finite, non-zero gradient of sane size",
+              "exploding": "some gradient norm is huge (> 1e3) or non-finite",
+              "vanishing": "gradients shrink by orders of magnitude towards the first layers",
+              "zero": "some parameters get an exactly zero gradient",
+              "disconnected": "some trainable parameters get no gradient at all (not connected to the loss)"},
+    timeout_s=60,
+)
+def grad_norms(ctx: ProbeContext):
+    target = ctx.target
+    model = target.fresh_model(ctx.seed).train()
+    inputs, targets = target.batch()
+    try:
+        loss = target.loss_fn(model(inputs), targets)
+        loss.backward()
+    except Exception as exc:  # noqa: BLE001
+        return skipped(f"forward/backward raised: {first_line(exc)}", error=first_line(exc))
+    rows, names, norms, rels = [], [], [], []
+    none, zero, huge = [], [], []
+    weights = []  # (name, relative gradient) of weight matrices/kernels, in registration order
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        if p.grad is None:
+            none.append(name)
+            rows.append([name, list(p.shape), "None", "-", "-"])
+            continue
+        g = float(p.grad.detach().float().norm())
+        w = float(p.detach().float().norm())
+        rel = g / w if w > 0 else math.inf
+        names.append(name)
+        norms.append(g)
+        rels.append(rel)
+        if not math.isfinite(g) or g > HUGE_GRAD:
+            huge.append(name)
+        elif g < ZERO_GRAD:
+            zero.append(name)
+        if p.dim() >= 2:
+            weights.append((name, rel, g))
+        rows.append([name, list(p.shape), f"{g:.3g}", f"{w:.3g}", f"{rel:.3g}"])
+    # update-to-parameter ratio over a few real steps of the user's step
+    steps = int(ctx.param("steps", 5))
+    fresh = target.fresh_model(ctx.seed)
+    optimizer = target.make_optimizer(fresh)
+    ratios: dict[str, list[float]] = {}
+    try:
+        for batch in _batches(target, steps):
+            before = {n: p.detach().clone() for n, p in fresh.named_parameters() if p.requires_grad}
+            target.train_step(fresh, batch, optimizer)
+            for n, p in fresh.named_parameters():
+                if n in before and p.dim() >= 2:
+                    w = float(before[n].norm())
+                    if w > 0:
+                        ratios.setdefault(n, []).append(float((p.detach() - before[n]).norm()) / w)
+    except Exception:  # noqa: BLE001 - the loop probes audit a raising step; here we only lose the ratios
+        ratios = {}
+    per_layer = {n: sorted(v)[len(v) // 2] for n, v in ratios.items() if v}
+    update_ratio = sorted(per_layer.values())[len(per_layer) // 2] if per_layer else math.nan
+    for row in rows:
+        row.append(f"{per_layer[row[0]]:.2g}" if row[0] in per_layer else "-")
+    depth_ratio = weights[0][1] / weights[-1][1] if len(weights) >= 3 and weights[-1][1] > 0 else math.nan
+    marked = [i for i, r in enumerate(rows) if r[0] in none + zero + huge]
+    table = Table("grad-norms", "Gradient norm per parameter (first batch, before any step)",
+                  ["parameter", "shape", "|grad|", "|param|", "|grad|/|param|", "update/param"], rows, marked)
+    plot = BarPlot("grad-norm-by-layer", "Gradient norm by layer (input to output)", names,
+                   [max(v, 1e-30) if math.isfinite(v) else 1e30 for v in norms], ylabel="|grad|", logy=True)
+    finite_norms = [n for n in norms if math.isfinite(n)]
+    data = dict(loss=float(loss.detach()), parameters=len(rows), none=none, zero=zero, huge=huge,
+                none_count=len(none), zero_count=len(zero), huge_count=len(huge),
+                max_norm=max(finite_norms) if finite_norms else math.nan,
+                max_layer=names[norms.index(max(finite_norms))] if finite_norms else "?",
+                depth_ratio=depth_ratio, update_ratio=update_ratio, weight_layers=len(weights),
+                first_layer=weights[0][0] if weights else "?", last_layer=weights[-1][0] if weights else "?",
+                first_rel=weights[0][1] if weights else math.nan, last_rel=weights[-1][1] if weights else math.nan,
+                first_norm=weights[0][2] if weights else math.nan, last_norm=weights[-1][2] if weights else math.nan)
+    arts = [plot, table]
+    upd = f"; median update/param {update_ratio:.2g}" if math.isfinite(update_ratio) else ""
+    if huge:
+        return failed("exploding", f"{len(huge)} parameter(s) with |grad| > {HUGE_GRAD:g} on the first batch, largest "
+                      f"{data['max_norm']:.3g} at {data['max_layer']}{upd}", arts, **data)
+    if math.isfinite(depth_ratio) and depth_ratio < VANISH_RATIO:
+        return failed("vanishing", f"relative gradient |g|/|w| {data['first_rel']:.2g} at the first layer "
+                      f"{data['first_layer']} against {data['last_rel']:.2g} at the last {data['last_layer']}: "
+                      f"{depth_ratio:.2g}x over {len(weights)} weight layers{upd}", arts, **data)
+    if none:
+        return failed("disconnected", f"{len(none)} trainable parameter(s) get no gradient: {', '.join(none[:5])}", arts, **data)
+    if zero:
+        return failed("zero", f"{len(zero)} parameter(s) get a zero gradient (< {ZERO_GRAD:g}): {', '.join(zero[:5])}{upd}",
+                      arts, **data)
+    span = f"; first/last layer relative gradient {depth_ratio:.2g}" if math.isfinite(depth_ratio) else ""
+    return passed(f"{len(names)} parameters, |grad| up to {data['max_norm']:.3g} ({data['max_layer']}){span}{upd}",
+                  artifacts=arts, **data)
+
+
+# ----------------------------------------------------------------------------------- activation-stats
+_RELU = {"relu", "relu_", "relu6", "hardtanh"}  # zero (or clipped) below a threshold: can die
+_SQUASH = {"sigmoid", "sigmoid_", "tanh", "tanh_"}
+
+
+def _activation_stats(model, inputs, files) -> dict[str, dict]:
+    stats: dict[str, dict] = {}
+
+    def on_op(rec, func, args, out):
+        op = rec.op
+        if op not in _RELU and op not in _SQUASH:
+            return
+        if not isinstance(out, torch.Tensor) or out.dim() < 1 or len(out) < 2:
+            return
+        label = rec.module if rec.module_type and rec.module_type.lower().rstrip("6") in (
+            "relu", "sigmoid", "tanh", "hardtanh", "relu") else f"{rec.module or '(model)'}:{op}"
+        v = out.detach().float().reshape(len(out), -1)
+        entry = stats.setdefault(label, {"op": op.rstrip("_"), "calls": 0})
+        entry["calls"] += 1
+        if op in _RELU:
+            entry["dead"] = max(entry.get("dead", 0.0), float((v <= 0).all(0).float().mean()))
+        else:
+            if op.startswith("sigmoid"):
+                tails = (v < 0.01) | (v > 0.99)
+            else:
+                tails = v.abs() > 0.99
+            entry["saturated"] = max(entry.get("saturated", 0.0), float(tails.float().mean()))
+        entry["std"] = float(v.std())
+
+    tracer = OpTracer(model, files, locate=False, on_op=on_op)
+    with tracer, torch.no_grad():
+        model(inputs)
+    return stats
+
+
+@probe(
+    "activation-stats",
+    title="Dead ReLU units and saturated sigmoid/tanh outputs, per layer",
+    outcomes={"ok": "no layer mostly dead or saturated", "dead": "over half of a ReLU layer's units are zero for every sample",
+              "saturated": "over half of a sigmoid/tanh layer's outputs sit in the flat tails",
+              "no-activations": "the model uses no ReLU/sigmoid/tanh"},
+    timeout_s=60,
+)
+def activation_stats(ctx: ProbeContext):
+    from nnwizard.target import user_source_files
+
+    target = ctx.target
+    files = user_source_files(target)
+    inputs, _ = target.batch()
+    model = target.fresh_model(ctx.seed)
+    model.train()
+    try:
+        init = _activation_stats(model, inputs, files)
+    except Exception as exc:  # noqa: BLE001
+        return skipped(f"forward raised: {first_line(exc)}", error=first_line(exc))
+    if not init:
+        return passed("the model uses no ReLU, sigmoid or tanh", "no-activations")
+    steps = int(ctx.param("steps", 20))
+    optimizer = target.make_optimizer(model)
+    done = 0
+    try:
+        batches = target.batches(min(steps, len(target.train_loader)))
+        for i in range(steps):
+            target.train_step(model, batches[i % len(batches)], optimizer)
+            done += 1
+            if ctx.time_left() < 2:
+                break
+        trained = _activation_stats(model, inputs, files) if done else {}
+    except Exception:  # noqa: BLE001
+        trained = {}
+    rows, labels, dead_vals = [], [], []
+    worst_dead, worst_sat = None, None
+    for label, s in init.items():
+        t = trained.get(label, {})
+        for key in ("dead", "saturated"):
+            if key not in s:
+                continue
+            a, b = s[key], t.get(key, math.nan)
+            value = max(a, b) if math.isfinite(b) else a
+            when = "at initialisation" if a >= (b if math.isfinite(b) else -1) else f"after {done} steps"
+            rows.append([label, s["op"], key, f"{a:.0%}", f"{b:.0%}" if math.isfinite(b) else "-", f"{s['std']:.3g}"])
+            labels.append(f"{label} ({key})")
+            dead_vals.append(value)
+            item = (value, label, a, b, when)
+            if key == "dead" and (worst_dead is None or value > worst_dead[0]):
+                worst_dead = item
+            if key == "saturated" and (worst_sat is None or value > worst_sat[0]):
+                worst_sat = item
+    table = Table("activations", f"Activation layers at initialisation and after {done} steps",
+                  ["layer", "op", "measure", "at init", f"after {done} steps", "output std"], rows,
+                  marked=[i for i, v in enumerate(dead_vals) if v > DEAD_FRACTION])
+    plot = BarPlot("activation-health", "Dead / saturated fraction per activation layer", labels, dead_vals,
+                   ylabel="fraction of units")
+    data = dict(layers=len(init), steps=done)
+    if worst_dead:
+        data.update(dead_fraction=worst_dead[0], dead_layer=worst_dead[1], dead_init=worst_dead[2],
+                    dead_trained=worst_dead[3], dead_when=worst_dead[4])
+    if worst_sat:
+        data.update(saturated_fraction=worst_sat[0], saturated_layer=worst_sat[1], saturated_init=worst_sat[2],
+                    saturated_trained=worst_sat[3], saturated_when=worst_sat[4])
+    arts = [plot, table]
+    dead = worst_dead is not None and worst_dead[0] > DEAD_FRACTION
+    sat = worst_sat is not None and worst_sat[0] > SATURATED_FRACTION
+    if dead and (not sat or worst_dead[0] >= worst_sat[0]):
+        return failed("dead", f"ReLU layer '{worst_dead[1]}': {worst_dead[0]:.0%} of its units are zero for all "
+                      f"{len(inputs)} samples {worst_dead[4]} ({worst_dead[2]:.0%} at initialisation)", arts, **data)
+    if sat:
+        return failed("saturated", f"'{worst_sat[1]}': {worst_sat[0]:.0%} of its outputs sit in the flat tails "
+                      f"{worst_sat[4]} ({worst_sat[2]:.0%} at initialisation)", arts, **data)
+    parts = []
+    if worst_dead:
+        parts.append(f"at most {worst_dead[0]:.0%} dead units ({worst_dead[1]})")
+    if worst_sat:
+        parts.append(f"at most {worst_sat[0]:.0%} saturated outputs ({worst_sat[1]})")
+    return passed(f"{len(init)} activation layer(s): " + ", ".join(parts) + f" (init and after {done} steps)", artifacts=arts, **data)
