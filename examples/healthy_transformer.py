@@ -10,12 +10,12 @@ EXPECTED = {"symptoms": ["auto"], "hypotheses": []}
 
 
 class SequenceClassifier(nn.Module):
-    def __init__(self, features=4, width=32, steps=12, classes=4):
+    def __init__(self, features=4, width=16, steps=12, classes=4):
         super().__init__()
         self.embed = nn.Linear(features, width)
         self.position = nn.Parameter(torch.zeros(1, steps, width))
-        layer = nn.TransformerEncoderLayer(width, nhead=4, dim_feedforward=64, dropout=0.1, batch_first=True)
-        self.encoder = nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
+        layer = nn.TransformerEncoderLayer(width, nhead=2, dim_feedforward=32, dropout=0.1, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, num_layers=1, enable_nested_tensor=False)
         self.head = nn.Linear(width, classes)
 
     def forward(self, x):                      # x: (batch, time, features)
