@@ -122,9 +122,14 @@ def one_run(target, seed: int, steps: int, globals_too: bool) -> dict:
     return {"losses": losses, "batches": batches, "init": init, "final": _params(model), "loader": loader, "model": model}
 
 
+def _equal(x: torch.Tensor, y: torch.Tensor) -> bool:
+    """Bitwise-equal values, a NaN matching a NaN in the same place (a diverged run can be reproducible)."""
+    return x.shape == y.shape and bool(((x == y) | (torch.isnan(x) & torch.isnan(y))).all())
+
+
 def _same(a: dict, b: dict) -> bool:
-    return (a["losses"] == b["losses"] or all(x == y or (math.isnan(x) and math.isnan(y)) for x, y in zip(a["losses"], b["losses"]))) \
-        and a["final"].shape == b["final"].shape and torch.equal(a["final"], b["final"])
+    return len(a["losses"]) == len(b["losses"]) and all(
+        x == y or (math.isnan(x) and math.isnan(y)) for x, y in zip(a["losses"], b["losses"])) and _equal(a["final"], b["final"])
 
 
 def _random_attrs(obj, path: str, depth: int = 0, seen=None) -> list[tuple[str, str]]:
@@ -232,7 +237,7 @@ def determinism(ctx):
         return passed(f"two runs of {steps} steps from seed {seed} agree bitwise (losses and {a['final'].numel():,} "
                       f"parameters)" + ("" if seeds_globals else "; the code seeds only torch, and that is enough here"), **data)
     diff = next((i for i, (x, y) in enumerate(zip(a["losses"], b["losses"])) if x != y), None)
-    delta = float((a["final"] - b["final"]).abs().max()) if a["final"].shape == b["final"].shape else math.inf
+    delta = float((a["final"] - b["final"]).abs().nan_to_num(0.0).max()) if a["final"].shape == b["final"].shape and a["final"].numel() else math.inf
     data.update(first_loss_diff=diff, max_param_diff=delta, losses_a=a["losses"], losses_b=b["losses"])
     at = f"losses differ from step {diff}" if diff is not None else "losses agree but parameters differ"
     head = f"two runs from seed {seed}: {at}; parameters differ by up to {delta:.3g}"
@@ -260,7 +265,7 @@ def determinism(ctx):
         data.update(source="data", batch_step=bdiff, holders=[f"{p}: {k}" for p, k in holders], where="; ".join(notes) or "the data pipeline")
         return failed("data", f"{head}; with every generator seeded the batches still differ from batch {bdiff}: the data "
                       f"pipeline draws from an unseeded source ({data['where']})", [table], **data)
-    if not torch.equal(a["init"], b["init"]):
+    if not _equal(a["init"], b["init"]):
         data.update(source="model-init", where="; ".join(unseeded[:3]) or "build_model()")
         return failed("model", f"{head}; the batches agree but build_model() returns different initial weights from the "
                       f"same seed ({data['where']})", [table], **data)

@@ -93,16 +93,24 @@ def linear_stack(ctx):
     # ReLU/tanh/pooling sits in the path (half the units change regime between the inputs). 1e-4 sits
     # orders of magnitude from both.
     error = float((lhs - rhs).norm() / (rhs.norm() + 1e-12))
-    data = dict(affine_layers=len(affine), adjacent=pairs[:6], affinity_error=error,
+    # a constant output (every ReLU dead, saturated units) is trivially affine: that is a different
+    # fault, so the spread of the outputs across inputs must be real before linearity is claimed
+    with torch.no_grad():
+        outputs = f(inputs)
+    spread = float((outputs - outputs.mean(0, keepdim=True)).norm() / (outputs.norm() + 1e-12)) if outputs is not None else 0.0
+    data = dict(affine_layers=len(affine), adjacent=pairs[:6], affinity_error=error, output_spread=spread,
                 layers=[f"{p} ({type(m).__name__})" for p, m in leaves][:20])
     table = Table("leaves", "Layers in forward order", ["layer", "type", "affine"],
                   [[p, type(m).__name__, "yes" if isinstance(m, AFFINE) else ""] for p, m in leaves][:40],
                   marked=[i for i, (p, m) in enumerate(leaves[:40]) if any(p in pair for pair in pairs)])
     names = ", ".join(f"{p} ({type(m).__name__})" for p, m in affine[:5])
-    if error < 1e-4 and len(affine) >= 2:
+    if error < 1e-4 and len(affine) >= 2 and spread > 1e-3:
         where = f"; no activation between {'; '.join(pairs[:3])}" if pairs else ""
         return failed("linear-stack", f"{len(affine)} affine layers ({names}) and the model is exactly affine: "
                       f"f(0.3 x1 + 0.7 x2) matches 0.3 f(x1) + 0.7 f(x2) to {error:.1e}{where}", [table], **data)
+    if spread <= 1e-3:
+        return passed(f"{len(affine)} affine layers; the output barely depends on the input (spread {spread:.1e}), so "
+                      f"linearity cannot be judged", artifacts=[table], **data)
     if pairs:
         return passed(f"affine layers adjacent without an activation module ({'; '.join(pairs[:3])}), but the model is "
                       f"non-linear (affinity error {error:.2g})", "adjacent-affine", [table], **data)
@@ -168,6 +176,13 @@ def capacity_check(ctx):
         probe_model.eval()
         out = probe_model(batches[0][0])
         initial = sum(reference.as_float(target.loss_fn(probe_model(x), y)) for x, y in batches) / len(batches)
+    with trace_modules(probe_model, leaves_only=True) as trace, torch.no_grad():
+        probe_model(batches[0][0])
+    widths = [(c.path, int(math.prod(c.output[1:]))) for c in trace.calls
+              if isinstance(trace.modules.get(c.path), AFFINE) and c.output and len(c.output) > 1]
+    d_out = int(math.prod(out.shape[1:])) if out.dim() > 1 else 1
+    hidden = widths[:-1]  # every affine layer but the output layer
+    narrowest = min(hidden, key=lambda w: w[1]) if hidden else None
     expected = target.expected_initial_loss(batches[0][1])
     scale = expected[0] if expected and expected[0] > 0 else max(initial, 1e-8)
 
@@ -183,7 +198,9 @@ def capacity_check(ctx):
     params = sum(p.numel() for p in target.fresh_model(ctx.seed).parameters())
     data = dict(samples=samples, steps=steps, initial=initial, reference=scale, user_plain=plain, wide_mlp=wide,
                 user_own=own, user_params=params, mlp_params=sum(p.numel() for p in mlp.parameters()),
-                plain_level=plain / scale, wide_level=wide / scale, own_level=own / scale, **settings)
+                plain_level=plain / scale, wide_level=wide / scale, own_level=own / scale, outputs=d_out,
+                narrowest_layer=narrowest[0] if narrowest else None, narrowest_width=narrowest[1] if narrowest else None,
+                bottleneck=bool(narrowest and narrowest[1] < d_out), **settings)
     plot = BarPlot("fit", f"Training loss on {samples} samples after {steps} steps",
                    ["your model, Adam 1e-3", "wide MLP, Adam 1e-3", f"your model, your {settings['optimizer']}"],
                    [plain, wide, own], ylabel="loss")

@@ -138,11 +138,13 @@ def run_curves(ctx: ProbeContext, budget_s: float, max_epochs: int, max_steps: i
             # so that a validation curve has a shape, and at most max_steps optimiser steps
             took = max(time.monotonic() - t0, 1e-4)
             per_step = took / max(len(values), 1)
+            # the time budget only shortens runs of slow models: below budget/max_steps per step the
+            # plan is always max_steps, so the measurement does not depend on machine load
             steps = max(12, min(max_steps, int((budget_s - (time.monotonic() - started)) / per_step)))
             if n_train * 6 > steps:
                 batches_per_epoch = max(2, steps // 6)
             epochs = min(max_epochs, 1 + max(5, steps // max(batches_per_epoch, 1)))
-        if out["epochs"] >= epochs or ctx.time_left() < 2 or time.monotonic() - started > 2 * budget_s:
+        if out["epochs"] >= epochs or ctx.time_left() < 2 or time.monotonic() - started > 1.5 * budget_s:
             break
         ctx.progress(out["epochs"] / epochs, f"epoch {out['epochs']} loss {mean:.4g}")
     out["seconds"] = round(time.monotonic() - started, 2)
@@ -169,7 +171,7 @@ def run_curves(ctx: ProbeContext, budget_s: float, max_epochs: int, max_steps: i
 )
 def triage_run(ctx: ProbeContext):
     target = ctx.target
-    budget = float(ctx.param("budget_s", 2.5))
+    budget = float(ctx.param("budget_s", 5.0))
     data = run_curves(ctx, budget, int(ctx.param("epochs", 40)), int(ctx.param("steps", 300)), int(ctx.param("val_batches", 8)))
     model = data.pop("model")
     train, val = data["train"], data["val"]

@@ -27,7 +27,7 @@ from typing import Any
 # id -> (title, CONTRACT §2 symptoms, first intervention, what the learning rate has to do with it)
 SHAPES: dict[str, tuple[str, list[str], str, str]] = {
     "nan": (
-        "NaN/Inf early, without a healthy phase before it",
+        "NaN/Inf without a healthy phase before it",
         ["nan"],
         "Find the first non-finite value: check the inputs for NaN/Inf, guard log/divide/sqrt against "
         "zero (add an epsilon), and look at the gradient norm in the steps before it.",
@@ -36,7 +36,7 @@ SHAPES: dict[str, tuple[str, list[str], str, str]] = {
         "happened yet): the data or an unguarded operation is.",
     ),
     "diverged": (
-        "healthy, then diverged at one step",
+        "healthy, then diverged",
         ["nan"],
         "Look at what happened at that step: the batch it read (a corrupt or extreme sample, a NaN "
         "input), the gradient norm there; add gradient clipping and check the data loader.",
@@ -178,21 +178,22 @@ def _make(shape: str, evidence: str, step: float | None = None, **data: Any) -> 
 # ------------------------------------------------------------------------------------- classifier
 # Thresholds, all relative to the reference scale R (the curve's starting level, or the chance-level
 # loss when the caller knows it):
-#   flat         the smoothed curve never moves by more than 3% of R (minibatch noise alone moves a
-#                learning curve by more than that within a few dozen steps).
+#   flat         the first points, the median of every quarter of the run and the end lie within 3%
+#                of R of each other (a learning curve moves by more than that within a few dozen steps).
 #   oscillating  less than 25% progress, and the typical step-to-step jump is over 30% of the loss
 #                level (minibatch noise of a healthy run is ~5-20% of the level).
-#   diverged     after real progress (>= 10% of R), the loss leaves its best level and ends above the
-#                starting level (or turns non-finite).
+#   diverged     after real, smooth progress (>= 10% of R, step-to-step jumps under 30% of the level),
+#                the loss leaves its best level and ends above the starting level (or turns non-finite).
 #   overfitting  validation ends at least 5% of R (and 10% of its best value) above its best point,
 #                while training loss kept falling after that point and ends below validation.
+#   plateau      after real progress, the last third improves by less than 3% of R (normal).
 #   stalled-high the last third of the run improves by less than 3% of R while the loss is still above
 #                40% of R (and validation too, when there is one): not a slow start but a standstill.
 FLAT_RANGE, OSC_PROGRESS, OSC_ROUGH = 0.03, 0.25, 0.30
 DIVERGE_PROGRESS = 0.10
 OVERFIT_RISE, OVERFIT_REL = 0.05, 0.10
 STALL_GAIN, STALL_LEVEL = 0.03, 0.40
-PLATEAU_GAIN = 0.02
+PLATEAU_GAIN = 0.03
 
 
 def classify(curves: Curves, reference: float | None = None) -> Shape:
@@ -233,7 +234,9 @@ def classify(curves: Curves, reference: float | None = None) -> Shape:
     base.update(end=end, best=lo, progress=round(progress, 4), roughness=round(rough, 4))
 
     # healthy, then diverged to a finite but large value
-    if (start - lo) / scale >= DIVERGE_PROGRESS and lo_i < n - tail:
+    pre = train[: max(lo_i, 3) + 1]
+    rough_pre = _median([abs(b - a) for a, b in zip(pre, pre[1:])]) / max(abs(_median(pre)), 1e-12)
+    if (start - lo) / scale >= DIVERGE_PROGRESS and lo_i < n - tail and rough_pre < OSC_ROUGH:
         after = sm[lo_i:]
         jump = next((lo_i + j for j, v in enumerate(after) if v > start), None)
         if jump is not None and end > start:
@@ -242,11 +245,18 @@ def classify(curves: Curves, reference: float | None = None) -> Shape:
                          f"above its starting level at step {_at(xs, raw)} and ended at {_fmt(end)}", _at(xs, raw),
                          diverge_step=_at(xs, raw), **base)
 
-    span = (max(sm) - min(sm)) / scale
+    # flat: the start, every quarter of the run and the end all sit within FLAT_RANGE of each other
+    # (quarter medians, so that minibatch noise does not count as movement)
+    quarters = [_median(train[i * n // 4: (i + 1) * n // 4]) for i in range(4)]
+    levels = [start, *quarters, end]
+    span = (max(levels) - min(levels)) / scale
     if span < FLAT_RANGE and rough < OSC_ROUGH:
-        return _make("flat", f"over {n} steps the smoothed loss stays within {span:.1%} of {_fmt(scale)} "
+        return _make("flat", f"over {n} steps the loss stays within {span:.1%} of {_fmt(scale)} "
                      f"(start {_fmt(start)}, end {_fmt(end)})", span=span, **base)
-    if progress < OSC_PROGRESS and rough > OSC_ROUGH:
+    # progress for the oscillation test from quarter medians: a noisy curve's first points say little
+    quarter = max(n // 4, 1)
+    steady = (_median(train[:quarter]) - _median(train[-quarter:])) / scale
+    if min(progress, steady) < OSC_PROGRESS and rough > OSC_ROUGH:
         return _make("oscillating", f"the loss jumps by {rough:.0%} of its level from step to step while it only "
                      f"went from {_fmt(start)} to {_fmt(end)} over {n} steps", **base)
 
@@ -332,9 +342,11 @@ def pick_columns(keys: list[str]) -> dict[str, str]:
     """Which keys of a log hold the step, the train loss, the validation loss and accuracies."""
     found: dict[str, str] = {}
     normed = {k: _norm(k) for k in keys}
-    for k, n in normed.items():
-        if "step" not in found and n in _STEP_KEYS:
-            found["step"] = k
+    for wanted in _STEP_KEYS:  # in order of preference: a step beats an epoch
+        match = next((k for k, n in normed.items() if n == wanted), None)
+        if match is not None:
+            found["step"] = match
+            break
     for k, n in normed.items():
         parts = set(n.split("_"))
         is_val = bool(parts & set(_VAL_WORDS))
@@ -347,10 +359,6 @@ def pick_columns(keys: list[str]) -> dict[str, str]:
         # prefer the plainest name: 'loss' over 'loss_step_smoothed'
         if slot not in found or len(n) < len(normed[found[slot]]):
             found[slot] = k
-    if "step" not in found:
-        for k, n in normed.items():
-            if n in ("epoch",):
-                found["step"] = k
     return found
 
 

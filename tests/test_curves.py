@@ -1,0 +1,131 @@
+"""Curve shapes: the classifier on synthetic logs of every shape, the log readers, the sparkline and
+the `nnwizard curve` command (terminal, --json, --report)."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pytest
+
+from nnwizard.curves import Curves, classify, pick_columns, read_log, sparkline
+
+
+def _logs(seed: int = 0) -> dict[str, tuple[list[float], list[float] | None]]:
+    r = random.Random(seed)
+    n = 200
+    decay = [0.3 + 1.1 * math.exp(-i / 25) + r.gauss(0, 0.02) for i in range(n)]
+    over_train = [1.4 * math.exp(-i / 40) + 0.02 + r.gauss(0, 0.02) for i in range(300)]
+    over_val = [0.6 + 0.5 * math.exp(-e / 3) + max(0, e - 8) * 0.06 for e in range(30)]
+    return {
+        "flat": ([1.386 + r.gauss(0, 0.004) for _ in range(n)], None),
+        "nan": ([2.3, 2.31, 2.29] + [float("nan")] * 20, None),
+        "oscillating": ([abs(2 + r.gauss(0, 1.5)) * (1 + 3 * (r.random() < 0.2)) for _ in range(n)], None),
+        "plateau": (decay, None),
+        "falling": ([1.4 - 0.005 * i + r.gauss(0, 0.02) for i in range(n)], None),
+        "diverged": (decay[:150] + [0.4 * 1.6 ** k for k in range(1, 15)] + [float("inf"), float("nan")], None),
+        "stalled-high": ([1.0 + 0.4 * math.exp(-i / 10) + r.gauss(0, 0.03) for i in range(n)], None),
+        "overfitting": (over_train, over_val),
+    }
+
+
+@pytest.mark.parametrize("shape", list(_logs()))
+def test_each_shape_is_recognised(shape):
+    for seed in range(3):  # not one lucky draw of the noise
+        train, val = _logs(seed)[shape]
+        vsteps = [(e + 1) * 10 - 1 for e in range(len(val))] if val else None
+        result = classify(Curves(train, val=val, val_steps=vsteps))
+        assert result.shape == shape, (seed, result.shape, result.evidence)
+        assert result.intervention and result.lr
+
+
+def test_event_steps_and_symptoms():
+    logs = _logs()
+    nan = classify(Curves(logs["nan"][0]))
+    assert nan.step == 3 and nan.symptoms == ["nan"]
+    div = classify(Curves(logs["diverged"][0]))
+    assert div.step == 164 and "diverged" in div.shape
+    train, val = logs["overfitting"]
+    over = classify(Curves(train, val=val, val_steps=[(e + 1) * 10 - 1 for e in range(30)]))
+    assert over.symptoms == ["overfitting"] and over.data["best_step"] in (69, 79, 89)
+    assert classify(Curves(logs["stalled-high"][0])).symptoms == ["underfitting"]
+    assert classify(Curves(logs["plateau"][0])).normal and classify(Curves(logs["plateau"][0])).symptoms == []
+    assert classify(Curves([1.0, 0.9])).shape == "too-short"
+
+
+def test_lr_advice_differs_between_flat_and_nan():
+    flat, nan = classify(Curves(_logs()["flat"][0])), classify(Curves(_logs()["nan"][0]))
+    assert "Raising" in flat.lr and "Lowering" in nan.lr
+
+
+def test_reference_scale_changes_what_counts_as_high():
+    train = [1.0 + 0.4 * math.exp(-i / 10) for i in range(200)]
+    assert classify(Curves(train)).shape == "stalled-high"
+    # the same curve is a low plateau when chance level is 20 (e.g. a loss summed over a sequence)
+    assert classify(Curves(train), reference=20.0).shape in ("plateau", "flat")
+
+
+def test_pick_columns():
+    cols = pick_columns(["epoch", "step", "train/loss", "val/loss", "val/acc", "lr"])
+    assert cols == {"step": "step", "train": "train/loss", "val": "val/loss", "val_acc": "val/acc"}
+    assert pick_columns(["iteration", "loss", "valid_loss"])["val"] == "valid_loss"
+
+
+def test_readers(tmp_path):
+    csv = tmp_path / "log.csv"
+    csv.write_text("step,loss,val_loss\n0,2.0,\n1,1.5,\n2,nan,1.7\n3,inf,\n")
+    c = read_log(csv)
+    assert c.train[:2] == [2.0, 1.5] and math.isnan(c.train[2]) and math.isinf(c.train[3])
+    assert c.val == [1.7] and c.val_steps == [2.0]
+    jl = tmp_path / "log.jsonl"
+    jl.write_text("\n".join(json.dumps({"global_step": i, "loss": 1.0 / (i + 1)}) for i in range(5)))
+    assert read_log(jl).train == [1.0, 0.5, 1 / 3, 0.25, 0.2]
+    js = tmp_path / "log.json"
+    js.write_text(json.dumps({"loss": [3, 2, 1], "val_loss": [3.5, 2.5, 2.0]}))
+    assert read_log(js).val == [3.5, 2.5, 2.0]
+    plain = tmp_path / "losses.txt"
+    plain.write_text("1\n0.5\n0.25\n")
+    assert read_log(plain).train == [1.0, 0.5, 0.25]
+    bad = tmp_path / "bad.csv"
+    bad.write_text("a,b\n1,2\n")
+    with pytest.raises(ValueError, match="no loss column"):
+        read_log(bad)
+
+
+def test_tensorboard_events(tmp_path):
+    tb = pytest.importorskip("torch.utils.tensorboard")
+    pytest.importorskip("tensorboard")
+    writer = tb.SummaryWriter(str(tmp_path))
+    for i in range(50):
+        writer.add_scalar("train/loss", 1.386 + (0.001 if i % 2 else 0.0), i)
+    writer.close()
+    assert classify(read_log(tmp_path)).shape == "flat"
+
+
+def test_sparkline():
+    line = sparkline([1, 2, 3, float("nan")])
+    assert line[0] == "▁" and line[2] == "█" and line[-1] == "×"
+    assert len(sparkline(list(range(500)), width=40)) == 40
+
+
+def test_curve_command(tmp_path):
+    from typer.testing import CliRunner
+
+    from nnwizard.cli import app
+
+    train, val = _logs()["overfitting"]
+    log = tmp_path / "run.jsonl"
+    rows = [{"step": i, "loss": v} for i, v in enumerate(train)]
+    for e, v in enumerate(val):
+        rows[(e + 1) * 10 - 1]["val_loss"] = v
+    log.write_text("\n".join(json.dumps(r) for r in rows))
+    out_json, out_md = tmp_path / "c.json", tmp_path / "c.md"
+    result = CliRunner().invoke(app, ["curve", str(log), "--json", str(out_json), "--report", str(out_md)])
+    assert result.exit_code == 0, result.output
+    assert "train falls while validation rises" in result.output and "▁" in result.output
+    data = json.loads(out_json.read_text())
+    assert data["shape"] == "overfitting" and data["symptoms"] == ["overfitting"] and data["step"] in (69, 79, 89)
+    assert "![loss curve]" in out_md.read_text() and list((tmp_path / "c_files").glob("*.png"))
+    missing = CliRunner().invoke(app, ["curve", str(tmp_path / "nope.csv")])
+    assert missing.exit_code != 0
