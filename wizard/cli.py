@@ -142,6 +142,19 @@ def trees_validate(paths: Optional[List[Path]] = typer.Argument(None, help="Tree
         raise typer.Exit(int(ExitCode.USAGE))
 
 
+@app.command()
+def curve(
+    file: Path = typer.Argument(..., help="A loss log: CSV (step, loss, val_loss...), JSON lines, or a TensorBoard event file."),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the shape and the series as JSON here."),
+    report_path: Optional[Path] = typer.Option(None, "--report", help="Write a markdown report with a PNG plot here."),
+    reference: Optional[float] = typer.Option(None, "--reference", help="The loss of a chance-level model (e.g. ln(classes)), to judge 'high'."),
+) -> None:
+    """Read an existing loss log, name its shape and the first intervention."""
+    from nnwizard.curve_cmd import run
+
+    raise typer.Exit(run(file, json_path, report_path, reference))
+
+
 @probes_app.command("list")
 def probes_list() -> None:
     """Every registered probe with its outcomes."""
