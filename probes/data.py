@@ -13,7 +13,6 @@ time budget and says when it sampled, so the probes stay fast on large sets.
 
 from __future__ import annotations
 
-import math
 import random
 import time
 from dataclasses import dataclass
