@@ -1,27 +1,29 @@
-"""Broken: 'freeze the backbone' by layer type also froze the classifier; only BatchNorm still trains."""
+"""Broken: 'freeze the backbone's Linear layers' looped over the whole model and froze the classifier too;
+only the BatchNorm layers still train."""
 
 import torch
 from torch import nn
 
-from examples.datasets import images, split
+from examples.datasets import blobs, split
 
 EXPECTED = {"symptoms": ["flat"], "hypotheses": ["frozen-parameters"]}
 
 
 def build_model():
     model = nn.Sequential(
-        nn.Conv2d(1, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(8, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
-        nn.Flatten(), nn.Linear(16, 4),
+        nn.Linear(16, 32), nn.BatchNorm1d(32), nn.ReLU(),
+        nn.Linear(32, 32), nn.BatchNorm1d(32), nn.ReLU(),
+        nn.Linear(32, 4),
     )
-    for m in model.modules():        # meant: only the Conv2d layers of the backbone
-        if isinstance(m, (nn.Conv2d, nn.Linear)):
+    backbone = model[:-1]
+    for m in model.modules():        # meant: backbone.modules(), the classifier must train
+        if isinstance(m, nn.Linear):
             m.requires_grad_(False)
     return model
 
 
 def build_data():
-    return split(*images())
+    return split(*blobs())
 
 
 loss_fn = nn.CrossEntropyLoss()
