@@ -545,17 +545,18 @@ def epsilon_scan(ctx: ProbeContext):
 
 # ---------------------------------------------------------------------------------------- amp-overflow
 def _uses_amp(files: list[Path]) -> list[str]:
+    """file:line of code (not comments or strings) that turns on fp16: autocast, .half(), float16."""
     hits = []
     for path in files:
         try:
-            lines = Path(path).read_text().splitlines()
-        except OSError:
+            tree = ast.parse(Path(path).read_text())
+        except (OSError, SyntaxError, ValueError):
             continue
-        for i, line in enumerate(lines, 1):
-            code = line.split("#", 1)[0]
-            if "autocast" in code or ".half()" in code or "float16" in code:
-                hits.append(f"{Path(path).name}:{i}")
-    return hits
+        for node in ast.walk(tree):
+            name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else None
+            if name in ("autocast", "half", "float16"):
+                hits.append(f"{Path(path).name}:{node.lineno}")
+    return sorted(set(hits), key=lambda h: int(h.rsplit(":", 1)[1]))
 
 
 def _module_outputs(model, inputs) -> list[tuple[str, str, float, bool]]:
