@@ -101,3 +101,39 @@ def test_scripted_diagnosis_ranks_the_fault_first():
         top = report.hypotheses[0]
         assert top.id == "graph-retained", (name, [h.id for h in report.hypotheses[:3]])
         assert top.confidence >= 0.8
+
+
+def test_holder_inside_a_user_object_and_unnamed_closure(tmp_path):
+    tracker = module_target(tmp_path, "tracker", """
+        class Meter:
+            def __init__(self):
+                self.losses = []
+        meter = Meter()
+        def train_step(model, batch, loss_fn, optimizer):
+            x, y = batch
+            optimizer.zero_grad()
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            optimizer.step()
+            meter.losses.append(loss)               # the tensor, not loss.item()
+            return loss.item()
+    """)
+    result = run_probe_on("memory-growth", tracker)
+    assert result.outcome == "grows" and result.data["holder"] == "meter"
+    hidden = module_target(tmp_path, "closure", """
+        def _recorder():
+            kept = []
+            return kept.append
+        remember = _recorder()                       # a bound method over a list in a closure
+        def train_step(model, batch, loss_fn, optimizer):
+            x, y = batch
+            optimizer.zero_grad()
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            optimizer.step()
+            remember(loss)
+            return loss.item()
+    """)
+    result = run_probe_on("memory-growth", hidden)
+    assert result.outcome == "grows", result.summary
+    assert result.data["steps_with_live_graph"] == result.data["steps"]
