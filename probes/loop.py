@@ -150,6 +150,7 @@ class LoopAudit:
     changed_params: int = 0
     after_grad_norm: float = 0.0
     after_nones: int = 0
+    after_finite: bool = True
     first_ref_norm: float = 0.0
     first_ref_loss: float = math.nan
     error: BaseException | None = None
@@ -214,6 +215,7 @@ def run_loop_audit(target, seed: int) -> LoopAudit | None:
     audit.changed_params = sum(c > 0 for c in changes)
     after, audit.after_nones = _flat(trainable)
     audit.after_grad_norm = float(after.norm())
+    audit.after_finite = bool(torch.isfinite(after).all())
     # the reference from the very states the user's step computed its gradients at
     for event in audit.events:
         scratch.load_state_dict(event.state)
@@ -292,7 +294,7 @@ def step_audit(ctx: ProbeContext):
             hint = "; a tensor autograd saved for backward was overwritten in place before backward ran"
         return failed("crashed", f"{fn} raised ({data['where']}): {data['error']}{hint}", **data)
     step_grad = max((float(e.grads.norm()) for e in audit.events), default=0.0)
-    seen = max(step_grad, audit.after_grad_norm)
+    seen = max(step_grad, audit.after_grad_norm) if audit.after_finite else math.inf
     data.update(grad_norm=seen, step_grad_norm=step_grad)
     if audit.first_ref_norm == 0:
         return skipped(f"the reference step gets no gradient on this model either ({audit.trainable} trainable values)", **data)
@@ -300,6 +302,11 @@ def step_audit(ctx: ProbeContext):
         return failed("no-backward", f"{fn} left every .grad empty over {unit} ({audit.steps} optimizer.step() calls, "
                       f"largest parameter change {audit.max_change:.3g}) while the reference step on the same batch "
                       f"gets gradient norm {audit.first_ref_norm:.3g}: loss.backward() never ran", **data)
+    if audit.steps == 0 and audit.max_change == 0 and not audit.after_finite:
+        # torch.amp.GradScaler skips optimizer.step() while scaled gradients are inf/NaN (it then
+        # lowers the scale): a few skipped steps at the start of mixed-precision training are normal.
+        return skipped(f"{fn} left non-finite gradients and made no optimizer.step() over {unit}: a GradScaler "
+                       f"skips such steps while it lowers its scale, so this run cannot tell", **data)
     if audit.steps == 0 and audit.max_change == 0:
         return failed("no-step", f"{fn} computed gradients (norm {seen:.3g}) over {unit} but never called "
                       f"optimizer.step(): every parameter is exactly as it was", **data)
@@ -410,7 +417,8 @@ def loss_target_audit(ctx: ProbeContext):
     data: dict[str, Any] = dict(fn=audit.fn, cosine=cos, scale=a, ref_loss=audit.first_ref_loss)
     returned = audit.returned[0] if audit.returned else math.nan
     data["user_loss"] = returned
-    if math.isfinite(returned) and math.isfinite(audit.first_ref_loss) and audit.first_ref_loss > 0:
+    # only a train_step's return value is the loss of that one batch (train_epoch returns a mean)
+    if audit.fn == "train_step" and math.isfinite(returned) and math.isfinite(audit.first_ref_loss) and audit.first_ref_loss > 0:
         data["loss_ratio"] = returned / audit.first_ref_loss
     # Clipping, AMP, accumulation and scaling keep the direction (cosine near 1); gradients of a loss
     # against another tensor share little of it. Below 0.5 less than a quarter of the user's gradient

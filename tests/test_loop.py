@@ -153,7 +153,7 @@ def test_disconnected_params_both_ways():
 # ------------------------------------------------------------------------------------- diagnoses
 LOOP_BROKEN = ["broken_no_step", "broken_missing_zero_grad", "broken_missing_backward", "broken_optimizer_missing_params",
                "broken_frozen", "broken_frozen_partial", "broken_disconnected_parameters", "broken_loss_wrong_tensor",
-               "broken_loss_reduction_mismatch"]
+               "broken_loss_reduction_mismatch", "broken_loss_reduction_mismatch_sum"]
 LOOP_HEALTHY = ["healthy_clip_accum", "healthy_amp", "healthy_zero_grad_keep", "healthy_partly_frozen"]
 
 
