@@ -229,7 +229,8 @@ def triage_run(ctx: ProbeContext):
 
 def _plot(train, val, val_steps, loop, shape) -> LinePlot:
     logy = bool(train) and all(v > 0 for v in train + val if math.isfinite(v))
-    marks = {f"{shape.shape} @ {shape.step}": float(shape.step)} if shape.step is not None else {}
+    label = {"overfitting": "best validation", "nan": "non-finite", "diverged": "diverged"}.get(shape.shape, shape.shape)
+    marks = {f"{label} @ {shape.step}": float(shape.step)} if shape.step is not None else {}
     plot = LinePlot("curves", f"Triage: {len(train)} steps of {loop} ({shape.title})", {"train": train}, logy=logy, marks=marks)
     if val:
         # put the validation points on the step axis by repeating each value until the next one

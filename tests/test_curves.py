@@ -52,6 +52,8 @@ def test_event_steps_and_symptoms():
     assert classify(Curves(logs["stalled-high"][0])).symptoms == ["underfitting"]
     assert classify(Curves(logs["plateau"][0])).normal and classify(Curves(logs["plateau"][0])).symptoms == []
     assert classify(Curves([1.0, 0.9])).shape == "too-short"
+    short = classify(Curves([7.6e4, float("inf")]))  # a run that blows up at once is short *and* NaN
+    assert short.shape == "nan" and short.step == 1
 
 
 def test_lr_advice_differs_between_flat_and_nan():

@@ -201,9 +201,9 @@ def classify(curves: Curves, reference: float | None = None) -> Shape:
     train = list(curves.train)
     xs = curves.x()
     n = len(train)
-    if n < 4:
-        return _make("too-short", f"only {n} training loss values", points=n)
     bad = next((i for i, v in enumerate(train) if not _finite(v)), None)
+    if n < 4 and bad is None:
+        return _make("too-short", f"only {n} training loss values", points=n)
     window = max(3, (n // 10) | 1)
     head = [v for v in train[:3] if _finite(v)]  # the first points: fast learners leave them quickly
     start = _median(head) if head else math.nan
