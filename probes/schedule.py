@@ -147,7 +147,7 @@ def scheduler_cadence(ctx: ProbeContext):
                                 steps_per_epoch=per_epoch, loader_batches=loader_len,
                                 lr_first=lrs[0] if lrs else float("nan"), lr_last=lrs[-1] if lrs else float("nan"))
     series = {f"traced ({observed})": lrs}
-    marks = {f"epoch {e + 1}": float(sum(per_epoch_opt[: e + 1])) for e in range(epochs - 1)}
+    marks = {f"epoch {e + 2} starts": float(sum(per_epoch_opt[: e + 1])) for e in range(epochs - 1)}
     if intent is not None and lrs:
         try:
             wanted = _replay(target, ctx.seed, intent, len(lrs), per_epoch)
