@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import textwrap
 
+import pytest
+import torch
+
 from nnwizard.target import load_target
 from tests.conftest import diagnose_example, load_example, run_probe_on
 
@@ -111,3 +114,42 @@ def test_diagnosis_of_nondeterminism_examples():
     for name in ("broken_nondeterminism", "broken_nondeterminism_global"):
         _, report = diagnose_example(name, ("not-reproducible",))
         assert report.hypotheses[0].id == "nondeterminism" and report.hypotheses[0].confidence >= 0.5
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_lists_nondeterministic_ops(tmp_path):
+    path = tmp_path / "det_cuda_upsample.py"
+    path.write_text(textwrap.dedent("""
+        import torch
+        import torch.nn.functional as F
+        from torch import nn
+        from examples.datasets import images, split
+
+        class Up(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.conv = nn.Conv2d(1, 4, 3, padding=1)
+                self.head = nn.Linear(4 * 24 * 24, 4)
+
+            def forward(self, x):
+                x = F.interpolate(self.conv(x), scale_factor=2, mode="bilinear")  # backward is nondeterministic on CUDA
+                return self.head(x.flatten(1))
+
+        torch.backends.cudnn.benchmark = True
+
+        def build_model():
+            return Up()
+
+        def build_data():
+            return split(*images())
+
+        loss_fn = nn.CrossEntropyLoss()
+    """))
+    try:
+        target = load_target(str(path), "cuda")
+        result = run_probe_on("determinism", target)
+    finally:
+        torch.backends.cudnn.benchmark = False  # the module set it at import
+    assert result.data["cudnn_benchmark"] is True
+    assert any("upsample" in op or "interpolate" in op for op in result.data["nondeterministic_ops"]), result.data
+    assert not torch.are_deterministic_algorithms_enabled()  # the probe put the global flag back
