@@ -9,7 +9,7 @@ EXPECTED = {"symptoms": ["underfitting"], "hypotheses": ["axes-swapped"]}
 
 
 class SequenceClassifier(nn.Module):
-    def __init__(self, features=4, hidden=32, classes=4):
+    def __init__(self, features=4, hidden=16, classes=4):
         super().__init__()
         self.rnn = nn.LSTM(features, hidden)          # missing batch_first=True
         self.head = nn.Linear(hidden, classes)
@@ -24,7 +24,7 @@ def build_model():
 
 
 def build_data():
-    return loaders(*sequences(), standardise=False)
+    return loaders(*sequences(n=320), standardise=False)
 
 
 loss_fn = nn.CrossEntropyLoss()
