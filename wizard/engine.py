@@ -140,7 +140,12 @@ class Engine:
 
     # ----------------------------------------------------------------------------------- walking
     def _trees_for(self, symptoms: list[str]) -> list[Tree]:
-        return [t for s in symptoms for t in self.trees.values() if s in t.symptoms]
+        """Per symptom: by priority, then the trees whose main symptom it is, then by id."""
+        ordered = []
+        for s in symptoms:
+            matching = [t for t in self.trees.values() if s in t.symptoms]
+            ordered += sorted(matching, key=lambda t: (t.priority, t.symptoms[0] != s, t.id))
+        return ordered
 
     def _walk(self, tree: Tree, diagnosis: Diagnosis) -> list[str]:
         """Walk one tree; returns symptoms measured by ``follow: symptoms`` probe nodes."""
