@@ -180,8 +180,8 @@ def _make(shape: str, evidence: str, step: float | None = None, **data: Any) -> 
 # loss when the caller knows it):
 #   flat         the first points, the median of every quarter of the run and the end lie within 3%
 #                of R of each other (a learning curve moves by more than that within a few dozen steps).
-#   oscillating  less than 25% progress, and the typical step-to-step jump is over 30% of the loss
-#                level (minibatch noise of a healthy run is ~5-20% of the level).
+#   oscillating  less than 25% of R progress (first to last quarter), and the typical step-to-step
+#                jump is over 25% of R (minibatch noise of a healthy run is ~5-10% of R).
 #   diverged     after real, smooth progress (>= 10% of R, step-to-step jumps under 30% of the level),
 #                the loss leaves its best level and ends above the starting level (or turns non-finite).
 #   overfitting  validation ends at least 5% of R (and 10% of its best value) above its best point,
@@ -189,7 +189,7 @@ def _make(shape: str, evidence: str, step: float | None = None, **data: Any) -> 
 #   plateau      after real progress, the last third improves by less than 3% of R (normal).
 #   stalled-high the last third of the run improves by less than 3% of R while the loss is still above
 #                40% of R (and validation too, when there is one): not a slow start but a standstill.
-FLAT_RANGE, OSC_PROGRESS, OSC_ROUGH = 0.03, 0.25, 0.30
+FLAT_RANGE, OSC_PROGRESS, OSC_ROUGH = 0.03, 0.25, 0.25
 DIVERGE_PROGRESS = 0.10
 OVERFIT_RISE, OVERFIT_REL = 0.05, 0.10
 STALL_GAIN, STALL_LEVEL = 0.03, 0.40
@@ -230,7 +230,9 @@ def classify(curves: Curves, reference: float | None = None) -> Shape:
     lo_i = min(range(n), key=lambda i: sm[i])
     lo = sm[lo_i]
     progress = (start - end) / scale
-    rough = _median([abs(b - a) for a, b in zip(train, train[1:])]) / max(abs(_median(train)), 1e-12)
+    # step-to-step jumps measured against the reference scale, not the current level: near zero loss
+    # small absolute wiggles are large relative ones, and they are not what "violent" means
+    rough = _median([abs(b - a) for a, b in zip(train, train[1:])]) / scale
     base.update(end=end, best=lo, progress=round(progress, 4), roughness=round(rough, 4))
 
     # healthy, then diverged to a finite but large value
@@ -253,11 +255,12 @@ def classify(curves: Curves, reference: float | None = None) -> Shape:
     if span < FLAT_RANGE and rough < OSC_ROUGH:
         return _make("flat", f"over {n} steps the loss stays within {span:.1%} of {_fmt(scale)} "
                      f"(start {_fmt(start)}, end {_fmt(end)})", span=span, **base)
-    # progress for the oscillation test from quarter medians: a noisy curve's first points say little
+    # progress for the oscillation test from quarter medians: three noisy first points say little
+    # about where a jumping curve began (a fast learner has small jumps and never gets here)
     quarter = max(n // 4, 1)
     steady = (_median(train[:quarter]) - _median(train[-quarter:])) / scale
-    if min(progress, steady) < OSC_PROGRESS and rough > OSC_ROUGH:
-        return _make("oscillating", f"the loss jumps by {rough:.0%} of its level from step to step while it only "
+    if steady < OSC_PROGRESS and rough > OSC_ROUGH:
+        return _make("oscillating", f"the loss jumps by {rough:.0%} of {_fmt(scale)} from step to step while it only "
                      f"went from {_fmt(start)} to {_fmt(end)} over {n} steps", **base)
 
     val = [v for v in (curves.val or [])]
