@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import re
 import traceback
+import warnings
 from contextlib import contextmanager
+from typing import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from torch import nn
+
+import nnwizard
+import nnwizard.probes
 
 
 def shape_of(x) -> list | None:
@@ -106,8 +111,10 @@ def user_frame(exc: BaseException, files: list[Path] | None = None) -> str | Non
         resolved = str(Path(frame.filename).resolve())
         if resolved in wanted or (not wanted and "site-packages" not in resolved and "/torch/" not in resolved):
             return f"{Path(frame.filename).name}:{frame.lineno} in {frame.name}"
+    ours = tuple(str(Path(m.__file__).resolve().parent) for m in (nnwizard, nnwizard.probes))
     for frame in reversed(frames):
-        if "site-packages" not in frame.filename and "/nnwizard/" not in frame.filename and "/probes/" not in frame.filename:
+        resolved = str(Path(frame.filename).resolve())
+        if "site-packages" not in resolved and not resolved.startswith(ours):
             return f"{Path(frame.filename).name}:{frame.lineno} in {frame.name}"
     return None
 
@@ -132,4 +139,33 @@ def expected_input(module: nn.Module) -> str | None:
         return f"{module.input_size} features in the last dimension"
     if isinstance(module, nn.Embedding):
         return f"integer indices in [0, {module.num_embeddings})"
+    return None
+
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)\n\s+(.*)')
+
+
+def anomaly_origin(run: Callable[[], object], files: list[Path] | None = None) -> str | None:
+    """Replay ``run`` (a forward and backward) once under ``torch.autograd.detect_anomaly`` and
+    return ``file:line in function: code`` of the forward call whose saved result autograd
+    complained about (e.g. a tensor later modified in place). Anomaly mode is slow, so this is
+    only for replaying a single step that already failed."""
+    wanted = {str(f.resolve()) for f in files or []}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            with torch.autograd.detect_anomaly(check_nan=False):
+                run()
+        except Exception:  # the failure is what is being replayed
+            pass
+    for warning in caught:
+        text = str(warning.message)
+        if "Traceback of forward call" not in text:
+            continue
+        frames = _FRAME.findall(text)
+        mine = [f for f in frames if str(Path(f[0]).resolve()) in wanted] or [
+            f for f in frames if "site-packages" not in f[0] and "/torch/" not in f[0]]
+        if mine:
+            file, line, function, code = mine[-1]
+            return f"{Path(file).name}:{line} in {function}: {code.strip()}"
     return None

@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from nnwizard.probes._instrument import error_kind, expected_input, first_line, trace_modules, user_frame
+from nnwizard.probes._instrument import anomaly_origin, error_kind, expected_input, first_line, trace_modules, user_frame
 from nnwizard.probes.api import LinePlot, ProbeContext, Table, failed, passed, probe
 from nnwizard.target import user_source_files
 
@@ -185,8 +185,12 @@ def overfit_one_batch(ctx: ProbeContext):
                 ctx.progress(step / steps, f"step {step} loss {losses[-1]:.4g}")
     except Exception as exc:
         data = dict(error=first_line(exc), kind=error_kind(exc), where=user_frame(exc, files), step=len(losses))
+        if data["kind"] == "inplace":  # name the forward op whose saved output was overwritten
+            replay = target.fresh_model(ctx.seed)
+            data["origin"] = anomaly_origin(lambda: target.train_step(replay, batch, target.make_optimizer(replay)), files) or "?"
         return failed("crashed", f"the training step raised at step {len(losses)}: {data['error']}"
-                      + (f" ({data['where']})" if data["where"] else ""), **data)
+                      + (f" ({data['where']})" if data["where"] else "")
+                      + (f"; autograd saved the result of {data['origin']}" if data.get("origin") else ""), **data)
     moved = max((float((p.detach() - b).abs().max()) for p, b in zip(model.parameters(), before)), default=0.0)
     model.eval()
     with torch.no_grad():

@@ -65,3 +65,13 @@ def test_healthy_examples_are_healthy():
     for name in ("healthy_mlp", "healthy_cnn"):
         _, report = diagnose_example(name, ["flat"])
         assert report.verdict == "healthy", [(h.id, h.confidence) for h in report.hypotheses]
+
+
+def test_overfit_crash_in_place_names_the_forward_line():
+    result = run_probe_on("overfit-one-batch", load_example("broken_inplace_modification"))
+    assert result.outcome == "crashed" and result.data["kind"] == "inplace"
+    assert result.data["origin"].startswith("broken_inplace_modification.py:19 in forward: h = torch.tanh")
+    quiet = run_probe_on("overfit-one-batch", load_example("healthy_cnn"))
+    assert quiet.outcome == "learns" and "origin" not in quiet.data
+    _, report = diagnose_example("broken_inplace_modification", ["crash"])
+    assert report.hypotheses[0].id == "inplace-modification" and report.hypotheses[0].confidence >= 0.5
