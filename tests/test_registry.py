@@ -16,7 +16,8 @@ def test_builtin_probes_are_registered():
     assert {"model-summary", "forward-shape", "initial-loss", "overfit-one-batch"} <= set(registry)
     for spec in registry.values():
         assert "errored" in spec.outcomes and "skipped" in spec.outcomes
-        assert spec.module.startswith("nnwizard.probes."), spec.module
+        if not spec.module.split(".")[-1].startswith("test_"):  # probes the test modules register
+            assert spec.module.startswith("nnwizard.probes."), spec.module
 
 
 def test_entry_point_probe_is_loaded(monkeypatch):
