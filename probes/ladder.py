@@ -130,8 +130,9 @@ def simplify_ladder(ctx):
         return skipped("the batches are not (tensor, tensor) pairs")
     float_inputs = batches[0][0].is_floating_point()
     task = target.task
-    # a budget for all rungs together: a rung that does not fit is shown as "not run (time)"
-    deadline = time.monotonic() + min(ctx.time_left() - 1, float(ctx.param("budget_s", 5.0)))
+    # a budget for all rungs together, the most telling rungs first: a rung that does not fit is
+    # shown as "not run (time)"
+    deadline = time.monotonic() + min(ctx.time_left() - 1, float(ctx.param("budget_s", 3.0)))
     rows, results = [], {}
     with torch.no_grad():
         out_shape = list(target.fresh_model(ctx.seed).eval()(batches[0][0]).shape)
@@ -173,15 +174,14 @@ def simplify_ladder(ctx):
                       f"nothing to simplify", "ok", [table], rungs={rows[0][0]: rows[0][2]}, steps=steps)
     if float_inputs:
         rung("one-hidden-layer MLP", "the model", "the data and the loop", mlp, batches, target.loss_fn, target.make_optimizer)
-    rung("100-sample subset", "data size", "labels or loop bugs that stop memorising", user_model, _subset(batches, 100),
-         target.loss_fn, target.make_optimizer, OVERFIT_RATIO)
+        rung("synthetic y = x[0] > 0", "the data", "the model and the loop", user_model, _synthetic(batches, task, ctx.seed),
+             target.loss_fn, target.make_optimizer)
     if task != "regression" or not isinstance(target.loss_fn, nn.MSELoss):
         rung("MSE loss", "the loss", "the loss choice", user_model, batches, _mse_for(task, target.num_classes), target.make_optimizer)
     rung("SGD(lr=0.01)", "the optimizer", "the optimizer settings", user_model, batches, target.loss_fn,
          lambda m: torch.optim.SGD(m.parameters(), lr=0.01))
-    if float_inputs:
-        rung("synthetic y = x[0] > 0", "the data", "the model and the loop", user_model, _synthetic(batches, task, ctx.seed),
-             target.loss_fn, target.make_optimizer)
+    rung("100-sample subset", "data size", "labels or loop bugs that stop memorising", user_model, _subset(batches, 100),
+         target.loss_fn, target.make_optimizer, OVERFIT_RATIO)
     table = Table("ladder", "Simplify-ladder (each rung replaces one piece)",
                   ["rung", "replaces", "result", "loss (accuracy)", "what that rules out"], rows,
                   marked=[i for i, r in enumerate(rows) if r[2] == "learns" and i > 0])
