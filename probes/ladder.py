@@ -98,7 +98,7 @@ def _train(target, model, batches, loss_fn, optimizer, steps: int, deadline: flo
                 break
     else:
         for _ in range(max(1, steps // len(batches))):
-            target.user_train_epoch(model, batches, loss_fn, optimizer, None)
+            target.user_train_epoch(model, batches, loss_fn, optimizer, reference.NoScheduler())
             if time.monotonic() > deadline:
                 break
 

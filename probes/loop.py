@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from nnwizard import reference
 from torch import nn
 
 from nnwizard.probes._instrument import error_kind, first_line, trace_modules, user_frame
@@ -54,16 +56,6 @@ class FixedLoader:
         if name in ("batches", "base", "served"):
             raise AttributeError(name)
         return getattr(self.base, name)
-
-
-class _NoScheduler:
-    """Stands in for a scheduler where the user's train_epoch expects one and the module builds none."""
-
-    def step(self, *args, **kwargs):
-        return None
-
-    def get_last_lr(self):
-        return []
 
 
 def user_loop(target) -> str | None:
@@ -203,7 +195,7 @@ def run_loop_audit(target, seed: int) -> LoopAudit | None:
         else:
             scheduler = target.make_scheduler(optimizer)
             audit.calls = 1
-            result = target.user_train_epoch(model, loader, target.loss_fn, optimizer, scheduler or _NoScheduler())
+            result = target.user_train_epoch(model, loader, target.loss_fn, optimizer, scheduler or reference.NoScheduler())
             from nnwizard.reference import as_float
             audit.returned.append(as_float(result))
     except Exception as exc:  # the user's step raising is a measurement

@@ -16,6 +16,17 @@ def as_float(loss) -> float:
     return float(loss)
 
 
+class NoScheduler:
+    """Stands in where the user's train_epoch expects a scheduler and the probe wants a constant LR
+    (or the module builds none): its step() does nothing."""
+
+    def step(self, *args, **kwargs):
+        return None
+
+    def get_last_lr(self):
+        return []
+
+
 def train_step(model, batch, loss_fn, optimizer) -> float:
     model.train()
     inputs, targets = batch
