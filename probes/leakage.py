@@ -171,14 +171,25 @@ def leakage_audit(ctx: ProbeContext):
     # the training set holds copies too (then any random split leaks). Only where every column takes
     # few values (<= 16: one-hot, binary, small categorical tables) are identical rows expected by
     # chance; there the validation rate must also be well above (3x + 2 points) the rate between two
-    # halves of the training set.
+    # halves of the training set. The same holds for dense low-dimensional inputs (<= 6 features):
+    # nearest-neighbour distances shrink like n^(-1/d), so with a few hundred samples in 2-4 dimensions
+    # independent samples fall within a tenth of each other's size by chance, in both comparisons alike.
     flat_train = _flat(train.x, max_dim=10**9)
     distinct = max((len(torch.unique(flat_train[:, j])) for j in range(min(flat_train.shape[1], 256))), default=0)
     discrete = distinct <= 16
-    data.update(discrete=discrete, max_distinct_per_column=distinct)
+    low_dim = flat_train.shape[1] <= 6
+    data.update(discrete=discrete, max_distinct_per_column=distinct, low_dim=low_dim)
     if base_rate > 0.05:
         text += "; the training set holds copies of its own samples, so any random split leaks"
-    if len(set(near) | set(exact)) >= 3 and val_rate >= 0.05 and (not discrete or val_rate > 3 * base_rate + 0.02):
+    above_chance = val_rate > 3 * base_rate + 0.02
+    exact_copies = len(exact) >= 3 and len(exact) / max(checked, 1) >= 0.05  # byte-identical floats are no accident
+    if discrete:
+        leaks = above_chance
+    elif low_dim:
+        leaks = exact_copies or above_chance
+    else:
+        leaks = True
+    if len(set(near) | set(exact)) >= 3 and val_rate >= 0.05 and leaks:
         artifacts = [table]
         if train.x.dim() == 4 and examples:
             imgs, caps = [], []

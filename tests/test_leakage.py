@@ -138,3 +138,38 @@ def test_val_shuffled_is_low_severity():
     _, report = diagnose_example("broken_val_shuffled", ["val-suspicious"])
     top = report.hypotheses[0]
     assert top.id == "val-shuffled" and top.confidence < 0.6      # reported, but not a strong alarm
+
+
+def test_leakage_audit_quiet_on_dense_low_dimensional_data(tmp_path, monkeypatch):
+    """Independent samples in 2-D sit close together by chance: no leak unless validation is much
+    closer to training than training is to itself."""
+    import sys
+    import textwrap
+
+    from tests.conftest import run_probe_on
+    from nnwizard.target import load_target
+
+    source = textwrap.dedent("""
+        import torch
+        from torch import nn
+        from torch.utils.data import TensorDataset
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(768, 2, generator=g)
+        y = (x[:, 0] * x[:, 1] > 0).long()
+        def build_model():
+            return nn.Sequential(nn.Linear(2, 16), nn.ReLU(), nn.Linear(16, 2))
+        def build_data():
+            return TensorDataset(x[:512], y[:512]), TensorDataset(x[512:], y[512:])
+        loss_fn = nn.CrossEntropyLoss()
+        """)
+    (tmp_path / "dense2d_mod.py").write_text(source)
+    leaky = source.replace("TensorDataset(x[512:], y[512:])", "TensorDataset(x[:256].clone(), y[:256])")
+    (tmp_path / "dense2d_leaky_mod.py").write_text(leaky)
+    monkeypatch.chdir(tmp_path)
+    try:
+        quiet = run_probe_on("leakage-audit", load_target("dense2d_mod", "cpu"))
+        assert quiet.outcome == "ok" and quiet.data["low_dim"] is True
+        loud = run_probe_on("leakage-audit", load_target("dense2d_leaky_mod", "cpu"))
+        assert loud.outcome == "leak"
+    finally:
+        sys.modules.pop("dense2d_mod", None), sys.modules.pop("dense2d_leaky_mod", None)
