@@ -6,7 +6,7 @@ declared symptoms (or with ``--auto``: symptom ``auto``), and prints per-example
 top-3 accuracy over the broken examples, false alarms on the healthy ones, and the median and max
 seconds per diagnosis. ``--markdown`` prints the table the README shows.
 
-    python benchmarks/accuracy.py [--auto] [--markdown] [--only NAME ...] [--json out.json]
+    python benchmarks/accuracy.py [--auto] [--seed N] [--markdown] [--only NAME ...] [--json out.json]
 """
 
 from __future__ import annotations
@@ -37,14 +37,14 @@ def examples(only: list[str] | None = None) -> list[tuple[str, dict]]:
     return found
 
 
-def run_one(name: str, expected: dict, auto: bool) -> dict:
+def run_one(name: str, expected: dict, auto: bool, seed: int = 0) -> dict:
     from nnwizard.report import build
     from nnwizard.session import Options, diagnose
 
     symptoms = ["auto"] if auto else expected.get("symptoms", ["auto"])
     started = time.monotonic()
     try:
-        diagnosis = diagnose(Options(module=str(ROOT / "examples" / f"{name}.py"), symptoms=symptoms, device="cpu"))
+        diagnosis = diagnose(Options(module=str(ROOT / "examples" / f"{name}.py"), symptoms=symptoms, device="cpu", seed=seed))
         report = build(diagnosis)
         error = None
     except Exception as exc:  # noqa: BLE001 - a harness reports, it does not stop
@@ -70,13 +70,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--markdown", action="store_true", help="print the README table")
     parser.add_argument("--only", nargs="*", help="example names")
     parser.add_argument("--json", help="write the rows here")
+    parser.add_argument("--seed", type=int, default=0, help="the diagnosis seed (robustness: results should not hinge on it)")
     args = parser.parse_args(argv)
     import torch
 
     torch.set_num_threads(2)
     rows = []
     for name, expected in examples(args.only):
-        row = run_one(name, expected, args.auto)
+        row = run_one(name, expected, args.auto, args.seed)
         rows.append(row)
         if not args.markdown:
             mark = ("ok " if row.get("top1") else "top3" if row.get("top3") else "MISS") if row["expected"] else (
@@ -87,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     healthy = [r for r in rows if not r["expected"]]
     secs = [r["seconds"] for r in rows]
     summary = {
-        "mode": "auto" if args.auto else "declared symptoms",
+        "mode": ("auto" if args.auto else "declared symptoms") + f", seed {args.seed}",
         "broken": len(broken), "healthy": len(healthy),
         "top1": sum(r["top1"] for r in broken), "top3": sum(r["top3"] for r in broken),
         "false_alarms": sum(r["false_alarm"] for r in healthy),

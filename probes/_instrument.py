@@ -79,6 +79,20 @@ def trace_modules(model: nn.Module, leaves_only: bool = False):
             h.remove()
 
 
+def graph_nodes(roots, limit: int = 200_000) -> list:
+    """Every distinct autograd node reachable from ``roots`` (tensors or grad_fn nodes), depth first,
+    at most ``limit``. The list keeps the nodes alive, so their ids stay unique while it is held."""
+    seen: dict[int, object] = {}
+    stack = [r.grad_fn if isinstance(r, torch.Tensor) else r for r in roots]
+    while stack and len(seen) < limit:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen[id(node)] = node
+        stack.extend(fn for fn, _ in node.next_functions)
+    return list(seen.values())
+
+
 # ---------------------------------------------------------------------------------- exceptions
 _KINDS = [
     ("no-grad", r"does not require grad|does not have a grad_fn"),

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from nnwizard.probes._instrument import first_line, shape_of
+from nnwizard.probes._instrument import first_line, graph_nodes, shape_of
 from nnwizard.probes._optrace import OpTracer
 from nnwizard.probes.api import ProbeContext, Table, failed, passed, probe, skipped
 from nnwizard.target import user_source_files
@@ -278,25 +278,13 @@ def _locate(model: nn.Module, inputs: torch.Tensor, row: int, n: int, files, ctx
                          op_where=op.where, op_module=op.module)
             # an op that collapsed the batch axis just before (h.mean(0), a view merging samples) and
             # feeds this one is where the samples met: name it, and this op as where they recombine
-            feeding = _graph_nodes(op.out, limit=5000)
+            feeding = {id(n) for n in graph_nodes([op.out], limit=5000)}
             inside = [r for r in reducers if r.out.grad_fn is not None and id(r.out.grad_fn) in feeding]
             if inside:
                 last = inside[-1]
                 found.update(op=last.name, op_dim=None, op_where=last.where, op_module=last.module, op_into=op.name)
             break
     return found
-
-
-def _graph_nodes(tensor: torch.Tensor, limit: int) -> set[int]:
-    seen: dict[int, object] = {}
-    stack = [tensor.grad_fn]
-    while stack and len(seen) < limit:
-        node = stack.pop()
-        if node is None or id(node) in seen:
-            continue
-        seen[id(node)] = node
-        stack.extend(fn for fn, _ in node.next_functions)
-    return set(seen)
 
 
 def _where_text(data: dict) -> str:

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from nnwizard.probes._instrument import first_line, user_frame
+from nnwizard.probes._instrument import first_line, graph_nodes, user_frame
 from nnwizard.probes.api import LinePlot, ProbeContext, Table, failed, passed, probe, skipped
 from nnwizard.target import user_source_files
 
@@ -53,17 +53,9 @@ def _user_object(value) -> bool:
             and not module.startswith(("torch", "builtins", "numpy", "nnwizard")))
 
 
-def _graph_nodes(tensors) -> int:
+def _node_count(tensors) -> int:
     """Distinct autograd nodes reachable from the tensors' grad_fn (strong refs keep ids stable)."""
-    seen: dict[int, object] = {}
-    stack = [t.grad_fn for t in tensors]
-    while stack and len(seen) < _NODE_CAP:
-        node = stack.pop()
-        if node is None or id(node) in seen:
-            continue
-        seen[id(node)] = node
-        stack.extend(fn for fn, _ in node.next_functions)
-    return len(seen)
+    return len(graph_nodes(tensors, _NODE_CAP))
 
 
 def _sequence_mark() -> int:
@@ -84,16 +76,9 @@ def _live_nodes_by_step(marks: list[tuple[int, int]], before: set[int]) -> tuple
     e.g. from earlier runs, are not this loop's). The step is read off each node's sequence number
     (per-thread, monotonic) against ``marks``: (step, sequence number at the end of that step)."""
     live = [t for t in _live_graph_tensors() if id(t) not in before]
-    seen: dict[int, object] = {}
-    stack = [t.grad_fn for t in live]
     per_step: dict[int, int] = {}
     first = marks[0][1] if marks else 0
-    while stack and len(seen) < _NODE_CAP:
-        node = stack.pop()
-        if node is None or id(node) in seen:
-            continue
-        seen[id(node)] = node
-        stack.extend(fn for fn, _ in node.next_functions)
+    for node in graph_nodes(live, _NODE_CAP):
         try:
             seq = node._sequence_nr()
         except (AttributeError, RuntimeError):
@@ -212,7 +197,7 @@ def memory_growth(ctx: ProbeContext):
                 marks.append((0, _sequence_mark()))
             return
         marks.append((step, _sequence_mark()))
-        held = {label: _graph_nodes(ts) for label, ts in roots.collect().items()}
+        held = {label: _node_count(ts) for label, ts in roots.collect().items()}
         point = {"step": step, "roots": held, "rss_mb": _rss_mb()}
         if cuda:
             torch.cuda.synchronize()
@@ -237,7 +222,7 @@ def memory_growth(ctx: ProbeContext):
         return skipped(f"{fn} raised: {first_line(exc)} ({user_frame(exc, [Path(f) for f in files])})", error=first_line(exc))
     if len(points) < 3:
         return skipped(f"{fn} completed fewer than 3 measured steps (did it iterate the loader?)")
-    returned_nodes = _graph_nodes(list(_tensors(returned)))
+    returned_nodes = _node_count(list(_tensors(returned)))
     series_steps = [p["step"] for p in points]
     labels = {label for p in points for label in p["roots"]}
     per_root = {label: [p["roots"].get(label, 0) for p in points] for label in labels}

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from nnwizard.probes._instrument import first_line
+from nnwizard.probes._instrument import first_line, graph_nodes
 from nnwizard.probes.api import ProbeContext, Table, failed, passed, probe
 
 _INTERNAL = set(vars(nn.Module()))  # _parameters, _modules, _buffers, hooks, training...
@@ -65,16 +65,10 @@ def _loss_leaves(loss: torch.Tensor) -> dict[int, torch.Tensor]:
     leaves: dict[int, torch.Tensor] = {}
     if loss.grad_fn is None:
         return leaves
-    stack, seen = [loss.grad_fn], set()
-    while stack:
-        node = stack.pop()
-        if node is None or id(node) in seen:
-            continue
-        seen.add(id(node))
+    for node in graph_nodes([loss]):
         variable = getattr(node, "variable", None)
         if isinstance(variable, torch.Tensor):
             leaves[id(variable)] = variable
-        stack.extend(fn for fn, _ in node.next_functions)
     return leaves
 
 
