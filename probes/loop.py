@@ -33,7 +33,7 @@ from nnwizard.probes._instrument import error_kind, first_line, trace_modules, u
 from nnwizard.probes.api import ProbeContext, Table, failed, passed, probe, skipped
 from nnwizard.target import user_source_files
 
-STEP_CALLS = 3      # train_step calls: two consecutive pairs for the carry-over test
+STEP_CALLS = 3      # train_step calls: enough for two optimizer steps (the carry-over marker test)
 EPOCH_BATCHES = 8   # batches handed to train_epoch: room for accumulation over up to 4 micro-batches
 
 
@@ -107,16 +107,68 @@ def _cos(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(a @ b) / (na * nb) if na > 0 and nb > 0 else 0.0
 
 
-def _carry_fit(g: torch.Tensor, r: torch.Tensor, prev: torch.Tensor) -> tuple[float, float, float]:
-    """Least squares g ~ a*r + b*prev: (a, b, relative residual). b/a ~ 1 means the previous
-    step's gradient is still inside this one (no zero_grad); ~ 0 means it was cleared."""
-    m = torch.stack([r, prev], 1)
-    gram = m.T @ m
-    if float(torch.linalg.det(gram)) <= 1e-12 * float(gram.diagonal().prod()):
-        return float(g @ r) / max(float(r @ r), 1e-30), 0.0, 1.0
-    coef = torch.linalg.solve(gram, m.T @ g)
-    resid = float((g - m @ coef).norm()) / max(float(g.norm()), 1e-30)
-    return float(coef[0]), float(coef[1]), resid
+class _Stop(Exception):
+    """Ends a marker run at the optimizer step the test needs."""
+
+
+def marker_carry(target, seed: int, batches: list, fn: str) -> float | None:
+    """Do gradients survive from one optimizer.step() into the next? The user's loop runs twice from
+    identical states (same seed, dropout off); in the second run a known random marker is added to
+    every .grad right after the first optimizer.step(). A loop that clears gradients anywhere before
+    its next step (zero_grad at the start or at the end of a step, set_to_none or not, after an
+    accumulation window) wipes the marker, so both runs reach the second step with identical
+    gradients; a loop that never clears them carries the marker in full. Returns the share of the
+    marker found at the second step (about 1 carried, about 0 cleared), or None when fewer than two
+    steps ran. Independent of what the loss is computed against."""
+    from nnwizard.isolation import seed_everything
+
+    seen: list[torch.Tensor] = []
+    marker_norm = 0.0
+    for inject in (False, True):
+        seed_everything(seed)
+        model = no_dropout(target.fresh_model(seed))
+        optimizer = target.make_optimizer(model)
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        steps = {"n": 0}
+
+        def pre(opt, args, kwargs):
+            steps["n"] += 1
+            if steps["n"] == 2:
+                seen.append(_flat(trainable)[0])
+                raise _Stop
+
+        def post(opt, args, kwargs, inject=inject, trainable=trainable):
+            nonlocal marker_norm
+            if inject and steps["n"] == 1:
+                generator = torch.Generator().manual_seed(seed + 7)
+                total = 0.0
+                for p in trainable:
+                    mark = torch.randn(p.shape, generator=generator, dtype=torch.float64)
+                    total += float(mark.pow(2).sum())
+                    mark = mark.to(p.device, p.dtype)
+                    p.grad = mark if p.grad is None else p.grad + mark
+                marker_norm = math.sqrt(total)
+
+        handles = [optimizer.register_step_pre_hook(pre), optimizer.register_step_post_hook(post)]
+        try:
+            if fn == "train_step":
+                for batch in batches:
+                    target.train_step(model, batch, optimizer)
+            else:
+                target.user_train_epoch(model, FixedLoader(batches, target.train_loader), target.loss_fn, optimizer,
+                                        target.make_scheduler(optimizer) or reference.NoScheduler())
+        except _Stop:
+            pass
+        except Exception:  # a crash is step-audit's finding, not this test's
+            return None
+        finally:
+            for h in handles:
+                h.remove()
+        if len(seen) != (2 if inject else 1):
+            return None
+    if not marker_norm or not (torch.isfinite(seen[0]).all() and torch.isfinite(seen[1]).all()):
+        return None
+    return float((seen[1] - seen[0]).norm()) / marker_norm
 
 
 @dataclass
@@ -309,26 +361,19 @@ def step_audit(ctx: ProbeContext):
         return failed("no-update", f"{fn} called optimizer.step() {audit.steps} times with gradient norm {step_grad:.3g} "
                       f"but no parameter changed: the optimizer holds none of this model's parameters, or its lr is 0",
                       **data)
-    fits = []
-    for j in range(1, min(len(audit.events), len(audit.references))):
-        fits.append(_carry_fit(audit.events[j].grads, audit.references[j], audit.events[j - 1].grads))
     scale = _scale(audit)
     if scale:
         data.update(scale=scale[0], cosine=scale[1])
-    if fits:
-        # carry = b/a: 1 when the previous gradient is added in full, 0 when it was cleared; 0.5 is halfway
-        carry = sum(b / a if abs(a) > 1e-12 else 0.0 for a, b, _ in fits) / len(fits)
-        resid = sum(r for _, _, r in fits) / len(fits)
-        data.update(carry=carry, carry_residual=resid)
-        # The reference stands for "this step's fresh gradient" only where the user's first step
-        # agrees with it (cosine >= 0.5, as in loss-target-audit); otherwise the fit is not evidence.
-        comparable = scale is not None and scale[1] >= 0.5
-        data["carry_testable"] = comparable
-        if comparable and carry > 0.5 and resid < 0.5:
+    n = STEP_CALLS if fn == "train_step" else EPOCH_BATCHES
+    carry = marker_carry(ctx.target, ctx.seed, [tuple(b[:2]) for b in ctx.target.batches(n)], fn)
+    if carry is not None:
+        data["carry"] = carry
+        # 1 when the marker survives in full, 0 when it was cleared: 0.5 is halfway
+        if carry > 0.5:
             grow = float(audit.events[-1].grads.norm()) / max(float(audit.events[0].grads.norm()), 1e-30)
             data["grad_growth"] = grow
-            return failed("carry-over", f"{fn} never clears gradients: at each optimizer.step() the gradient is the "
-                          f"fresh one plus {carry:.2f}x the previous step's (fit residual {resid:.2f}); it grew "
+            return failed("carry-over", f"{fn} never clears gradients: a marker added to every .grad right after "
+                          f"optimizer.step() was still {carry:.0%} present at the next step; the gradient grew "
                           f"{grow:.1f}x over {audit.steps} steps", **data)
     extra = f", gradient {scale[0]:.2f}x the reference's (cosine {scale[1]:.2f})" if scale else ""
     carry_text = f", carry-over {data['carry']:.2f}" if "carry" in data else ""

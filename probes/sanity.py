@@ -157,13 +157,27 @@ def initial_loss(ctx: ProbeContext):
     return passed(text, **data)
 
 
+def _true_loss(target, model, batch) -> float:
+    """loss_fn(model(x), y) on the batch in eval mode: what a correct step drives down."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            return float(target.loss_fn(model(batch[0]), batch[1]).float().mean())
+    except Exception:  # the step's own crash is reported by the caller
+        return math.nan
+    finally:
+        model.train(was_training)
+
+
 @probe(
     "overfit-one-batch",
     title="Overfit one small batch through the user's optimizer and step",
     outcomes={"learns": "loss approaches zero and accuracy reaches 100%",
               "slow": "loss falls but stays far from zero", "stuck": "loss does not fall",
               "unchanged": "loss and parameters do not change at all",
-              "diverged": "loss becomes NaN/Inf", "crashed": "the step raised"},
+              "diverged": "loss becomes NaN/Inf", "crashed": "the step raised",
+              "target-mismatch": "the step's loss approaches zero while the loss against the targets does not"},
     timeout_s=120,
 )
 def overfit_one_batch(ctx: ProbeContext):
@@ -173,6 +187,7 @@ def overfit_one_batch(ctx: ProbeContext):
     model = target.fresh_model(ctx.seed)
     optimizer = target.make_optimizer(model)
     before = [p.detach().clone() for p in model.parameters()]
+    true_start = _true_loss(target, model, batch)
     losses: list[float] = []
     files = user_source_files(target)
     started = time.monotonic()
@@ -192,6 +207,7 @@ def overfit_one_batch(ctx: ProbeContext):
                       + (f" ({data['where']})" if data["where"] else "")
                       + (f"; autograd saved the result of {data['origin']}" if data.get("origin") else ""), **data)
     moved = max((float((p.detach() - b).abs().max()) for p, b in zip(model.parameters(), before)), default=0.0)
+    true_end = _true_loss(target, model, batch)
     model.eval()
     with torch.no_grad():
         accuracy = target.accuracy(model(batch[0]), batch[1])
@@ -200,7 +216,7 @@ def overfit_one_batch(ctx: ProbeContext):
     fn = "train_step" if target.user_train_step else "the reference step"
     data = dict(samples=len(batch[1]), steps=len(losses), first_loss=first, final_loss=last, best_loss=best,
                 ratio=(last / first) if first else math.nan, accuracy=accuracy, max_param_change=moved,
-                step_fn=fn, seconds=round(time.monotonic() - started, 2))
+                step_fn=fn, seconds=round(time.monotonic() - started, 2), true_start=true_start, true_end=true_end)
     plot = LinePlot("curve", f"Overfitting {len(batch[1])} samples ({fn})", {"loss": losses}, logy=all(l > 0 for l in losses if math.isfinite(l)))
     acc = f", accuracy {accuracy:.0%}" if accuracy is not None else ""
     text = f"{len(batch[1])} samples, {len(losses)} steps of {fn}: loss {first:.4g} -> {last:.4g}{acc}"
@@ -211,6 +227,11 @@ def overfit_one_batch(ctx: ProbeContext):
     if moved == 0.0 and (max(losses) - min(losses)) <= 1e-6 * max(abs(first), 1e-12):
         return failed("unchanged", f"{text}: no parameter changed (max |delta| = 0) over {len(losses)} steps", [plot], **data)
     learned = (last < 0.05 or last < 0.1 * first) and (accuracy is None or accuracy >= 0.99)
+    # The loss the step returns fell by 90% while the loss of the same model against the batch's own
+    # targets did not even halve: the step minimises something other than loss_fn(outputs, targets).
+    if last < 0.1 * first and math.isfinite(true_start) and true_end > 0.5 * true_start:
+        return failed("target-mismatch", f"{text}, but loss_fn(model(x), y) on the same batch went {true_start:.4g} -> "
+                      f"{true_end:.4g}: the step minimises a different loss", [plot], **data)
     if learned:
         return passed(text, "learns", [plot], **data)
     if last < 0.7 * first:

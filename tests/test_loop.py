@@ -185,3 +185,36 @@ def test_step_evidence_rules_out_the_alternatives():
     assert by_id["missing-optimizer-step"].confidence >= 0.9
     assert "missing-backward" not in by_id or by_id["missing-backward"].confidence < 0.2
     assert any("train_step computed gradients" in str(e) for e in by_id["missing-optimizer-step"].evidence)
+
+
+# ------------------------------------------------------------------- carry-over marker test
+ZERO_AT_END = """
+def train_step(model, batch, loss_fn, optimizer):
+    x, y = batch
+    loss = loss_fn(model(x), y)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()          # cleared after the step: correct
+    return loss.item()
+"""
+
+
+def test_marker_carry_tells_cleared_from_carried(tmp_path):
+    from nnwizard.probes.loop import marker_carry
+
+    cleared = inline(tmp_path, ZERO_AT_END, "zero_at_end")
+    batches = cleared.batches(3)
+    assert marker_carry(cleared, 0, batches, "train_step") == pytest.approx(0.0, abs=1e-6)
+    carried = load_example("broken_missing_zero_grad")
+    assert marker_carry(carried, 0, carried.batches(3), "train_step") == pytest.approx(1.0, abs=1e-3)
+    assert run_probe_on("step-audit", cleared).outcome == "ok"
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_loss_on_the_wrong_tensor_is_not_mistaken_for_carry_over(seed):
+    """A loss against the model's own predictions bends the gradient away from the reference; the
+    marker test does not compare with the reference, so it cannot be fooled by that."""
+    result = run_probe_on("step-audit", load_example("broken_loss_wrong_tensor"), seed=seed)
+    assert result.outcome == "ok" and result.data["carry"] < 0.01
+    _, report = diagnose_example("broken_loss_wrong_tensor", ["underfitting"], seed=seed)
+    assert report.hypotheses[0].id == "loss-wrong-tensor"

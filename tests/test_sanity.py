@@ -75,3 +75,12 @@ def test_overfit_crash_in_place_names_the_forward_line():
     assert quiet.outcome == "learns" and "origin" not in quiet.data
     _, report = diagnose_example("broken_inplace_modification", ["crash"])
     assert report.hypotheses[0].id == "inplace-modification" and report.hypotheses[0].confidence >= 0.5
+
+
+def test_overfit_sees_a_step_minimising_another_loss():
+    result = run_probe_on("overfit-one-batch", load_example("broken_loss_wrong_tensor"), seed=1)
+    assert result.outcome == "target-mismatch"
+    assert result.data["final_loss"] < 0.1 * result.data["first_loss"]
+    assert result.data["true_end"] > 0.5 * result.data["true_start"]
+    for name in ("healthy_mlp", "healthy_clip_accum", "broken_loss_reduction_mismatch"):
+        assert run_probe_on("overfit-one-batch", load_example(name)).outcome != "target-mismatch", name
