@@ -3,7 +3,6 @@ that shows users one clear line (``--debug`` for the traceback) with the contrac
 
 from __future__ import annotations
 
-import os
 import sys
 import tempfile
 import traceback
@@ -182,7 +181,6 @@ def _crash(exc: BaseException) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    os.environ.setdefault("PYTHONWARNINGS", "ignore")
     try:
         code = app(args=argv, standalone_mode=False, prog_name="nnwizard")
         code = int(code or 0)

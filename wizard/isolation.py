@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import threading
+import warnings
 import time
 import traceback
 from contextlib import contextmanager
@@ -47,11 +48,14 @@ def run_probe(spec: ProbeSpec, ctx: ProbeContext, timeout_s: float | None = None
 
     def work() -> None:
         try:
-            with preserved_state():
+            with preserved_state(), warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("default")
                 seed_everything(ctx.seed)
                 box["result"] = spec(ctx)
         except BaseException as exc:  # noqa: BLE001 - the user's code may raise anything
             box["error"] = exc
+        finally:  # warnings the user's code raised while probed are evidence, not terminal noise
+            box["warnings"] = list(dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught))[:5]
 
     started = time.monotonic()
     with preserved_state():
@@ -80,5 +84,7 @@ def run_probe(spec: ProbeSpec, ctx: ProbeContext, timeout_s: float | None = None
             result = ProbeResult("errored", "errored", f"probe returned {type(result).__name__}, not a ProbeResult")
         elif result.outcome not in spec.outcomes:
             result = ProbeResult("errored", "errored", f"probe returned undeclared outcome {result.outcome!r}", result.data)
+    if box.get("warnings"):
+        result.data.setdefault("warnings", box["warnings"])
     result.id, result.duration_s, result.params = spec.id, round(duration, 3), dict(ctx.params)
     return result
