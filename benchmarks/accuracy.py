@@ -4,7 +4,7 @@ Every module in examples/ declares ``EXPECTED = {"symptoms": [...], "hypotheses"
 hypothesis list means healthy). This harness runs the scripted diagnosis of each one, with its
 declared symptoms (or with ``--auto``: symptom ``auto``), and prints per-example verdicts, top-1 and
 top-3 accuracy over the broken examples, false alarms on the healthy ones, and the median and max
-seconds per diagnosis. ``--markdown`` prints the table the README shows.
+seconds per diagnosis. ``--markdown`` runs both modes and prints the table the README shows.
 
     python benchmarks/accuracy.py [--auto] [--seed N] [--markdown] [--only NAME ...] [--json out.json]
 """
@@ -64,10 +64,29 @@ def run_one(name: str, expected: dict, auto: bool, seed: int = 0) -> dict:
     return row
 
 
+def _result(row: dict) -> str:
+    if row["expected"]:
+        return "top-1" if row["top1"] else "top-3" if row["top3"] else "miss"
+    return "false alarm" if row["false_alarm"] else "healthy"
+
+
+def _summary(rows: list[dict], auto: bool, seed: int) -> dict:
+    broken = [r for r in rows if r["expected"]]
+    healthy = [r for r in rows if not r["expected"]]
+    secs = [r["seconds"] for r in rows]
+    return {
+        "mode": ("auto" if auto else "declared symptoms") + f", seed {seed}",
+        "broken": len(broken), "healthy": len(healthy),
+        "top1": sum(r["top1"] for r in broken), "top3": sum(r["top3"] for r in broken),
+        "false_alarms": sum(r["false_alarm"] for r in healthy),
+        "median_s": round(statistics.median(secs), 2) if secs else 0, "max_s": round(max(secs), 2) if secs else 0,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--auto", action="store_true", help="diagnose every example with symptom 'auto'")
-    parser.add_argument("--markdown", action="store_true", help="print the README table")
+    parser.add_argument("--markdown", action="store_true", help="both modes, as the README's table")
     parser.add_argument("--only", nargs="*", help="example names")
     parser.add_argument("--json", help="write the rows here")
     parser.add_argument("--seed", type=int, default=0, help="the diagnosis seed (robustness: results should not hinge on it)")
@@ -75,37 +94,30 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(2)
-    rows = []
+    modes = [False, True] if args.markdown else [args.auto]
+    runs = {auto: [] for auto in modes}
     for name, expected in examples(args.only):
-        row = run_one(name, expected, args.auto, args.seed)
-        rows.append(row)
-        if not args.markdown:
-            mark = ("ok " if row.get("top1") else "top3" if row.get("top3") else "MISS") if row["expected"] else (
-                "FALSE ALARM" if row["false_alarm"] else "ok ")
-            print(f"{mark:11} {name:34} {row['seconds']:6.1f}s  expected {row['expected'] or 'healthy'}  "
-                  f"found {row['found'] or row['verdict']}" + (f"  ERROR {row['error']}" if row["error"] else ""), flush=True)
-    broken = [r for r in rows if r["expected"]]
-    healthy = [r for r in rows if not r["expected"]]
-    secs = [r["seconds"] for r in rows]
-    summary = {
-        "mode": ("auto" if args.auto else "declared symptoms") + f", seed {args.seed}",
-        "broken": len(broken), "healthy": len(healthy),
-        "top1": sum(r["top1"] for r in broken), "top3": sum(r["top3"] for r in broken),
-        "false_alarms": sum(r["false_alarm"] for r in healthy),
-        "median_s": round(statistics.median(secs), 2) if secs else 0, "max_s": round(max(secs), 2) if secs else 0,
-    }
+        for auto in modes:
+            row = run_one(name, expected, auto, args.seed)
+            runs[auto].append(row)
+            if not args.markdown:
+                print(f"{_result(row).upper() if _result(row) in ('miss', 'false alarm') else 'ok':11} {name:34} "
+                      f"{row['seconds']:6.1f}s  expected {row['expected'] or 'healthy'}  found {row['found'] or row['verdict']}"
+                      + (f"  ERROR {row['error']}" if row["error"] else ""), flush=True)
+    summaries = {auto: _summary(rows, auto, args.seed) for auto, rows in runs.items()}
     if args.markdown:
-        print("| example | expected | found (findings, best first) | result | seconds |")
-        print("|---|---|---|---|---|")
-        for r in rows:
-            result = ("top-1" if r["top1"] else "top-3" if r["top3"] else "miss") if r["expected"] else (
-                "false alarm" if r["false_alarm"] else "healthy")
-            print(f"| `{r['example']}` | {', '.join(r['expected']) or 'healthy'} | {', '.join(r['found']) or r['verdict']} | {result} | {r['seconds']:.1f} |")
+        print("| example | expected | declared symptom: result (s) | `auto`: result (s) |")
+        print("|---|---|---|---|")
+        for row, auto_row in zip(runs[False], runs[True]):
+            print(f"| `{row['example']}` | {', '.join(row['expected']) or 'healthy'} | {', '.join(row['symptoms'])}: "
+                  f"{_result(row)} ({row['seconds']:.1f}) | {_result(auto_row)} ({auto_row['seconds']:.1f}) |")
         print()
-    print(f"{summary['mode']}: top-1 {summary['top1']}/{summary['broken']}, top-3 {summary['top3']}/{summary['broken']}, "
-          f"false alarms {summary['false_alarms']}/{summary['healthy']}, median {summary['median_s']} s, max {summary['max_s']} s")
+    for summary in summaries.values():
+        print(f"{summary['mode']}: top-1 {summary['top1']}/{summary['broken']}, top-3 {summary['top3']}/{summary['broken']}, "
+              f"false alarms {summary['false_alarms']}/{summary['healthy']}, median {summary['median_s']} s, max {summary['max_s']} s")
     if args.json:
-        Path(args.json).write_text(json.dumps({"summary": summary, "rows": rows}, indent=2))
+        Path(args.json).write_text(json.dumps({("auto" if auto else "declared"): {"summary": summaries[auto], "rows": runs[auto]}
+                                               for auto in modes}, indent=2))
     return 0
 
 
