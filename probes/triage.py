@@ -216,6 +216,8 @@ def triage_run(ctx: ProbeContext):
         info["gap"] = val[-1] - sum(train[-max(1, len(train) // 10):]) / max(1, len(train) // 10)
     if data["val_acc"] and data["val_acc"][-1] is not None:
         info["val_accuracy_final"] = data["val_acc"][-1]
+    if len(data["val_acc"]) > 1 and data["val_acc"][1] is not None:  # [0] is before any training
+        info.update(val_accuracy_first_epoch=data["val_acc"][1], first_epoch_steps=data["val_steps"][1])
     plots = [_plot(train, val, data["val_steps"], data["loop"], shape)]
     ref = f" (reference {reference_loss:.4g}: {info['reference_how']})" if reference_loss else ""
     text = f"{len(train)} steps / {data['epochs']} epochs of {data['loop']} in {data['seconds']} s: {shape.title}: {shape.evidence}{ref}"

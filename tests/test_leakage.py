@@ -173,3 +173,15 @@ def test_leakage_audit_quiet_on_dense_low_dimensional_data(tmp_path, monkeypatch
         assert loud.outcome == "leak"
     finally:
         sys.modules.pop("dense2d_mod", None), sys.modules.pop("dense2d_leaky_mod", None)
+
+
+def test_near_perfect_validation_after_one_epoch_is_a_hint_only():
+    from tests.conftest import diagnose_example
+
+    _, report = diagnose_example("broken_label_leak_in_features", ["val-suspicious"])
+    top = report.hypotheses[0]
+    assert top.id == "label-leak-in-features"
+    fast = [m for m in top.moves if m.node == "fast-perfect"]
+    assert fast and fast[0].weight == 0.25 and "after the first epoch" in fast[0].text
+    _, healthy = diagnose_example("healthy_wine", ["val-suspicious"])
+    assert healthy.verdict == "healthy"
