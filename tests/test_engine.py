@@ -200,3 +200,24 @@ def test_confidence_maths():
     assert confidence(0.0, [0.6, 0.6]) == pytest.approx(0.84)
     assert confidence(0.0, [0.6, 0.6, -0.5]) == pytest.approx(0.42)
     assert confidence(0.1, []) == pytest.approx(0.1)
+
+
+def test_after_a_time_out_later_probes_get_a_short_limit(target, tmp_path, monkeypatch):
+    import nnwizard.engine as engine_module
+
+    limits = []
+    real = engine_module.run_probe
+
+    def spy(spec, ctx, timeout=None):
+        limits.append(timeout)
+        return real(spec, ctx, timeout)
+
+    monkeypatch.setattr(engine_module, "run_probe", spy)
+    monkeypatch.setattr(engine_module, "AFTER_TIMEOUT_S", 0.3)
+    path = tmp_path / "h.yaml"
+    path.write_text("id: h\ntitle: hang\nsymptoms: [flat]\nstart: a\nnodes:\n  a:\n    probe: test-hangs\n"
+                    "    next: b\n  b:\n    probe: test-measure\n")
+    engine = Engine(target, {"h": load_tree(path)}, load_catalog(), ScriptedPrompter())
+    diagnosis = engine.run(["flat"])
+    assert limits == [None, 0.3]
+    assert [r.status for r in diagnosis.results] == ["errored", "passed"]

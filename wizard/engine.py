@@ -18,6 +18,7 @@ from nnwizard.target import Target
 from nnwizard.tree import END, SYMPTOMS, Node, Tree
 
 MAX_TREES = 64
+AFTER_TIMEOUT_S = 15.0  # probe time limit once a probe has timed out (they take seconds when nothing hangs)
 
 
 @dataclass
@@ -111,6 +112,7 @@ class Engine:
         self.seed, self.probe_timeout = seed, probe_timeout
         self.listener = listener or (lambda event: None)
         self._cache: dict[tuple, ProbeResult] = {}
+        self._timed_out = False
         self._latest: dict[str, ProbeResult] = {}
 
     # ------------------------------------------------------------------------------------ public
@@ -225,7 +227,11 @@ class Engine:
             self.listener(Event("probe-progress", tree.id, name, {"probe": spec.id, "fraction": fraction, "text": text}))
 
         ctx = ProbeContext(self.target, dict(node.params), dict(self._latest), self.seed, on_progress=progress)
-        result = run_probe(spec, ctx, self.probe_timeout)
+        limit = self.probe_timeout
+        if self._timed_out:  # the user's code hung once: later probes calling it would hang too
+            limit = min(limit or spec.timeout_s, spec.timeout_s, AFTER_TIMEOUT_S)
+        result = run_probe(spec, ctx, limit)
+        self._timed_out = self._timed_out or "timeout_s" in result.data
         self._cache[key] = self._latest[node.probe] = result
         diagnosis.results.append(result)
         self.listener(Event("probe-end", tree.id, name, {"result": result}))
