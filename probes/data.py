@@ -22,10 +22,8 @@ from torch import nn
 from torch.utils.data import IterableDataset, TensorDataset, default_collate
 
 from nnwizard.probes.api import BarPlot, ImageGrid, ProbeContext, Table, failed, passed, probe, skipped
+from nnwizard.target import BINARY_LOSSES, CLASSIFICATION_LOSSES, REGRESSION_LOSSES
 
-CLASS_LOSSES = (nn.CrossEntropyLoss, nn.NLLLoss)
-BINARY_LOSSES = (nn.BCELoss, nn.BCEWithLogitsLoss)
-REGRESSION_LOSSES = (nn.MSELoss, nn.L1Loss, nn.SmoothL1Loss, nn.HuberLoss)
 
 
 # ------------------------------------------------------------------------------- reading data sets
@@ -127,7 +125,7 @@ def output_shape(ctx: ProbeContext) -> list[int] | None:
 
 def loss_kind(target) -> str:
     loss = target.loss_fn
-    if isinstance(loss, CLASS_LOSSES):
+    if isinstance(loss, CLASSIFICATION_LOSSES):
         return "class"
     if isinstance(loss, BINARY_LOSSES):
         return "binary"
