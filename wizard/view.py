@@ -12,6 +12,7 @@ from nnwizard.engine import Event
 from nnwizard.ranking import FINDING
 from nnwizard.report import Report
 
+SHOWN = 0.2  # hypotheses below this confidence stay out of the terminal table (the reports list all)
 _STYLE = {"passed": ("✓", "green"), "failed": ("✗", "red"), "errored": ("!", "yellow"), "skipped": ("-", "dim")}
 
 
@@ -55,20 +56,24 @@ class TerminalView:
         self._stop()
         c = self.console
         c.print()
-        if not report.hypotheses:
-            c.print("[bold green]No hypothesis gathered supporting evidence.[/]")
+        shown = [h for h in report.hypotheses if h.confidence >= SHOWN][:8]
+        if not shown:
+            c.print("[bold green]No hypothesis gathered more than weak evidence.[/]")
         else:
             table = Table(title="Ranked hypotheses", show_lines=True, expand=True)
             table.add_column("#", width=2)
             table.add_column("hypothesis", no_wrap=True)
             table.add_column("conf.", width=5)
             table.add_column("what was measured", ratio=3)
-            table.add_column("fix", ratio=2)
-            for i, h in enumerate(report.hypotheses[:8]):
-                style = "bold red" if h.confidence >= FINDING else "dim"
+            table.add_column("fix", ratio=2, overflow="fold")
+            for i, h in enumerate(shown):
+                style = "bold red" if h.confidence >= FINDING else "yellow"
                 measured = "\n".join(f"• {e}" for e in h.evidence[:3])
                 table.add_row(str(i + 1), f"[{style}]{h.id}[/]", f"{h.confidence:.2f}", f"[bold]{h.title}[/]\n{measured}", h.fix)
             c.print(table)
+        weaker = len(report.hypotheses) - len(shown)
+        if weaker:
+            c.print(f"[dim]{weaker} weaker hypothes{'is' if weaker == 1 else 'es'} (below {SHOWN}) are listed in the reports.[/]")
         verdict_style = {"problems-found": "bold red", "healthy": "bold green", "inconclusive": "bold yellow"}[report.verdict]
         c.print(f"Verdict: [{verdict_style}]{report.verdict}[/]" + (" (interrupted: partial)" if report.interrupted else ""))
         for f in files:
