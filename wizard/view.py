@@ -73,7 +73,8 @@ class TerminalView:
             c.print(table)
         weaker = len(report.hypotheses) - len(shown)
         if weaker:
-            c.print(f"[dim]{weaker} weaker hypothes{'is' if weaker == 1 else 'es'} (below {SHOWN}) are listed in the reports.[/]")
+            c.print(f"[dim]{weaker} weaker hypothes{'is' if weaker == 1 else 'es'} (below {SHOWN}) "
+                    f"{'is' if weaker == 1 else 'are'} listed in the reports.[/]")
         verdict_style = {"problems-found": "bold red", "healthy": "bold green", "inconclusive": "bold yellow"}[report.verdict]
         c.print(f"Verdict: [{verdict_style}]{report.verdict}[/]" + (" (interrupted: partial)" if report.interrupted else ""))
         for f in files:
