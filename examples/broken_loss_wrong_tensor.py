@@ -1,7 +1,6 @@
 """Broken: train_step computes the predicted classes for logging and passes them to the loss in
 place of the labels, so the model learns to agree with itself."""
 
-import torch
 from torch import nn
 
 from examples.datasets import blobs, split

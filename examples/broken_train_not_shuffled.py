@@ -4,7 +4,7 @@ batch holds one class and the loss swings from class to class."""
 import torch
 from torch import nn
 
-from examples.datasets import blobs, split
+from examples.datasets import blobs
 
 EXPECTED = {"symptoms": ["oscillating"], "hypotheses": ["train-not-shuffled"]}
 

@@ -1,7 +1,6 @@
 """Healthy: binary classification on scikit-learn's bundled breast cancer data (real), standardised,
 one logit per sample and BCEWithLogitsLoss on float targets of the same shape."""
 
-import torch
 from torch import nn
 
 from examples._realdata import breast_cancer, loaders

@@ -367,9 +367,9 @@ def nan_repair(ctx: ProbeContext):
 
             handle = optimizer.register_step_pre_hook(clip)
         try:
-            losses, gnorms, _, fail, _, why = _run_until_nonfinite(ctx, model, optimizer, batches, horizon, snapshot=False)
-        except Exception as exc:  # noqa: BLE001
-            losses, fail, why = [math.nan], 0, f"raised {first_line(exc)}"
+            losses, gnorms, _, fail, _, _ = _run_until_nonfinite(ctx, model, optimizer, batches, horizon, snapshot=False)
+        except Exception:  # noqa: BLE001 - the user's step raising counts as not finite
+            losses, fail = [math.nan], 0
         finally:
             if handle is not None:
                 handle.remove()

@@ -55,7 +55,6 @@ def loss_output_audit(ctx: ProbeContext):
     name = type(loss).__name__
     model = target.fresh_model(ctx.seed).eval()
     inputs, targets = target.batch()
-    captured: dict = {}
     try:
         with trace_modules(model, leaves_only=True) as trace, torch.no_grad():
             out = model(inputs)

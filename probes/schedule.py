@@ -16,7 +16,6 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-import torch
 from torch.optim import lr_scheduler as S
 
 from nnwizard.probes._instrument import first_line

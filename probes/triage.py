@@ -173,7 +173,7 @@ def triage_run(ctx: ProbeContext):
     target = ctx.target
     budget = float(ctx.param("budget_s", 5.0))
     data = run_curves(ctx, budget, int(ctx.param("epochs", 40)), int(ctx.param("steps", 300)), int(ctx.param("val_batches", 8)))
-    model = data.pop("model")
+    data.pop("model")  # the trained model is not part of the result
     train, val = data["train"], data["val"]
     batch = target.batch()
     expected = target.expected_initial_loss(batch[1]) if batch is not None else None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-import textwrap
 import time
 
 import numpy as np

@@ -4,7 +4,6 @@ model.train() or evaluate restores the mode."""
 
 from __future__ import annotations
 
-import textwrap
 
 import pytest
 

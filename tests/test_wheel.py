@@ -19,9 +19,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory):
     out = tmp_path_factory.mktemp("dist")
-    isolation = [] if importlib.util.find_spec("setuptools") else []
-    if importlib.util.find_spec("setuptools"):
-        isolation = ["--no-build-isolation"]
+    isolation = ["--no-build-isolation"] if importlib.util.find_spec("setuptools") else []
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", *isolation, "-w", str(out), str(ROOT)],
                    check=True, capture_output=True, timeout=600)
     [whl] = list(out.glob("nnwizard-*.whl"))
