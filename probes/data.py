@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from torch.utils.data import IterableDataset, TensorDataset, default_collate
 
-from nnwizard.probes.api import BarPlot, ImageGrid, ProbeContext, Table, failed, passed, probe, skipped
+from nnwizard.probes.api import BarPlot, ImageGrid, ProbeContext, Table, cannot_run, failed, passed, probe, skipped
 from nnwizard.target import BINARY_LOSSES, CLASSIFICATION_LOSSES, REGRESSION_LOSSES
 
 
@@ -160,7 +160,7 @@ def label_audit(ctx: ProbeContext):
     target = ctx.target
     samples = collect(target, "train", int(ctx.param("max_samples", 8192)), float(ctx.param("budget_s", 1.0)), ctx.seed, ctx)
     if samples is None:
-        return skipped("no training targets could be read")
+        return cannot_run("no training targets could be read", reason="unreadable")
     y = samples.y
     kind = loss_kind(target)
     loss_name = type(target.loss_fn).__name__
@@ -290,7 +290,7 @@ RMS_LIMIT = 20.0
 def input_stats(ctx: ProbeContext):
     samples = collect(ctx.target, "train", int(ctx.param("max_samples", 4096)), float(ctx.param("budget_s", 1.0)), ctx.seed, ctx)
     if samples is None:
-        return skipped("no training inputs could be read")
+        return cannot_run("no training inputs could be read", reason="unreadable")
     x = samples.x
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():
         return skipped(f"inputs are {getattr(x, 'dtype', type(x).__name__)} (indices or tokens): scale does not apply",
@@ -354,7 +354,7 @@ def sample_dump(ctx: ProbeContext):
     count = int(ctx.param("count", 5))
     samples = collect(target, "train", 4096, 0.5, ctx.seed, ctx)
     if samples is None or samples.n == 0:
-        return skipped("no training samples could be read")
+        return cannot_run("no training samples could be read", reason="unreadable")
     rng = random.Random(ctx.seed)
     picks = sorted(rng.sample(range(samples.n), min(count, samples.n)))
     ids = [samples.indices[p] if samples.indices else p for p in picks]

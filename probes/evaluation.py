@@ -12,7 +12,7 @@ from torch import nn
 
 from nnwizard import reference
 from nnwizard.probes._instrument import first_line
-from nnwizard.probes.api import ProbeContext, failed, passed, probe, skipped
+from nnwizard.probes.api import ProbeContext, cannot_run, failed, passed, probe, skipped
 
 BATCHES = 3
 MODE_LAYERS = (nn.modules.dropout._DropoutNd, nn.modules.batchnorm._BatchNorm)
@@ -51,7 +51,7 @@ def eval_mode_audit(ctx: ProbeContext):
     try:
         metrics = target.evaluate(model, _val_loader(target))
     except Exception as exc:
-        return skipped(f"evaluate raised: {first_line(exc)}", error=first_line(exc))
+        return cannot_run(f"evaluate raised: {first_line(exc)}", reason="raised", error=first_line(exc))
     finally:
         for h in handles:
             h.remove()
@@ -113,11 +113,11 @@ def no_grad_audit(ctx: ProbeContext):
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             target.evaluate(model, _val_loader(target))
     except Exception as exc:
-        return skipped(f"evaluate raised: {first_line(exc)}", error=first_line(exc))
+        return cannot_run(f"evaluate raised: {first_line(exc)}", reason="raised", error=first_line(exc))
     finally:
         handle.remove()
     if not calls:
-        return skipped("evaluate never called the model's forward")
+        return cannot_run("evaluate never called the model's forward", reason="precondition")
     enabled = sum(c[0] for c in calls)
     graphs = sum(c[1] for c in calls)
     grad_fn = next((c[2] for c in calls if c[2]), "")

@@ -9,7 +9,7 @@ import math
 import torch
 
 from nnwizard.probes._instrument import first_line
-from nnwizard.probes.api import LinePlot, ProbeContext, Table, failed, passed, probe, skipped
+from nnwizard.probes.api import LinePlot, ProbeContext, Table, cannot_run, failed, passed, probe, skipped
 
 # A run "moves" the loss when it removes at least 10% of it; one setting is "clearly better" than
 # another when it ends a further 10% of the starting loss lower. Both are far above the evaluation
@@ -114,7 +114,7 @@ def lr_sweep(ctx: ProbeContext):
             losses, curve, final = _run(ctx, factor, steps, eval_set=eval_set, every=max(1, steps // 10))
             runs[factor] = dict(losses=losses, curve=curve, final=final, start=curve[0][1])
     except Exception as exc:  # noqa: BLE001
-        return skipped(f"the training step raised: {first_line(exc)}", error=first_line(exc))
+        return cannot_run(f"the training step raised: {first_line(exc)}", reason="raised", error=first_line(exc))
     start = runs[1.0]["start"]
 
     def drop(f):
@@ -207,7 +207,7 @@ def oscillation(ctx: ProbeContext):
         clip = _run(ctx, 1.0, steps, clip=float(ctx.param("max_norm", 1.0)), eval_set=eval_set, every=every)
         batch2 = _run(ctx, 1.0, steps, merge=2, eval_set=eval_set, every=every)
     except Exception as exc:  # noqa: BLE001
-        return skipped(f"the training step raised: {first_line(exc)}", error=first_line(exc))
+        return cannot_run(f"the training step raised: {first_line(exc)}", reason="raised", error=first_line(exc))
     finals = {"lr/3": lr3[2], "clip": clip[2], "2x batch": batch2[2]}
     data = dict(steps=steps, noise=noise, progress=progress, noise_ratio=noise / progress if progress > 0 else math.inf,
                 start_loss=start, final=base[2], final_lr3=lr3[2], final_clip=clip[2], final_batch2=batch2[2],

@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from nnwizard.probes._instrument import error_kind, first_line, user_frame
 from nnwizard.probes._optrace import OpTracer
-from nnwizard.probes.api import LinePlot, ProbeContext, Table, failed, passed, probe, skipped
+from nnwizard.probes.api import LinePlot, ProbeContext, Table, cannot_run, failed, passed, probe, skipped
 from nnwizard.target import user_source_files
 
 FP16_MAX = 65504.0
@@ -227,7 +227,7 @@ def nan_bisect(ctx: ProbeContext):
         losses, gnorms, pnorms, bad, snap, why = _run_until_nonfinite(ctx, model, optimizer, batches, steps)
     except Exception as exc:
         return failed("crashed", f"the training step raised: {first_line(exc)}", error=first_line(exc),
-                      kind=error_kind(exc), where=user_frame(exc, files))
+                      kind=error_kind(exc), where=user_frame(exc, files), training_raised=True)
     fn = "train_step" if target.user_train_step else "the reference step"
     data = dict(steps_run=len(losses), step_fn=fn, losses=losses, grad_norms=gnorms,
                 first_loss=losses[0] if losses else math.nan,
@@ -501,7 +501,7 @@ def epsilon_scan(ctx: ProbeContext):
             with OpTracer(model, files) as trace, torch.no_grad():
                 target.loss_fn(model(inputs), targets)
         except Exception as exc:  # noqa: BLE001
-            return skipped(f"forward or loss raised: {first_line(exc)}", error=first_line(exc))
+            return cannot_run(f"forward or loss raised: {first_line(exc)}", reason="raised", error=first_line(exc))
         for r in trace.unsafe:
             if not r.direct:
                 continue  # library functions (F.normalize, norms) guard their own denominators

@@ -12,7 +12,7 @@ from typing import Any, Callable, Protocol
 
 from nnwizard.catalog import Catalog
 from nnwizard.isolation import run_probe
-from nnwizard.probes.api import ProbeContext, ProbeResult, get
+from nnwizard.probes.api import ProbeContext, ProbeResult, could_not_run, get
 from nnwizard.ranking import Evidence, Ranked, rank
 from nnwizard.target import Target
 from nnwizard.tree import END, SYMPTOMS, Node, Tree
@@ -171,6 +171,8 @@ class Engine:
             else:
                 for c in node.conclude or []:
                     source = self._latest.get(c.source) if c.source else last
+                    if any(r is not None and could_not_run(r) for r in (source, last)):
+                        continue  # a probe that could not measure adds no evidence, for or against (CONTRACT §4)
                     evidence = Evidence(c.hypothesis, c.weight, quote(c.evidence, source), tree.id, name,
                                         source.id if source else None)
                     diagnosis.evidence.append(evidence)

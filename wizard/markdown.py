@@ -39,7 +39,9 @@ def render_markdown(report: Report, diagnosis: Diagnosis, path: str | Path) -> P
     verdict_line = {
         "problems-found": f"**{len(findings)} problem{'s' if len(findings) != 1 else ''} found**",
         "healthy": "**Healthy**: no hypothesis reached 0.5 confidence",
-        "inconclusive": "**Inconclusive**: too little could be measured",
+        "inconclusive": (f"**Inconclusive**: no finding, but {len(report.not_run)} check{'s' if len(report.not_run) != 1 else ''} "
+                         "could not run (see *Not run*), so this is not a clean bill of health" if report.not_run
+                         else "**Inconclusive**: too little could be measured"),
     }[report.verdict]
     out += [
         f"Verdict: {verdict_line}. Symptoms: {', '.join(report.symptoms) or 'none measured'}"
@@ -68,6 +70,9 @@ def render_markdown(report: Report, diagnosis: Diagnosis, path: str | Path) -> P
             out += ["", f"**Fix.** {h.fix}", ""]
             if h.snippet:
                 out += ["```python", h.snippet.rstrip(), "```", ""]
+    if report.not_run:
+        out += ["## Not run", "", "These probes could not measure; they add no evidence for or against anything.", "",
+                *_table(["probe", "status", "why", "reason"], [[f"`{n.probe}`", n.status, n.why, n.reason] for n in report.not_run]), ""]
     if report.answers:
         out += ["## Answers", "", *_table(["question", "answer"], [[k, v] for k, v in report.answers.items()]), ""]
     out += ["## Probes", ""]
