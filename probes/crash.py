@@ -60,7 +60,7 @@ def training_crash(ctx: ProbeContext):
             ran.append("epoch")
         if target.user_evaluate:
             phase = "evaluate"
-            target.evaluate(model, target.loader("val", 2) or target.loader("train", 2))
+            target.evaluate(model, target.subset_loader("val", 2) or target.subset_loader("train", 2))
             ran.append("evaluate")
     except Exception as exc:  # the user's code raising is what this probe measures
         c = classify_exception(exc, model=model, loss_fn=target.loss_fn, files=files, inputs=inputs, targets=targets,

@@ -25,6 +25,7 @@ import time
 
 import torch
 from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
 from nnwizard import reference
 from nnwizard.probes._instrument import first_line
@@ -98,9 +99,16 @@ def _train(target, model, batches, loss_fn, optimizer, steps: int, deadline: flo
                 break
     else:
         for _ in range(max(1, steps // len(batches))):
-            target.user_train_epoch(model, batches, loss_fn, optimizer, reference.NoScheduler())
+            target.user_train_epoch(model, _as_loader(batches), loss_fn, optimizer, reference.NoScheduler())
             if time.monotonic() > deadline:
                 break
+
+
+def _as_loader(batches) -> DataLoader:
+    """The rung's batches as a real DataLoader (its ``dataset`` and ``len`` are what a user
+    ``train_epoch`` may read), in order, with the same batch size."""
+    xs, ys = torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches])
+    return DataLoader(TensorDataset(xs, ys), batch_size=len(batches[0][1]), shuffle=False)
 
 
 def _majority(batches) -> float | None:

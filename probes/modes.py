@@ -64,7 +64,7 @@ def mode_after_eval(ctx: ProbeContext):
         for name in ("train-1", "evaluate", "train-2"):
             phase["name"] = name
             if name == "evaluate":
-                target.evaluate(model, target.loader("val", batches) or target.loader("train", batches))
+                target.evaluate(model, target.subset_loader("val", batches) or target.subset_loader("train", batches))
                 state["after_eval"] = model.training
                 state["layers_after_eval"] = sum(m.training for m in layers.values())
             else:

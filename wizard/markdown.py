@@ -46,7 +46,8 @@ def render_markdown(report: Report, diagnosis: Diagnosis, path: str | Path) -> P
     out += [
         f"Verdict: {verdict_line}. Symptoms: {', '.join(report.symptoms) or 'none measured'}"
         + (f" (given: {', '.join(report.given_symptoms)})" if report.given_symptoms != report.symptoms else "")
-        + f". Task: {report.task}. Seed {report.seed}, {report.duration_s:.1f} s.",
+        + f". Task: {report.task}" + (f" ({report.task_source})" if report.task_source else "")
+        + f". Seed {report.seed}, {report.duration_s:.1f} s.",
         "",
         "## Environment",
         "",

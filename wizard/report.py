@@ -74,6 +74,7 @@ class Report(BaseModel):
     answers: dict[str, Any] = {}
     trees: list[str] = []
     task: str = ""
+    task_source: str = ""  # how the task was decided: TASK, the loss called, or a guess (then: set TASK)
     interrupted: bool = False
     duration_s: float = 0.0
     environment: dict[str, str] = {}
@@ -148,6 +149,7 @@ def build(diagnosis: Diagnosis) -> Report:
         answers=diagnosis.answers,
         trees=diagnosis.trees,
         task=diagnosis.target.task,
+        task_source=getattr(diagnosis.target, "task_source", ""),
         interrupted=diagnosis.interrupted,
         duration_s=diagnosis.duration_s,
         environment=collect(diagnosis.target.device),

@@ -75,6 +75,8 @@ class TerminalView:
         if weaker:
             c.print(f"[dim]{weaker} weaker hypothes{'is' if weaker == 1 else 'es'} (below {SHOWN}) "
                     f"{'is' if weaker == 1 else 'are'} listed in the reports.[/]")
+        if "ambiguous" in report.task_source:
+            c.print(f"[yellow]Task: {report.task} ({report.task_source}).[/]")
         verdict_style = {"problems-found": "bold red", "healthy": "bold green", "inconclusive": "bold yellow"}[report.verdict]
         c.print(f"Verdict: [{verdict_style}]{report.verdict}[/]" + (" (interrupted: partial)" if report.interrupted else ""))
         if report.not_run:
