@@ -79,7 +79,19 @@ def _matches(printed: str, numbers: list[float]) -> bool:
 
 
 STEPS = re.compile(r"(?<![\w.])(\d+) (?:optimizer |training |reference |plain |more )?steps\b")
-RATIO = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)x(?![\w])|\(x(\d+(?:\.\d+)?)\)")
+RATIO = re.compile(r"(?<![\w.+-])(\d+(?:\.\d+)?(?:e[-+]?\d+)?)x(?![\w])|\(x(\d+(?:\.\d+)?)\)")
+
+
+@lru_cache(maxsize=None)
+def _templates() -> dict[tuple[str, str], str]:
+    from nnwizard.tree import load_trees
+
+    return {(t.id, name): " ".join(c.evidence for c in node.conclude or []) for t in load_trees().values()
+            for name, node in t.nodes.items()}
+
+
+def _number(value) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def contradictions(report) -> list[str]:
@@ -98,17 +110,20 @@ def contradictions(report) -> list[str]:
                 if counts and n not in counts:
                     found.append(f"{h.id} / {probe.id}: '{m.group(0)}' but the probe recorded step counts {sorted(counts)[:12]}")
             numbers = _numbers(data, [])
+            template = _templates().get((move.tree, move.node), "")
             for m in RATIO.finditer(text):
                 printed = m.group(1) or m.group(2)
+                if m.group(0) in template:  # a constant of the sentence ("lowering the rate 10x"), not a measurement
+                    continue
                 if not _matches(printed, numbers + [float(n) for n in counts]):
                     found.append(f"{h.id} / {probe.id}: ratio '{m.group(0)}' is none of the probe's numbers")
-            ratio = data.get("duplication_ratio")
+            ratio = _number(data.get("duplication_ratio"))
             if ratio is not None and "is a mean" in text and abs(ratio - 1) >= 0.1:
                 found.append(f"{h.id} / {probe.id}: says 'mean' with duplication ratio {ratio:.2f}")
             if ratio is not None and "sums over" in text and abs(ratio - 2) >= 0.1:
                 found.append(f"{h.id} / {probe.id}: says 'sum' with duplication ratio {ratio:.2f}")
     for p in report.probes:  # the probes' own summaries, shown in every report
-        ratio = p.data.get("duplication_ratio")
+        ratio = _number(p.data.get("duplication_ratio"))
         if ratio is not None and "is a mean" in p.summary and abs(ratio - 1) >= 0.1:
             found.append(f"{p.id}: summary says 'mean' with duplication ratio {ratio:.2f}")
     if report.verdict == "healthy" and any(p.data.get("training_raised") for p in report.probes):
