@@ -9,7 +9,7 @@ import textwrap
 import pytest
 
 from nnwizard.target import load_target
-from tests.conftest import diagnose_example, load_example, run_probe_on
+from tests.conftest import load_example, run_probe_on
 
 
 def module(tmp_path, name: str, body: str):
