@@ -98,8 +98,22 @@ def failed(outcome: str, summary: str, artifacts: list | None = None, **data: An
 
 
 def skipped(summary: str, outcome: str = "skipped", **data: Any) -> ProbeResult:
-    """The probe does not apply to this target (e.g. no user ``evaluate`` to audit)."""
+    """The probe does not apply to this target (e.g. no user ``evaluate`` to audit): no evidence is
+    missing, so it does not stop a verdict from being ``healthy``."""
     return ProbeResult("skipped", outcome, summary, data)
+
+
+def cannot_run(summary: str, outcome: str = "skipped", *, reason: str = "precondition", **data: Any) -> ProbeResult:
+    """The probe applies but could not measure (the user's code it needs raised, the data could not
+    be read, it does not fit the time budget: ``reason`` says which, e.g. ``"raised"``, ``"budget"``).
+    Status ``skipped``; it adds no evidence, and a session without findings is ``inconclusive``."""
+    return ProbeResult("skipped", outcome, summary, {**data, "cannot_run": reason})
+
+
+def could_not_run(result: ProbeResult) -> bool:
+    """True when ``result`` stands for a measurement that is missing: errored (raised or timed out)
+    or skipped by ``cannot_run``."""
+    return result.status == "errored" or (result.status == "skipped" and bool(result.data.get("cannot_run")))
 
 
 # ---------------------------------------------------------------------------------------- context
@@ -141,8 +155,8 @@ class ProbeContext:
     def unaffordable(self, minimum: int, what: str, **data: Any) -> "ProbeResult":
         """The skipped result of a probe whose ``minimum`` steps do not fit its allowance."""
         b = self.budget
-        return skipped(f"{self.allowance_s or 0:.1f} s of the session budget ({b.total_s:.0f} s; --budget gives more) "
-                       f"fit fewer than the {minimum} {what} at {b.step_s:.3g} s a step", **data)
+        return cannot_run(f"{self.allowance_s or 0:.1f} s of the session budget ({b.total_s:.0f} s; --budget gives more) "
+                       f"fit fewer than the {minimum} {what} at {b.step_s:.3g} s a step", **data, reason="budget")
 
     def progress(self, fraction: float, text: str = "") -> None:
         if self.on_progress is not None:

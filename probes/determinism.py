@@ -28,7 +28,7 @@ import torch
 
 from nnwizard import reference
 from nnwizard.probes._instrument import first_line
-from nnwizard.probes.api import Table, failed, passed, probe, skipped
+from nnwizard.probes.api import Table, cannot_run, failed, passed, probe
 from nnwizard.target import DeviceLoader, _as_loader, user_source_files
 
 SEEDS_GLOBALS = re.compile(r"\b(random\.seed|np\.random\.seed|numpy\.random\.seed|seed_everything|set_seed|set_random_seed)\s*\(\s*[^)\s]")
@@ -228,7 +228,8 @@ def determinism(ctx):
         a = one_run(target, seed, steps, seeds_globals)
         b = one_run(target, seed, steps, seeds_globals)
     except Exception as exc:  # noqa: BLE001
-        return skipped(f"a short run of the user's loop raised: {first_line(exc)}", "crashed", error=first_line(exc))
+        return cannot_run(f"a short run of the user's loop raised: {first_line(exc)}", "crashed", reason="raised",
+                          error=first_line(exc), training_raised=True)
     loader = a["loader"]
     workers = int(getattr(loader, "num_workers", 0) or 0)
     data.update(workers=workers, worker_init_fn=getattr(loader, "worker_init_fn", None) is not None,

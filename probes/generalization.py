@@ -21,7 +21,7 @@ from torch import nn
 
 from nnwizard import reference
 from nnwizard.probes._instrument import first_line, trace_modules
-from nnwizard.probes.api import BarPlot, Table, failed, passed, probe, skipped
+from nnwizard.probes.api import BarPlot, Table, cannot_run, failed, passed, probe, skipped
 
 AFFINE = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
 # modules that are themselves affine (or identity) at evaluation time: they do not break a linear stack
@@ -52,7 +52,7 @@ def linear_stack(ctx):
         try:
             model(inputs)
         except Exception as exc:  # noqa: BLE001
-            return skipped(f"forward raised: {first_line(exc)}")
+            return cannot_run(f"forward raised: {first_line(exc)}", reason="raised")
     leaves = [(c.path, trace.modules[c.path]) for c in trace.calls if c.path in trace.modules]
     affine = [(p, m) for p, m in leaves if isinstance(m, AFFINE)]
     pairs: list[str] = []
@@ -83,7 +83,7 @@ def linear_stack(ctx):
             lhs = f(a * x1 + (1 - a) * x2)
             rhs = a * f(x1) + (1 - a) * f(x2)
     except Exception as exc:  # noqa: BLE001
-        return skipped(f"forward on mixed inputs raised: {first_line(exc)}")
+        return cannot_run(f"forward on mixed inputs raised: {first_line(exc)}", reason="raised")
     finally:
         if head is not None:
             head.remove()
@@ -224,7 +224,7 @@ def capacity_check(ctx):
     if steps < wanted and not (fits(plain) and fits(own)):
         # a fit the budget shortened that has not got there says nothing about capacity
         data["wanted_steps"] = wanted
-        return skipped(f"inconclusive at this budget ({steps} of {wanted} steps per fit): " + text, **data)
+        return cannot_run(f"inconclusive at this budget ({steps} of {wanted} steps per fit): " + text, **data, reason="budget")
     if not fits(plain) and wide_better:
         return failed("too-small", "the wide MLP does far better than your model: " + text, [plot], **data)
     if fits(plain) and not fits(own) and own > 2 * plain:

@@ -10,7 +10,7 @@ import torch
 
 from nnwizard.probes._instrument import first_line
 from nnwizard.probes._optrace import OpTracer
-from nnwizard.probes.api import BarPlot, ProbeContext, Table, failed, passed, probe, skipped
+from nnwizard.probes.api import BarPlot, ProbeContext, Table, cannot_run, failed, passed, probe
 
 # Thresholds (see the README): a gradient norm below 1e-9 is zero at float32 resolution for weights
 # of order 1e-2..1; above 1e3 no sane loss at chance level produces it (initial per-parameter norms
@@ -50,7 +50,7 @@ def grad_norms(ctx: ProbeContext):
         loss = target.loss_fn(model(inputs), targets)
         loss.backward()
     except Exception as exc:  # noqa: BLE001
-        return skipped(f"forward/backward raised: {first_line(exc)}", error=first_line(exc))
+        return cannot_run(f"forward/backward raised: {first_line(exc)}", reason="raised", error=first_line(exc))
     rows, names, norms, rels = [], [], [], []
     none, zero, huge = [], [], []
     weights = []  # (name, relative gradient) of weight matrices/kernels, in registration order
@@ -183,7 +183,7 @@ def activation_stats(ctx: ProbeContext):
     try:
         init = _activation_stats(model, inputs, files)
     except Exception as exc:  # noqa: BLE001
-        return skipped(f"forward raised: {first_line(exc)}", error=first_line(exc))
+        return cannot_run(f"forward raised: {first_line(exc)}", reason="raised", error=first_line(exc))
     if not init:
         return passed("the model uses no ReLU, sigmoid or tanh", "no-activations")
     # the two traced forward passes cost about two steps; what is left trains (none: init only)

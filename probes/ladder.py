@@ -25,10 +25,11 @@ import time
 
 import torch
 from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
 from nnwizard import reference
 from nnwizard.probes._instrument import first_line
-from nnwizard.probes.api import Table, failed, passed, probe, skipped
+from nnwizard.probes.api import Table, cannot_run, failed, passed, probe, skipped
 from nnwizard.probes.generalization import _wide_mlp
 
 # A rung "learns" when its eval-mode training accuracy ends 30 points above the majority class
@@ -99,9 +100,16 @@ def _train(target, model, batches, loss_fn, optimizer, steps: int, deadline: flo
                 break
     else:
         for _ in range(max(1, steps // len(batches))):
-            target.user_train_epoch(model, batches, loss_fn, optimizer, reference.NoScheduler())
+            target.user_train_epoch(model, _as_loader(batches), loss_fn, optimizer, reference.NoScheduler())
             if time.monotonic() > deadline:
                 break
+
+
+def _as_loader(batches) -> DataLoader:
+    """The rung's batches as a real DataLoader (its ``dataset`` and ``len`` are what a user
+    ``train_epoch`` may read), in order, with the same batch size."""
+    xs, ys = torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches])
+    return DataLoader(TensorDataset(xs, ys), batch_size=len(batches[0][1]), shuffle=False)
 
 
 def _majority(batches) -> float | None:
@@ -208,7 +216,7 @@ def simplify_ladder(ctx):
         # calibrated for, or rungs left out, "does not learn" may only mean "not yet"
         why = f"{steps} of {wanted} steps per rung (budget)" if steps < wanted else f"rungs not run: {', '.join(unrun)}"
         data.update(wanted_steps=wanted, not_run=unrun)
-        return skipped(f"inconclusive at this budget ({why}): {line}", **data)
+        return cannot_run(f"inconclusive at this budget ({why}): {line}", **data, reason="budget")
     if learns("MSE loss") and not learns("one-hidden-layer MLP"):
         return failed("loss", f"only replacing the loss makes it learn: {line}", [table], **data)
     if learns("SGD(lr=0.01)"):

@@ -9,7 +9,7 @@ import math
 import torch
 
 from nnwizard.probes._instrument import first_line
-from nnwizard.probes.api import LinePlot, ProbeContext, Table, failed, passed, probe, skipped
+from nnwizard.probes.api import LinePlot, ProbeContext, Table, cannot_run, failed, passed, probe, skipped
 
 # A run "moves" the loss when it removes at least 10% of it; one setting is "clearly better" than
 # another when it ends a further 10% of the starting loss lower. Both are far above the evaluation
@@ -26,10 +26,12 @@ def _eval_samples(target) -> int:
 
 
 def _eval_cost(target, evals: int) -> float:
-    """``evals`` evaluations of the fixed set, in plain steps (a forward pass costs about a third)."""
+    """``evals`` evaluations of the fixed set, in plain steps: a forward pass costs about a third of a
+    step, in proportion to its samples (batches below 32 are counted as 32: tiny batches are dominated
+    by per-call overhead, not by their samples)."""
     batch = target.batch()
     per = len(batch[1]) if batch is not None else 1
-    return evals * _eval_samples(target) / max(per, 1) / 3
+    return evals * _eval_samples(target) / max(per, 32) / 3
 
 
 def _eval_set(target, samples: int | None = None):
@@ -134,7 +136,7 @@ def lr_sweep(ctx: ProbeContext):
             losses, curve, final = _run(ctx, factor, steps, eval_set=eval_set, every=max(1, steps // 10))
             runs[factor] = dict(losses=losses, curve=curve, final=final, start=curve[0][1])
     except Exception as exc:  # noqa: BLE001
-        return skipped(f"the training step raised: {first_line(exc)}", error=first_line(exc))
+        return cannot_run(f"the training step raised: {first_line(exc)}", reason="raised", error=first_line(exc))
     start = runs[1.0]["start"]
 
     def drop(f):
@@ -179,8 +181,8 @@ def lr_sweep(ctx: ProbeContext):
         return failed("too-high", text, arts, **data)
     if max(d.values()) < MOVES:
         if steps < wanted:  # no setting moved it in the few steps the budget fits: not a finding
-            return skipped(f"{text}: no setting moved the loss within the {steps} steps the budget fits (of "
-                           f"{wanted}); too few to say none learns", **data)
+            return cannot_run(f"{text}: no setting moved the loss within the {steps} steps the budget fits (of "
+                           f"{wanted}); too few to say none learns", **data, reason="budget")
         return failed("none-learns", text, arts, **data)
     return passed(text, artifacts=arts, **data)
 
@@ -235,7 +237,7 @@ def oscillation(ctx: ProbeContext):
         clip = _run(ctx, 1.0, steps, clip=float(ctx.param("max_norm", 1.0)), eval_set=eval_set, every=every)
         batch2 = _run(ctx, 1.0, steps, merge=2, eval_set=eval_set, every=every)
     except Exception as exc:  # noqa: BLE001
-        return skipped(f"the training step raised: {first_line(exc)}", error=first_line(exc))
+        return cannot_run(f"the training step raised: {first_line(exc)}", reason="raised", error=first_line(exc))
     finals = {"lr/3": lr3[2], "clip": clip[2], "2x batch": batch2[2]}
     data = dict(steps=steps, noise=noise, progress=progress, noise_ratio=noise / progress if progress > 0 else math.inf,
                 start_loss=start, final=base[2], final_lr3=lr3[2], final_clip=clip[2], final_batch2=batch2[2],
@@ -269,6 +271,6 @@ def oscillation(ctx: ProbeContext):
     clearly = finite[best] < ref * (1 - BETTER) and all(finite[best] < v * (1 - BETTER / 2) for v in others)
     if not clearly:
         if steps < wanted:  # no remedy clearly better within the few steps the budget fits: not a finding
-            return skipped(f"{text}; no remedy clearly better within the {steps} steps the budget fits (of {wanted})", **data)
+            return cannot_run(f"{text}; no remedy clearly better within the {steps} steps the budget fits (of {wanted})", **data, reason="budget")
         return failed("none-helps", text, arts, **data)
     return failed({"lr/3": "lr-helps", "clip": "clip-helps", "2x batch": "batch-helps"}[best], text, arts, **data)

@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from nnwizard.probes._instrument import error_kind, first_line, user_frame
 from nnwizard.probes._optrace import OpTracer
-from nnwizard.probes.api import LinePlot, ProbeContext, Table, failed, passed, probe, skipped
+from nnwizard.probes.api import LinePlot, ProbeContext, Table, cannot_run, failed, passed, probe, skipped
 from nnwizard.target import user_source_files
 
 FP16_MAX = 65504.0
@@ -233,7 +233,7 @@ def nan_bisect(ctx: ProbeContext):
         losses, gnorms, pnorms, bad, snap, why = _run_until_nonfinite(ctx, model, optimizer, batches, steps)
     except Exception as exc:
         return failed("crashed", f"the training step raised: {first_line(exc)}", error=first_line(exc),
-                      kind=error_kind(exc), where=user_frame(exc, files))
+                      kind=error_kind(exc), where=user_frame(exc, files), training_raised=True)
     fn = "train_step" if target.user_train_step else "the reference step"
     data = dict(steps_run=len(losses), step_fn=fn, losses=losses, grad_norms=gnorms,
                 first_loss=losses[0] if losses else math.nan,
@@ -247,8 +247,8 @@ def nan_bisect(ctx: ProbeContext):
                               ylabel="gradient norm", logy=True))
     if bad is None and steps < wanted:
         data["wanted_steps"] = wanted
-        return skipped(f"{len(losses)} steps of {fn} (of {wanted} wanted; the budget fits {steps}) stayed finite: "
-                       f"too few to rule out a later NaN/Inf", **data)
+        return cannot_run(f"{len(losses)} steps of {fn} (of {wanted} wanted; the budget fits {steps}) stayed finite: "
+                       f"too few to rule out a later NaN/Inf", **data, reason="budget")
     if bad is None:
         return passed(f"{len(losses)} steps of {fn}: loss {losses[0]:.4g} -> {losses[-1]:.4g}, always finite; "
                       f"gradient norm {data['first_grad_norm']:.3g} -> {gnorms[-1]:.3g}", artifacts=plots, **data)
@@ -361,7 +361,7 @@ def nan_repair(ctx: ProbeContext):
     # the failing stretch, with headroom: a fix must hold well past the step that failed
     horizon = int(ctx.param("horizon", max(3 * (bad + 1), 30)))
     if not ctx.plan_steps(horizon, minimum=horizon, runs=2):
-        return skipped(f"the budget does not fit two runs of {horizon} steps past the failing step {bad}", step=bad)
+        return cannot_run(f"the budget does not fit two runs of {horizon} steps past the failing step {bad}", step=bad, reason="budget")
     max_norm = float(ctx.param("max_norm", 1.0))
     runs = {}
     for name in ("lr/10", "clip"):
@@ -515,7 +515,7 @@ def epsilon_scan(ctx: ProbeContext):
             with OpTracer(model, files) as trace, torch.no_grad():
                 target.loss_fn(model(inputs), targets)
         except Exception as exc:  # noqa: BLE001
-            return skipped(f"forward or loss raised: {first_line(exc)}", error=first_line(exc))
+            return cannot_run(f"forward or loss raised: {first_line(exc)}", reason="raised", error=first_line(exc))
         for r in trace.unsafe:
             if not r.direct:
                 continue  # library functions (F.normalize, norms) guard their own denominators

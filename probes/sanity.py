@@ -9,8 +9,10 @@ import time
 
 import torch
 
+from nnwizard.probes._crash import classify_exception
 from nnwizard.probes._instrument import anomaly_origin, error_kind, expected_input, first_line, trace_modules, user_frame
-from nnwizard.probes.api import LinePlot, ProbeContext, Table, failed, passed, probe, skipped
+from nnwizard.probes.registration import _attribute_findings
+from nnwizard.probes.api import LinePlot, ProbeContext, Table, cannot_run, failed, passed, probe
 from nnwizard.target import user_source_files
 
 
@@ -41,8 +43,13 @@ def model_summary(ctx: ProbeContext):
         rows.append([name, type(child).__name__, n, t])
     table = Table("modules", "Top-level modules", ["module", "type", "parameters", "trainable"], rows,
                   marked=[i for i, r in enumerate(rows) if r[2] and not r[3]])
+    modules = len(list(model.modules()))
     data = dict(total=total, trainable=trainable, frozen_modules=frozen, model=type(model).__name__,
-                modules=len(list(model.modules())), frozen_fraction=round(1 - trainable / total, 4) if total else 0.0)
+                modules=modules, modules_s="" if modules == 1 else "s",
+                frozen_fraction=round(1 - trainable / total, 4) if total else 0.0)
+    if total == 0:  # layers or tensors the model holds outside nn.Module's registries
+        held = _attribute_findings(model, set())
+        data.update(held_outside=len(held), held_names=", ".join(h["attribute"] for h in held[:4]) or "none")
     head = f"{type(model).__name__}: {total:,} parameters, {trainable:,} trainable"
     if total == 0:
         return failed("no-parameters", f"{type(model).__name__} registers no parameters at all", **data)
@@ -86,7 +93,7 @@ def forward_shape(ctx: ProbeContext):
     layers = Table("layers", "Layer input and output shapes", ["module", "type", "input", "output"], rows, marked)
     if error is not None:
         bad = trace.failing
-        data.update(error=first_line(error), kind=error_kind(error), where=user_frame(error, files))
+        data.update(error=first_line(error), kind=error_kind(error), where=user_frame(error, files), training_raised=True)
         if bad is not None:
             module = trace.modules.get(bad.path)
             expects = expected_input(module) if module is not None else None
@@ -103,7 +110,7 @@ def forward_shape(ctx: ProbeContext):
         loss = target.loss_fn(outputs, targets)
     except Exception as exc:
         kind = error_kind(exc)
-        data.update(error=first_line(exc), kind=kind, where=user_frame(exc, files))
+        data.update(error=first_line(exc), kind=kind, where=user_frame(exc, files), training_raised=True)
         outcome = {"dtype": "loss-dtype", "label-range": "label-range", "shape": "loss-shape"}.get(kind, "loss-error")
         return failed(outcome, f"the loss raised on outputs {out_shape} / targets {data['target_shape']} "
                       f"({data['target_dtype']}): {data['error']}", [layers], **data)
@@ -226,7 +233,9 @@ def overfit_one_batch(ctx: ProbeContext):
             if step % 20 == 0:
                 ctx.progress(step / steps, f"step {step} loss {losses[-1]:.4g}")
     except Exception as exc:
-        data = dict(error=first_line(exc), kind=error_kind(exc), where=user_frame(exc, files), step=len(losses))
+        data = dict(error=first_line(exc), kind=error_kind(exc), where=user_frame(exc, files), step=len(losses),
+                    training_raised=True)
+        data["hypothesis"] = classify_exception(exc, model=model, loss_fn=target.loss_fn, files=files, targets=batch[1]).hypothesis
         if data["kind"] == "inplace":  # name the forward op whose saved output was overwritten
             replay = target.fresh_model(ctx.seed)
             data["origin"] = anomaly_origin(lambda: target.train_step(replay, batch, target.make_optimizer(replay)), files) or "?"
@@ -261,8 +270,8 @@ def overfit_one_batch(ctx: ProbeContext):
         return passed(text, "learns", [plot], **data)
     if cut and len(losses) < wanted and math.isfinite(last):
         # fewer steps than the test is calibrated for: "slow" or "stuck" would be a wrong verdict
-        return skipped(f"{text}: not learnt within the {len(losses)} steps the budget fits, too few to call it slow "
-                       f"or stuck (--budget to give it more)", **data)
+        return cannot_run(f"{text}: not learnt within the {len(losses)} steps the budget fits, too few to call it slow "
+                       f"or stuck (--budget to give it more)", **data, reason="budget")
     if last < 0.7 * first:
         return failed("slow", text, [plot], **data)
     return failed("stuck", text, [plot], **data)

@@ -124,7 +124,7 @@ def scheduler_cadence(ctx: ProbeContext):
                 per_epoch_opt.append(counts["opt"] - before["opt"])
     except Exception as exc:
         return failed("crashed", f"train_epoch raised with {name}: {first_line(exc)}", error=first_line(exc),
-                      scheduler=name)
+                      scheduler=name, training_raised=True)
     finally:
         handle.remove()
         del scheduler.step

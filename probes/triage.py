@@ -60,7 +60,10 @@ def _metrics(result) -> tuple[float | None, float | None]:
         if loss is None:
             loss = next((v for k, v in result.items() if "loss" in str(k).lower()), None)
         acc = next((v for k, v in result.items() if str(k).lower() in ("accuracy", "acc", "val_accuracy", "val_acc")), None)
-        return (None if loss is None else float(loss)), (None if acc is None else float(acc))
+        acc = None if acc is None else float(acc)
+        if acc is not None and acc > 1:  # a percentage (metric-audit checks which); above 100 it is no accuracy
+            acc = acc / 100 if acc <= 100 else None
+        return (None if loss is None else float(loss)), acc
     return (None if result is None else float(result)), None
 
 
@@ -80,7 +83,7 @@ def run_curves(ctx: ProbeContext, budget_s: float, max_epochs: int, max_steps: i
            "error": None, "epochs": 0, "stopped": None}
 
     def validate(at_step: int) -> None:
-        loader = target.loader("val", max_batches=val_batches)
+        loader = target.subset_loader("val", val_batches)  # its dataset is what it iterates
         if loader is None:
             return
         try:

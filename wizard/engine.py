@@ -13,7 +13,7 @@ from typing import Any, Callable, Protocol
 from nnwizard.budget import Budget
 from nnwizard.catalog import Catalog
 from nnwizard.isolation import GRACE_S, run_probe
-from nnwizard.probes.api import ProbeContext, ProbeResult, get, skipped
+from nnwizard.probes.api import ProbeContext, ProbeResult, cannot_run, could_not_run, get
 from nnwizard.ranking import Evidence, Ranked, rank
 from nnwizard.target import Target
 from nnwizard.tree import END, SYMPTOMS, Node, Tree
@@ -192,6 +192,8 @@ class Engine:
             else:
                 for c in node.conclude or []:
                     source = self._latest.get(c.source) if c.source else last
+                    if any(r is not None and could_not_run(r) for r in (source, last)):
+                        continue  # a probe that could not measure adds no evidence, for or against (CONTRACT §4)
                     evidence = Evidence(c.hypothesis, c.weight, quote(c.evidence, source), tree.id, name,
                                         source.id if source else None)
                     diagnosis.evidence.append(evidence)
@@ -267,7 +269,7 @@ class Engine:
             if ctx.allowance_s is not None:  # a safety net: the probe's planned steps fit its allowance
                 ctx.deadline = time.monotonic() + 1.25 * ctx.allowance_s + 3
         if reason is not None:
-            result = skipped(reason, budget_s=round(self.budget.total_s, 1))
+            result = cannot_run(reason, budget_s=round(self.budget.total_s, 1), reason="budget")
             result.id, result.params = spec.id, dict(node.params)
         else:
             result = run_probe(spec, ctx, limit, grace)
