@@ -125,6 +125,7 @@ def _softmax_signature(out: torch.Tensor) -> dict | None:
         "mixes": "outputs depend on other samples' inputs (the batch axis is mixed by another op)",
     },
     timeout_s=60,
+    cost=4,
 )
 def batch_independence(ctx: ProbeContext):
     target = ctx.target

@@ -111,7 +111,7 @@ def one_run(target, seed: int, steps: int, globals_too: bool) -> dict:
     optimizer = target.make_optimizer(model)
     scheduler = target.make_scheduler(optimizer)
     batches: list[str] = []
-    tapped = DeviceLoader(_Tap(loader, batches), target.device, steps)
+    tapped = DeviceLoader(_Tap(loader, batches), target.device, steps, target.sample_limit)
     losses: list[float] = []
     if target.user_train_epoch:
         losses.append(reference.as_float(target.user_train_epoch(model, tapped, target.loss_fn, optimizer, scheduler)))
@@ -214,10 +214,11 @@ def _cuda_report(target, seed: int) -> dict:
         "crashed": "the user's code raised during the runs",
     },
     timeout_s=60,
+    cost=12,
 )
 def determinism(ctx):
     target = ctx.target
-    steps = int(ctx.param("steps", 5))
+    steps = int(ctx.param("steps", 3 if target.sample_limit else 5))  # 3 when the session slices dear batches
     seed = ctx.seed
     files = user_source_files(target)
     unseeded, draws, seeds_globals = _scan(files)

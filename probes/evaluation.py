@@ -39,6 +39,7 @@ def _bn_stats(model: nn.Module) -> list[torch.Tensor]:
               "train-mode": "Dropout/BatchNorm ran in training mode during evaluate",
               "no-mode-layers": "the model has no Dropout or BatchNorm, so its mode does not change its outputs"},
     timeout_s=60,
+    cost=3,
 )
 def eval_mode_audit(ctx: ProbeContext):
     target = ctx.target
@@ -91,6 +92,7 @@ def eval_mode_audit(ctx: ProbeContext):
     title="Grad mode and autograd memory while the user's evaluate runs",
     outcomes={"ok": "evaluate runs under no_grad / inference_mode", "graph-built": "evaluate records an autograd graph"},
     timeout_s=60,
+    cost=3,
 )
 def no_grad_audit(ctx: ProbeContext):
     target = ctx.target

@@ -317,6 +317,7 @@ def _crash(audit: LoopAudit):
         "manual-update": "parameters changed without optimizer.step() (a hand-written update)",
     },
     timeout_s=60,
+    cost=14,
 )
 def step_audit(ctx: ProbeContext):
     audit = run_loop_audit(ctx.target, ctx.seed)
@@ -388,6 +389,7 @@ def step_audit(ctx: ProbeContext):
               "sum-reduction": "the loss doubles when the batch is duplicated: it sums over samples",
               "scaled-gradient": "the user's step applies a multiple of the mean-reduced gradient"},
     timeout_s=60,
+    cost=14,
 )
 def loss_scale_audit(ctx: ProbeContext):
     target = ctx.target
@@ -440,6 +442,7 @@ def loss_scale_audit(ctx: ProbeContext):
     outcomes={"ok": "the user's gradient points where the reference gradient points",
               "wrong-direction": "the user's gradient is unrelated to the reference: a different loss or target"},
     timeout_s=60,
+    cost=14,
 )
 def loss_target_audit(ctx: ProbeContext):
     target = ctx.target
@@ -617,6 +620,7 @@ def _cuts_in_forward(model: nn.Module, files: list[Path]) -> list[str]:
               "disconnected": "some trainable parameters get no gradient (.grad stays None)",
               "no-graph": "the loss has no graph at all although parameters require grad"},
     timeout_s=30,
+    cost=2,
 )
 def disconnected_params(ctx: ProbeContext):
     target = ctx.target

@@ -169,12 +169,14 @@ def _steadily_growing(series: list[int]) -> bool:
         "returns-graph": "the loop releases its graphs but returns a tensor still attached to the epoch's graph",
     },
     timeout_s=60,
+    cost=10,
 )
 def memory_growth(ctx: ProbeContext):
     target = ctx.target
     if not (target.user_train_epoch or target.user_train_step):
         return skipped("no user train_epoch or train_step: the reference loop keeps only numbers (loss.item())")
-    steps = int(ctx.param("steps", 8))
+    # 8 steps; 5 (still 4 increments to see a rise) when the session slices dear batches
+    steps = int(ctx.param("steps", 5 if target.sample_limit else 8))
     loader = target.loader("train", steps)
     steps = len(loader)
     if steps < 4:

@@ -35,6 +35,7 @@ def _mode_layers(model: nn.Module) -> dict[str, nn.Module]:
         "no-mode-layers": "the model has no Dropout or BatchNorm, so train/eval mode changes nothing",
     },
     timeout_s=60,
+    cost=6,
 )
 def mode_after_eval(ctx: ProbeContext):
     target = ctx.target

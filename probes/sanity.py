@@ -12,8 +12,12 @@ import torch
 from nnwizard.probes._crash import classify_exception
 from nnwizard.probes._instrument import anomaly_origin, error_kind, expected_input, first_line, trace_modules, user_frame
 from nnwizard.probes.registration import _attribute_findings
-from nnwizard.probes.api import LinePlot, ProbeContext, Table, failed, passed, probe
+from nnwizard.probes.api import LinePlot, ProbeContext, Table, cannot_run, failed, passed, probe
 from nnwizard.target import user_source_files
+
+
+MIN_OVERFIT_STEPS = 20  # below this a healthy model rarely memorises 16 samples; the probe is skipped
+CLEAR_DROP = 0.02       # when the budget cuts the run: a loss below 2% of its start is a clear outcome
 
 
 def _count(params) -> int:
@@ -165,15 +169,31 @@ def initial_loss(ctx: ProbeContext):
 
 
 def _true_loss(target, model, batch) -> float:
-    """loss_fn(model(x), y) on the batch in eval mode: what a correct step drives down."""
+    return _as_stepped(target, model, batch)[0]
+
+
+def _as_stepped(target, model, batch) -> tuple[float, float | None]:
+    """loss_fn(model(x), y) and accuracy on the batch as the step computes them (train mode: BatchNorm normalises by
+    the batch's own statistics) but without Dropout's noise, and without touching the running
+    statistics: what a correct step drives down. (Eval mode would read BatchNorm running statistics
+    that lag far behind the weights after a few dozen steps of a large network.)"""
     was_training = model.training
-    model.eval()
+    buffers = {k: v.detach().clone() for k, v in model.named_buffers()}
+    model.train()
+    for m in model.modules():
+        if isinstance(m, torch.nn.modules.dropout._DropoutNd):
+            m.eval()
     try:
         with torch.no_grad():
-            return float(target.loss_fn(model(batch[0]), batch[1]).float().mean())
+            outputs = model(batch[0])
+            return float(target.loss_fn(outputs, batch[1]).float().mean()), target.accuracy(outputs, batch[1])
     except Exception:  # the step's own crash is reported by the caller
-        return math.nan
+        return math.nan, None
     finally:
+        with torch.no_grad():
+            for k, v in model.named_buffers():
+                if k in buffers:
+                    v.copy_(buffers[k])
         model.train(was_training)
 
 
@@ -186,10 +206,15 @@ def _true_loss(target, model, batch) -> float:
               "diverged": "loss becomes NaN/Inf", "crashed": "the step raised",
               "target-mismatch": "the step's loss approaches zero while the loss against the targets does not"},
     timeout_s=120,
+    share=0.2,
 )
 def overfit_one_batch(ctx: ProbeContext):
     target = ctx.target
-    size, steps = int(ctx.param("samples", 16)), int(ctx.param("steps", 200))
+    size, wanted = int(ctx.param("samples", 16)), int(ctx.param("steps", 200))
+    steps = ctx.plan_steps(wanted, minimum=MIN_OVERFIT_STEPS, fixed=3)
+    if not steps:
+        return ctx.unaffordable(MIN_OVERFIT_STEPS, "steps overfitting one batch needs", wanted=wanted)
+    cut = steps < wanted
     batch = target.batch(size=size)
     model = target.fresh_model(ctx.seed)
     optimizer = target.make_optimizer(model)
@@ -202,6 +227,8 @@ def overfit_one_batch(ctx: ProbeContext):
         for step in range(steps):
             losses.append(target.train_step(model, batch, optimizer))
             if not math.isfinite(losses[-1]) or losses[-1] < 1e-4 or ctx.time_left() < 1:
+                break
+            if cut and losses[-1] < CLEAR_DROP * losses[0]:  # a clear outcome: no need for the rest
                 break
             if step % 20 == 0:
                 ctx.progress(step / steps, f"step {step} loss {losses[-1]:.4g}")
@@ -216,19 +243,17 @@ def overfit_one_batch(ctx: ProbeContext):
                       + (f" ({data['where']})" if data["where"] else "")
                       + (f"; autograd saved the result of {data['origin']}" if data.get("origin") else ""), **data)
     moved = max((float((p.detach() - b).abs().max()) for p, b in zip(model.parameters(), before)), default=0.0)
-    true_end = _true_loss(target, model, batch)
-    model.eval()
-    with torch.no_grad():
-        accuracy = target.accuracy(model(batch[0]), batch[1])
+    true_end, accuracy = _as_stepped(target, model, batch)
     first, last = losses[0], losses[-1]
     best = min((l for l in losses if math.isfinite(l)), default=math.nan)
     fn = "train_step" if target.user_train_step else "the reference step"
-    data = dict(samples=len(batch[1]), steps=len(losses), first_loss=first, final_loss=last, best_loss=best,
+    data = dict(samples=len(batch[1]), steps=len(losses), planned_steps=steps, wanted_steps=wanted, first_loss=first, final_loss=last, best_loss=best,
                 ratio=(last / first) if first else math.nan, accuracy=accuracy, max_param_change=moved,
                 step_fn=fn, seconds=round(time.monotonic() - started, 2), true_start=true_start, true_end=true_end)
     plot = LinePlot("curve", f"Overfitting {len(batch[1])} samples ({fn})", {"loss": losses}, logy=all(l > 0 for l in losses if math.isfinite(l)))
     acc = f", accuracy {accuracy:.0%}" if accuracy is not None else ""
-    text = f"{len(batch[1])} samples, {len(losses)} steps of {fn}: loss {first:.4g} -> {last:.4g}{acc}"
+    ran = f"{len(losses)} steps" if not cut else f"{len(losses)} steps (of {wanted} wanted; the budget fits {steps})"
+    text = f"{len(batch[1])} samples, {ran} of {fn}: loss {first:.4g} -> {last:.4g}{acc}"
     if not math.isfinite(last):
         bad = next(i for i, l in enumerate(losses) if not math.isfinite(l))
         data["nan_step"] = bad
@@ -243,6 +268,10 @@ def overfit_one_batch(ctx: ProbeContext):
                       f"{true_end:.4g}: the step minimises a different loss", [plot], **data)
     if learned:
         return passed(text, "learns", [plot], **data)
+    if cut and len(losses) < wanted and math.isfinite(last):
+        # fewer steps than the test is calibrated for: "slow" or "stuck" would be a wrong verdict
+        return cannot_run(f"{text}: not learnt within the {len(losses)} steps the budget fits, too few to call it slow "
+                       f"or stuck (--budget to give it more)", **data, reason="budget")
     if last < 0.7 * first:
         return failed("slow", text, [plot], **data)
     return failed("stuck", text, [plot], **data)

@@ -79,6 +79,7 @@ def _replay(target, seed: int, cadence: str, steps: int, per_epoch: int) -> list
               "never-stepped": "train_epoch never calls scheduler.step()",
               "crashed": "train_epoch raised"},
     timeout_s=60,
+    cost=10,
 )
 def scheduler_cadence(ctx: ProbeContext):
     target = ctx.target

@@ -78,6 +78,7 @@ class Report(BaseModel):
     interrupted: bool = False
     duration_s: float = 0.0
     environment: dict[str, str] = {}
+    budget: dict[str, Any] = {}  # the cost model: step time measured, budget, plain steps used
 
 
 def not_run(diagnosis: Diagnosis) -> list[NotRun]:
@@ -153,6 +154,7 @@ def build(diagnosis: Diagnosis) -> Report:
         interrupted=diagnosis.interrupted,
         duration_s=diagnosis.duration_s,
         environment=collect(diagnosis.target.device),
+        budget=_jsonable(diagnosis.budget.as_dict()) if diagnosis.budget is not None else {},
     )
 
 

@@ -53,20 +53,29 @@ def to_device(obj: Any, device: torch.device) -> Any:
     return obj
 
 
+def cut(batch: Any, samples: int | None) -> Any:
+    """The first ``samples`` samples of a batch's tensors (all of it when None)."""
+    if samples is None or not isinstance(batch, (tuple, list)):
+        return batch
+    return type(batch)(b[:samples] if isinstance(b, torch.Tensor) and b.dim() else b for b in batch)
+
+
 class DeviceLoader:
-    """Iterates a DataLoader moving each batch to the device, optionally stopping after n batches.
+    """Iterates a DataLoader moving each batch to the device, optionally stopping after n batches
+    and cutting each batch to its first ``samples`` samples.
 
     Other attributes (``dataset``, ``batch_size``, ``sampler``...) are forwarded to the loader."""
 
-    def __init__(self, loader: DataLoader, device: torch.device, max_batches: int | None = None):
-        self.loader, self.device, self.max_batches = loader, device, max_batches
+    def __init__(self, loader: DataLoader, device: torch.device, max_batches: int | None = None,
+                 samples: int | None = None):
+        self.loader, self.device, self.max_batches, self.samples = loader, device, max_batches, samples
 
     def __iter__(self):
         batches = iter(self.loader)
         if self.max_batches is not None:
             batches = itertools.islice(batches, self.max_batches)
         for batch in batches:
-            yield to_device(batch, self.device)
+            yield to_device(cut(batch, self.samples), self.device)
 
     def __len__(self) -> int:
         n = len(self.loader)
@@ -95,6 +104,9 @@ class Target:
     loss_fn: Callable
     task: str
     num_classes: int | None = None
+    # samples per batch the probes train on, set by the session's cost model when the user's
+    # batch is too dear to step through a diagnosis (None: the user's batches as they are)
+    sample_limit: int | None = None
     task_source: str = ""
     _batches: dict[str, list] = field(default_factory=dict, repr=False)
 
@@ -134,7 +146,7 @@ class Target:
 
     def loader(self, split: str = "train", max_batches: int | None = None) -> DeviceLoader | None:
         base = self.train_loader if split == "train" else self.val_loader
-        return None if base is None else DeviceLoader(base, self.device, max_batches)
+        return None if base is None else DeviceLoader(base, self.device, max_batches, self.sample_limit)
 
     def subset_loader(self, split: str = "val", max_batches: int | None = None) -> DeviceLoader | None:
         """A real DataLoader over the first ``max_batches`` batches' worth of the split's samples, in
@@ -168,7 +180,7 @@ class Target:
                 cached[:] = [to_device(b, torch.device("cpu")) for b in itertools.islice(iter(base), n)]
             finally:
                 torch.random.set_rng_state(state)
-        return [to_device(b, self.device) for b in cached[:n]]
+        return [to_device(cut(b, self.sample_limit), self.device) for b in cached[:n]]
 
     def batch(self, split: str = "train", size: int | None = None):
         """One fixed batch (inputs, targets) on the device, cut to ``size`` samples if given."""

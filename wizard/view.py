@@ -26,7 +26,9 @@ class TerminalView:
         if self.quiet:
             return
         c = self.console
-        if event.kind == "tree-start":
+        if event.kind == "budget":
+            c.print(f"[dim]{event.data['text']}[/]", highlight=False)
+        elif event.kind == "tree-start":
             c.print(f"\n[bold cyan]▶ {event.data['title']}[/] [dim]({event.tree})[/]")
         elif event.kind == "probe-start":
             self._stop()
