@@ -300,7 +300,7 @@ def test_audits_quiet_on_correct_variants(tmp_path, variant):
     target = record(write(tmp_path, *edits))
     for probe_id in probes.split():
         result = get(probe_id)(ProbeContext(target))
-        assert result.status == "passed", (probe_id, result.summary)
+        assert result.status in ("passed", "skipped"), (probe_id, result.summary)
 
 
 # ------------------------------------------------------------------------------------ end to end
