@@ -1,4 +1,6 @@
-"""The plain training scripts in examples/scripts/ and what each declares it should be diagnosed as.
+"""The plain training scripts in examples/scripts/, what each declares it should be diagnosed as,
+and how a user runs script mode on one (the CLI in a subprocess): shared by the tests and the
+accuracy benchmark.
 
 Each script states its expectation in comment lines near its top, read here without running it:
 
@@ -8,7 +10,12 @@ Each script states its expectation in comment lines near its top, read here with
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,3 +63,31 @@ def script_examples(only: list[str] | None = None) -> list[ScriptExample]:
     """Every example script (sorted by name), or those named in ``only``."""
     found = [read_expectation(p) for p in sorted(SCRIPTS.glob("*.py"))]
     return [s for s in found if not only or s.name in only]
+
+
+def script_mode_available() -> bool:
+    """Whether the installed CLI has ``nnwizard diagnose --script`` (CONTRACT section 6)."""
+    done = subprocess.run([sys.executable, "-m", "nnwizard", "diagnose", "--help"], capture_output=True, text=True,
+                          env={**os.environ, "COLUMNS": "200"}, timeout=120)
+    return "--script" in done.stdout
+
+
+def diagnose_with_cli(path: Path, symptoms, workdir: Path, seed: int = 0, timeout_s: float = 300,
+                      env: dict | None = None) -> tuple[dict | None, str | None, float]:
+    """``nnwizard diagnose --script PATH --non-interactive`` in a subprocess run from ``workdir``, as
+    a user would: (JSON report or None, error or None, wall seconds)."""
+    out = Path(workdir) / "report.json"
+    cmd = [sys.executable, "-m", "nnwizard", "diagnose", "--script", str(path), "--non-interactive",
+           "--device", "cpu", "--seed", str(seed), "--json", str(out), "--quiet"]
+    for symptom in symptoms:
+        cmd += ["--symptom", symptom]
+    started = time.monotonic()
+    try:
+        done = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=timeout_s, env=env)
+    except subprocess.TimeoutExpired:
+        return None, f"timed out after {timeout_s:.0f} s", time.monotonic() - started
+    seconds = time.monotonic() - started
+    if done.returncode not in (0, 1) or not out.exists():
+        tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-6:])
+        return None, f"exit {done.returncode}: {tail}", seconds
+    return json.loads(out.read_text()), None, seconds

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ast
 import functools
-import json
 import os
 import random
 import runpy
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from examples._scripts import script_examples
+from examples._scripts import diagnose_with_cli, script_examples, script_mode_available
 
 ROOT = Path(__file__).resolve().parents[1]
 ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # tiny models, shared CPU
@@ -102,28 +101,15 @@ def test_every_script_runs_under_plain_python(tmp_path):
 
 @functools.lru_cache(maxsize=1)
 def _script_mode() -> bool:
-    """Whether this branch's CLI has ``diagnose --script`` (CONTRACT §6)."""
-    done = subprocess.run([sys.executable, "-m", "nnwizard", "diagnose", "--help"], capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "COLUMNS": "200"})
-    return "--script" in done.stdout
-
-
-def diagnose_script(path: Path, symptoms, out: Path) -> dict:
-    """The JSON report of ``nnwizard diagnose --script path`` run as a user would (a subprocess)."""
-    cmd = [sys.executable, "-m", "nnwizard", "diagnose", "--script", str(path), "--non-interactive",
-           "--device", "cpu", "--json", str(out), "--quiet"]
-    for s in symptoms:
-        cmd += ["--symptom", s]
-    done = subprocess.run(cmd, cwd=out.parent, capture_output=True, text=True, timeout=300, env=ONE_THREAD)
-    assert done.returncode in (0, 1), f"exit {done.returncode}\n{done.stdout[-1500:]}\n{done.stderr[-1500:]}"
-    return json.loads(out.read_text())
+    return script_mode_available()
 
 
 def _check_verdict(name: str, tmp_path: Path) -> None:
     if not _script_mode():
         pytest.skip("script mode (`nnwizard diagnose --script`) is not on this branch yet")
     script = BY_NAME[name]
-    report = diagnose_script(script.path, script.symptoms, tmp_path / "report.json")
+    report, error, _ = diagnose_with_cli(script.path, script.symptoms, tmp_path, env=ONE_THREAD)
+    assert error is None, error
     assert report.get("mode") == "script"
     findings = [h["id"] for h in report["hypotheses"] if h["confidence"] >= 0.5]
     if script.healthy:
