@@ -68,6 +68,10 @@ def render_markdown(report: Report, diagnosis: Diagnosis, path: str | Path) -> P
             out += ["", f"**Fix.** {h.fix}", ""]
             if h.snippet:
                 out += ["```python", h.snippet.rstrip(), "```", ""]
+    if report.script:
+        from nnwizard.script_view import markdown_lines
+
+        out += markdown_lines(report.script)
     if report.answers:
         out += ["## Answers", "", *_table(["question", "answer"], [[k, v] for k, v in report.answers.items()]), ""]
     out += ["## Probes", ""]

@@ -65,13 +65,15 @@ class Report(BaseModel):
     interrupted: bool = False
     duration_s: float = 0.0
     environment: dict[str, str] = {}
+    mode: str = "module"                 # "script" for --script (CONTRACT §6)
+    script: dict[str, Any] | None = None  # script mode: what the run did (models, optimizers, trace, output)
 
 
 def verdict(diagnosis: Diagnosis) -> Verdict:
     if any(h.confidence >= FINDING for h in diagnosis.ranked):
         return "problems-found"
     ran = [r for r in diagnosis.results if r.status in ("passed", "failed")]
-    if diagnosis.interrupted or not ran:
+    if diagnosis.interrupted or not ran or getattr(diagnosis.target, "crashed", False):
         return "inconclusive"
     return "healthy"
 
@@ -121,6 +123,8 @@ def build(diagnosis: Diagnosis) -> Report:
         interrupted=diagnosis.interrupted,
         duration_s=diagnosis.duration_s,
         environment=collect(diagnosis.target.device),
+        mode=getattr(diagnosis.target, "mode", "module"),
+        script=_jsonable(diagnosis.target.observed()) if getattr(diagnosis.target, "mode", "") == "script" else None,
     )
 
 
