@@ -580,10 +580,15 @@ def trace_graph(ctx: ProbeContext):
     if rec.graph_kept:
         return failed("kept", f"a loss tensor whose backward already ran was used in arithmetic that keeps a graph "
                       f"alive into the next step ({data['kept']}): accumulate loss.item() instead", **data)
-    if len(alive) >= 4 and alive[-1] >= 3 and alive[-1] >= alive[len(alive) // 2] + 2:
-        return failed("stored", f"{alive[-1]} loss tensors whose backward already ran were still referenced after step "
-                      f"{len(alive)} (growing from {alive[len(alive) // 2]} at step {len(alive) // 2 + 1}): they are "
-                      f"kept (e.g. appended to a list) with their graphs", **data)
+    streak, best, peak_at = 0, 0, 0
+    for i in range(1, len(alive)):
+        streak = streak + 1 if alive[i] > alive[i - 1] else 0
+        if streak > best:
+            best, peak_at = streak, i
+    if best >= 3 and max(alive) >= 3:
+        return failed("stored", f"{alive[peak_at]} loss tensors whose backward already ran were still referenced at step "
+                      f"{peak_at + 1}, one more after every step for {best} steps: they are kept (e.g. appended to a list "
+                      f"instead of loss.item()) with their graphs", **data)
     return passed(f"no backpropagated loss outlived its step over {len(rec.steps)} steps", **data)
 
 

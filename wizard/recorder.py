@@ -378,6 +378,18 @@ class Recorder:
             return zero_grad
 
         self._patch(torch.optim.Optimizer, "zero_grad", zero_grad_patch)
+
+        def init_patch(original):
+            @functools.wraps(original)
+            def __init__(this, *args, **kwargs):
+                original(this, *args, **kwargs)
+                try:
+                    rec._optimizer_info(this)
+                except Exception:  # noqa: BLE001 - recording must never break the user's optimizer
+                    pass
+            return __init__
+
+        self._patch(torch.optim.Optimizer, "__init__", init_patch)
         self._patch(nn.Module, "zero_grad", zero_grad_patch)
 
         def backward_patch(original):
@@ -643,7 +655,7 @@ class Recorder:
                 try:
                     if y.shape == x.shape and y.dtype == x.dtype and y is not x and not y.requires_grad and torch.equal(y, x.detach()):
                         same = True
-                    elif x.dim() == 2 and y.dim() == 1 and not y.is_floating_point() and len(y) == len(x) and x.shape[1] > 2 \
+                    elif x.dim() == 2 and y.dim() == 1 and not y.is_floating_point() and len(y) == len(x) and x.shape[1] >= 2 \
                             and torch.equal(y, x.detach().argmax(1)):
                         same = True
                 except RuntimeError:
@@ -734,13 +746,13 @@ class Recorder:
             name = getattr(func, "__name__", str(func)).strip("_")
             self._kept.append((f"{name} at {where}", weakref.ref(out)))
 
-    def _confirm_kept(self) -> None:
+    def _confirm_kept(self, count: bool = True) -> None:
         rec = self.recording
         for text, ref in self._kept:
             if ref() is not None and text not in rec.graph_kept and len(rec.graph_kept) < 8:
                 rec.graph_kept.append(text)
         self._kept = []
-        if self._spent_all:
+        if self._spent_all and count:
             alive = sum(1 for r in self._spent_all if r() is not None)
             rec.alive_losses.append(alive)
 
@@ -879,7 +891,7 @@ class Recorder:
         """Close what is still open (called on exit): pending forwards with no backward are evaluation."""
         rec = self.recording
         rec.seconds = round(self.now(), 3)
-        self._confirm_kept()
+        self._confirm_kept(count=False)
         self._spent_all = []
         self._spent = {}
         for item in self._pending_forwards + self._pending_losses:

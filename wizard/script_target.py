@@ -218,12 +218,13 @@ class ScriptTarget(Target):
         return None
 
     def batches(self, n: int, split: str = "train") -> list:
-        if split != "train":
+        from nnwizard.target import cut, to_device
+
+        if split != "train" or not self.capturable:
             return []
-        self.require_capture()
         pairs = self.pairs
-        out = [pairs[i % len(pairs)] for i in range(n)] if pairs else []
-        return [(x.to(self.device), y.to(self.device)) for x, y in out]
+        out = [pairs[i % len(pairs)] for i in range(n)]
+        return [to_device(cut(b, self.sample_limit), self.device) for b in out]
 
     @property
     def crashed(self) -> bool:

@@ -6,8 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nnwizard.budget import calibrate
 from nnwizard.catalog import load_catalog
-from nnwizard.engine import Diagnosis, Engine
+from nnwizard.engine import Diagnosis, Engine, Event
 from nnwizard.errors import ExitCode, UsageError
 from nnwizard.isolation import preserved_state, seed_everything
 from nnwizard.prompts import SYMPTOMS_KEY, QuestionaryPrompter, ScriptedPrompter, load_answers, save_answers
@@ -29,6 +30,7 @@ class Options:
     interactive: bool = False
     trees_dir: Path | None = None
     probe_timeout: float | None = None
+    budget: float | None = None  # seconds for the whole diagnosis (None: from the measured step time)
     save_answers: Path | None = None
     quiet: bool = False
     script: str | None = None          # script mode (CONTRACT §6): the script path or dotted name
@@ -40,6 +42,8 @@ def _check_outputs(opts: Options) -> None:
     for flag, path in (("--json", opts.json_path), ("--report", opts.report_path)):
         if path is not None and not Path(path).resolve().parent.is_dir():
             raise UsageError(f"{flag} {path}: the folder {Path(path).resolve().parent} does not exist")
+    if opts.budget is not None and not opts.budget > 0:
+        raise UsageError(f"--budget {opts.budget}: expected a positive number of seconds")
     unknown = [s for s in opts.symptoms if s not in SYMPTOMS]
     if unknown:
         raise UsageError(f"--symptom {unknown[0]!r}: unknown; choose from {', '.join(SYMPTOMS)}")
@@ -99,7 +103,12 @@ def diagnose(opts: Options, listener=None) -> Diagnosis:
                 return Diagnosis(target, opts.seed, symptoms=[], given_symptoms=list(opts.symptoms),
                                  answers={k: v for k, v in answers.items() if k != SYMPTOMS_KEY})
         prompter = QuestionaryPrompter(answers) if opts.interactive else ScriptedPrompter(answers)
-        engine = Engine(target, trees, catalog, prompter, seed=opts.seed, probe_timeout=opts.probe_timeout, listener=listener)
+        budget = calibrate(target, opts.budget, min(60.0, opts.probe_timeout or 60.0))
+        target.sample_limit = budget.batch
+        if listener is not None:
+            listener(Event("budget", data={"text": budget.describe(), "budget": budget}))
+        engine = Engine(target, trees, catalog, prompter, seed=opts.seed, probe_timeout=opts.probe_timeout,
+                        listener=listener, budget=budget)
         preset = {k: v for k, v in answers.items() if k != SYMPTOMS_KEY}
         return engine.run(answers.get(SYMPTOMS_KEY), preset)
 
