@@ -690,7 +690,8 @@ def trace_crash(ctx: ProbeContext):
     hypothesis, sentence = None, ""
     if err.exception is not None:
         try:
-            c = classify_exception(err.exception, model=info.module if info else None, files=files)
+            targets = rec.failed_loss[1] if rec.failed_loss else None
+            c = classify_exception(err.exception, model=info.module if info else None, files=files, targets=targets)
             data.update({k: v for k, v in c.as_dict().items() if k not in ("hypothesis",)})
             hypothesis, sentence = c.hypothesis, c.sentence or ""
         except Exception as exc:  # noqa: BLE001 - the classifier failing leaves the raw exception as the evidence
@@ -702,3 +703,50 @@ def trace_crash(ctx: ProbeContext):
         return failed(hypothesis, f"{text}; {sentence}" if sentence and sentence not in text else text, **data)
     data["training_raised"] = True
     return failed("other", text, **data)
+
+
+@probe(
+    "trace-loss-input",
+    title="Is what the script feeds its loss what that loss expects (logits, log-probabilities, probabilities)?",
+    outcomes={"ok": "the loss inputs have the form the loss expects",
+              "double-softmax": "cross_entropy gets probabilities (rows in [0, 1] summing to 1): softmax applied twice",
+              "probs-to-nll": "nll_loss gets probabilities instead of log-probabilities",
+              "logits-to-nll": "nll_loss gets raw logits instead of log-probabilities",
+              "double-sigmoid": "binary_cross_entropy_with_logits gets values already squashed into [0, 1]"},
+    timeout_s=10,
+)
+def trace_loss_input(ctx: ProbeContext):
+    import torch
+
+    rec = _rec(ctx)
+    if rec is None:
+        return _not_script()
+    calls = [c for c in rec.loss_calls if c.inputs is not None and isinstance(c.inputs, torch.Tensor)
+             and c.inputs.is_floating_point() and c.inputs.numel()]
+    if not calls:
+        return skipped("no loss input was captured")
+    call = calls[0]
+    x = torch.cat([c.inputs.float().reshape(-1, c.inputs.shape[1] if c.inputs.dim() > 1 else 1) for c in calls
+                   if c.fn == call.fn and c.inputs.dim() == call.inputs.dim() and c.inputs.shape[1:] == call.inputs.shape[1:]])
+    data: dict[str, Any] = dict(fn=call.fn, rows=len(x), min=float(x.min()), max=float(x.max()))
+    if call.fn in ("cross_entropy", "nll_loss") and x.dim() == 2 and x.shape[1] >= 2:
+        sums = x.sum(1)
+        probs = bool((x >= 0).all() and (x <= 1).all() and ((sums - 1).abs() < 1e-3).all())
+        lse = torch.logsumexp(x, 1)
+        data.update(row_sum_mean=float(sums.mean()), logsumexp_mean=float(lse.mean()))
+        if probs and call.fn == "cross_entropy":
+            return failed("double-softmax", f"all {len(x)} rows {call.fn} received are probabilities (in [0, 1], summing "
+                          f"to 1): the model already applies softmax and cross_entropy applies log_softmax again, "
+                          f"which flattens the gradient", **data)
+        if call.fn == "nll_loss" and probs:
+            return failed("probs-to-nll", f"nll_loss received probabilities (rows sum to 1, values in [0, 1]) where it "
+                          f"needs log-probabilities (log_softmax)", **data)
+        if call.fn == "nll_loss" and (lse - 0).abs().mean() > 0.1:
+            return failed("logits-to-nll", f"nll_loss received rows whose logsumexp is {float(lse.mean()):.3g}, not 0: raw "
+                          f"logits where it needs log_softmax outputs", **data)
+    if call.fn == "binary_cross_entropy_with_logits" and bool((x >= 0).all() and (x <= 1).all()) and len(x) >= 8:
+        return failed("double-sigmoid", f"binary_cross_entropy_with_logits received only values in [0, 1] (min "
+                      f"{data['min']:.3g}, max {data['max']:.3g}): a sigmoid was applied before a loss that applies its own",
+                      **data)
+    return passed(f"{call.fn} receives inputs of the form it expects ({len(x)} rows, range {data['min']:.3g} .. {data['max']:.3g})",
+                  **data)

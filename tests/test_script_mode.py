@@ -217,7 +217,7 @@ def healthy(tmp_path_factory):
 
 AUDITS = ["trace-zero-grad", "trace-backward-step", "trace-optimizer", "trace-disconnected", "trace-eval-mode",
           "trace-eval-grad", "trace-train-mode", "trace-scheduler", "trace-loss-scale", "trace-loss-target",
-          "trace-graph", "trace-nan", "trace-crash"]
+          "trace-graph", "trace-nan", "trace-crash", "trace-loss-input"]
 
 
 @pytest.mark.parametrize("probe_id", AUDITS)
@@ -263,6 +263,8 @@ FAULTS = {
                     ("X = torch.randn(256, 8)", "X = torch.randn(256, 8) * 30")], "trace-nan", None),
     "idle-optimizer": ([("opt = torch.optim.SGD(model.parameters(), lr=0.1)", "opt = torch.optim.SGD(model[3].parameters(), lr=0.1)\nenc = torch.optim.SGD(model[0].parameters(), lr=0.1)"),
                         ("opt.zero_grad()", "opt.zero_grad(); enc.zero_grad()")], "trace-backward-step", "optimizer-never-steps"),
+    "double-softmax": ([("nn.Linear(16, 2))", "nn.Linear(16, 2), nn.Softmax(dim=1))")], "trace-loss-input", "double-softmax"),
+    "crash-label-dtype": ([("loss = crit(out, y)", "loss = crit(out, y.float())")], "trace-crash", "labels-wrong-dtype"),
     "crash-shape": ([("nn.Linear(8, 16)", "nn.Linear(9, 16)")], "trace-crash", "layer-shape-mismatch"),
     "crash-range": ([("nn.Linear(16, 2))", "nn.Linear(16, 2))\nY[3] = 5")], "trace-crash", "labels-out-of-range"),
 }

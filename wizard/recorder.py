@@ -223,6 +223,7 @@ class Recording:
     error: RecordedError | None = None
     stopped: str | None = None   # why the run was cut short (budget), None when it ended by itself
     listener_errors: int = 0
+    failed_loss: tuple | None = None  # (function name, target) of a loss call that raised
     notes: list[str] = field(default_factory=list)   # what the recording changed (e.g. worker processes off)
     seconds: float = 0.0
     mode: str = "full"
@@ -633,6 +634,10 @@ class Recorder:
             rec._in_loss += 1
             try:
                 value = original(*args, **kwargs)
+            except Exception:
+                y = args[1] if len(args) > 1 else kwargs.get("target")
+                rec.recording.failed_loss = (name, cpu_copy(y) if isinstance(y, torch.Tensor) else None)
+                raise
             finally:
                 rec._in_loss -= 1
             try:
