@@ -873,7 +873,10 @@ class Recorder:
         step.grads_total, step.grads_none = len(trainable), len(trainable) - len(grads)
         if grads:
             norms = torch._foreach_norm(grads)
-            total = float(torch.linalg.vector_norm(torch.stack([n.float() for n in norms])))
+            try:
+                total = float(torch.linalg.vector_norm(torch.stack(norms)))
+            except RuntimeError:  # mixed dtypes or devices
+                total = math.sqrt(sum(float(n) ** 2 for n in norms))
             step.grad_norm = total
             step.grads_nonfinite = not math.isfinite(total)
         else:
