@@ -65,7 +65,10 @@ def parse_fail_on(value: str | None) -> float | None:
 
 @app.command()
 def diagnose(
-    module: str = typer.Option(..., "--module", "-m", help="Training module: mypkg.train, path/to/train.py, optionally :attr."),
+    module: Optional[str] = typer.Option(None, "--module", "-m", help="Training module: mypkg.train, path/to/train.py, optionally :attr."),
+    script: Optional[str] = typer.Option(None, "--script", help="An unmodified training script (path or dotted name), run as `python train.py ARGS` would; ARGS go after `--`."),
+    max_steps: Optional[int] = typer.Option(None, "--max-steps", help="Script mode: stop the script after this many optimizer steps (default 60)."),
+    script_args: Optional[List[str]] = typer.Argument(None, help="Script mode: arguments for the script, after `--`."),
     symptom: Optional[List[str]] = typer.Option(None, "--symptom", "-s", help="What you see (repeatable): nan, flat, oscillating, overfitting, underfitting, val-suspicious, crash, not-reproducible, auto."),
     answers: Optional[Path] = typer.Option(None, "--answers", help="YAML/JSON file of answers (as saved by an interactive session)."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the JSON report here."),
@@ -80,14 +83,15 @@ def diagnose(
     save_answers_path: Optional[Path] = typer.Option(None, "--save-answers", help="Where an interactive session saves its answers (default nnwizard-answers.yaml)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Only the final table."),
 ) -> None:
-    """Diagnose a training module: ask what you see, measure, and rank the hypotheses."""
+    """Diagnose a training module or script: ask what you see, measure, and rank the hypotheses."""
     from nnwizard.session import Options, run_session
 
     code = run_session(Options(
         module=module, symptoms=list(symptom or []), answers=answers, json_path=json_path, report_path=report_path,
         device=device, seed=seed, fail_on=parse_fail_on(fail_on),
         interactive=not non_interactive and sys.stdin.isatty(), trees_dir=trees, probe_timeout=probe_timeout,
-        budget=budget, save_answers=save_answers_path, quiet=quiet,
+        budget=budget, save_answers=save_answers_path, quiet=quiet, script=script, script_args=list(script_args or []),
+        max_steps=max_steps,
     ))
     raise typer.Exit(int(code))
 

@@ -75,6 +75,10 @@ def render_markdown(report: Report, diagnosis: Diagnosis, path: str | Path) -> P
         out += ["## Not run", "", "These probes could not measure (they add no evidence for or against anything), or "
                 "training raised in a way no hypothesis explains (why: training-raised).", "",
                 *_table(["probe", "status", "why", "reason"], [[f"`{n.probe}`", n.status, n.why, n.reason] for n in report.not_run]), ""]
+    if report.script:
+        from nnwizard.script_view import markdown_lines
+
+        out += markdown_lines(report.script)
     if report.answers:
         out += ["## Answers", "", *_table(["question", "answer"], [[k, v] for k, v in report.answers.items()]), ""]
     out += ["## Probes", ""]

@@ -78,6 +78,8 @@ class Report(BaseModel):
     interrupted: bool = False
     duration_s: float = 0.0
     environment: dict[str, str] = {}
+    mode: str = "module"                 # "script" for --script (CONTRACT §6)
+    script: dict[str, Any] | None = None  # script mode: what the run did (models, optimizers, trace, output)
     budget: dict[str, Any] = {}  # the cost model: step time measured, budget, plain steps used
 
 
@@ -101,7 +103,7 @@ def verdict(diagnosis: Diagnosis, missing: list[NotRun] | None = None) -> Verdic
         return "problems-found"
     ran = [r for r in diagnosis.results if r.status in ("passed", "failed")]
     missing = not_run(diagnosis) if missing is None else missing
-    if diagnosis.interrupted or not ran or missing or any(r.data.get("training_raised") for r in diagnosis.results):
+    if diagnosis.interrupted or not ran or missing or getattr(diagnosis.target, "crashed", False) or getattr(diagnosis.target, "untrained", False) or any(r.data.get("training_raised") for r in diagnosis.results):
         return "inconclusive"
     return "healthy"
 
@@ -154,6 +156,8 @@ def build(diagnosis: Diagnosis) -> Report:
         interrupted=diagnosis.interrupted,
         duration_s=diagnosis.duration_s,
         environment=collect(diagnosis.target.device),
+        mode=getattr(diagnosis.target, "mode", "module"),
+        script=_jsonable(diagnosis.target.observed()) if getattr(diagnosis.target, "mode", "") == "script" else None,
         budget=_jsonable(diagnosis.budget.as_dict()) if diagnosis.budget is not None else {},
     )
 

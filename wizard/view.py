@@ -48,6 +48,15 @@ class TerminalView:
             c.print(f"    [{style}]{sign} {e.hypothesis}[/] [dim]{abs(e.weight):.2f}[/]", highlight=False)
         elif event.kind == "question":
             self._stop()
+        elif event.kind == "script-start":
+            self._stop()
+            d = event.data
+            c.print(f"[bold cyan]▶ Running {d['script']} {' '.join(d['args'])}[/] [dim](at most {d['max_steps']} optimizer "
+                    f"steps; its output and files are kept aside)[/]", highlight=False)
+        elif event.kind == "script-observed":
+            from nnwizard.script_view import print_observed
+
+            print_observed(c, event.data["observed"])
 
     def _stop(self) -> None:
         if self._status is not None:
