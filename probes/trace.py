@@ -181,6 +181,7 @@ def trace_zero_grad(ctx: ProbeContext):
               "manual-update": "the parameters changed without an optimizer (a hand-written update)",
               "no-grad-at-step": "optimizer.step() ran but none of its parameters had a gradient",
               "no-update": "optimizer.step() ran with gradients but no parameter changed",
+              "optimizer-never-steps": "one of several optimizers was built but never stepped",
               "no-training": "no model and no loss in grad mode: nothing to audit"},
     timeout_s=10,
 )
@@ -211,6 +212,15 @@ def trace_backward_step(ctx: ProbeContext):
                           f"parameter changed", **data)
         return failed("no-step", f"backward() ran {rec.backwards} times but optimizer.step() was never called: every "
                       f"parameter is exactly as it was", **data)
+    idle = idle_optimizers(rec)
+    if idle:
+        o = idle[0]
+        data.update(idle=o.name, idle_index=o.index, idle_values=sum(g["values"] for g in o.groups),
+                    idle_models=", ".join(rec.models[i].name for i in o.models) or "?")
+        return failed("optimizer-never-steps", f"optimizer {o.index} ({o.name} over {data['idle_values']:,} values of "
+                      f"{data['idle_models']}) was built{' and zeroed' if rec.zero_grads else ''} but never stepped, while "
+                      f"{len(rec.steps)} steps of the other optimizer(s) ran: its parameters get gradients and never change",
+                      **data)
     norms = [s.grad_norm or 0.0 for s in rec.steps]
     data.update(grad_norm=max(norms), first_grad_norm=norms[0])
     if max(norms) == 0 and all(s.grads_none == s.grads_total for s in rec.steps):
@@ -226,6 +236,23 @@ def trace_backward_step(ctx: ProbeContext):
                       f"{max(norms):.3g} but no parameter changed (lr {rec.steps[0].lrs})", **data)
     return passed(f"{rec.backwards} backward() and {len(rec.steps)} optimizer.step() calls; gradient norm "
                   f"{norms[0]:.3g} at the first step; largest parameter change {max(updates, default=0.0):.3g}", **data)
+
+
+def idle_optimizers(rec) -> list:
+    """Optimizers built over trainable parameters that never stepped while others did; a wrapper
+    (its parameters all held by an optimizer that steps: accelerate, Lightning) does not count."""
+    stepped = [o for o in rec.optimizers if o.steps]
+    if not stepped:
+        return []
+    held = {id(p) for o in stepped for g in o.optimizer.param_groups for p in g["params"]}
+    idle = []
+    for o in rec.optimizers:
+        if o.steps:
+            continue
+        params = [p for g in o.optimizer.param_groups for p in g["params"] if p.requires_grad]
+        if params and not all(id(p) in held for p in params):
+            idle.append(o)
+    return idle
 
 
 def _built_optimizer(ctx) -> bool:
@@ -330,7 +357,9 @@ def _phases(rec) -> list[list]:
                 current = []
         else:
             current.append(f)
-    if current:
+    if current and not (rec.error is not None or rec.stopped):
+        phases.append(current)  # a trailing run cut by the script's exception or the budget is not an evaluation
+    elif current and all(not f.grad_enabled for f in current):
         phases.append(current)
     return phases
 
@@ -412,7 +441,9 @@ def trace_train_mode(ctx: ProbeContext):
     trained = [(i, f) for i, f in enumerate(rec.forwards) if f.trained and f.model in layered]
     if not trained:
         return passed("the trained model has no Dropout or BatchNorm layer: train/eval mode changes nothing", "no-mode-layers")
-    first_eval = next((i for i, f in enumerate(rec.forwards) if not f.trained), None)
+    phases = _phases(rec)
+    first = phases[0][0] if phases else None
+    first_eval = next((i for i, f in enumerate(rec.forwards) if f is first), None)
     before = [f for i, f in trained if first_eval is None or i < first_eval]
     after = [f for i, f in trained if first_eval is not None and i > first_eval]
     data = dict(before=len(before), after=len(after), eval_before=sum(not f.training for f in before),
@@ -506,7 +537,7 @@ def trace_loss_scale(ctx: ProbeContext):
     ratios, windows = [], []
     for s in rec.steps:
         window = [c for c in calls if c.step == s.step - 1]
-        if not window or not s.losses or len({(c.fn, tuple(c.input_shape[1:])) for c in window}) != 1:
+        if s.closure or not window or not s.losses or len({(c.fn, tuple(c.input_shape[1:])) for c in window}) != 1:
             continue
         mean = sum(c.value for c in window) / len(window)
         if abs(mean) < 1e-12:
@@ -631,22 +662,20 @@ def trace_nan(ctx: ProbeContext):
                   **data)
 
 
+CRASH_IDS = ("target-shape-mismatch", "no-parameters", "module-method-shadowed", "op-shape-mismatch", "dtype-mismatch",
+             "device-mismatch", "labels-wrong-dtype", "labels-out-of-range", "layer-shape-mismatch", "inplace-modification",
+             "graph-retained", "disconnected-parameters", "frozen-parameters", "loss-output-mismatch")
+
+
 @probe(
     "trace-crash",
-    title="The exception the script raised, where, and what kind",
-    outcomes={"ok": "the script did not raise",
-              "shape-in-layer": "a layer rejected the shape of its input",
-              "shape-in-loss": "the loss rejected the shapes of its input and target",
-              "shape": "a tensor operation raised on incompatible shapes",
-              "dtype": "an operation got a dtype it cannot take",
-              "label-range": "a class index outside the model's outputs",
-              "no-grad": "backward() on a tensor without a graph",
-              "inplace": "a tensor saved for backward was modified in place",
-              "other": "another exception"},
+    title="The exception the script raised, where, and what it is evidence for",
+    outcomes={"ok": "the script did not raise", "other": "an exception the classifier cannot attribute",
+              **{h: f"the exception is evidence for {h}" for h in CRASH_IDS}},
     timeout_s=10,
 )
 def trace_crash(ctx: ProbeContext):
-    import traceback
+    from nnwizard.probes._crash import classify_exception
 
     rec = _rec(ctx)
     if rec is None:
@@ -654,32 +683,70 @@ def trace_crash(ctx: ProbeContext):
     err = rec.error
     if err is None:
         return passed("the script ran without raising")
-    exc = err.exception
-    kind = error_kind(exc) if exc is not None else "other"
-    frames = traceback.extract_tb(exc.__traceback__) if exc is not None else []
-    files = [f.filename for f in frames]
-    in_loss = any(f.endswith("torch/nn/functional.py") and fr.name in _LOSS_NAMES for f, fr in zip(files, frames)) or \
-        any("/torch/nn/modules/loss.py" in f for f in files)
-    in_layer = not in_loss and any("/torch/nn/modules/" in f for f in files)
-    frozen = all(m.trainable == 0 for m in rec.models) if rec.models else False
-    data = dict(error=f"{err.type}: {err.message}", where=err.where or "?", step=err.step, kind=kind,
-                in_loss=in_loss, in_layer=in_layer, all_frozen=frozen,
-                layer=_layer_of(frames) if in_layer else "")
+    target = ctx.target
+    info = getattr(target, "model_info", None)
+    files = [target.script.path] if getattr(target, "script", None) and target.script.path else None
+    data: dict[str, Any] = dict(error=f"{err.type}: {err.message}", step=err.step)
+    hypothesis, sentence = None, ""
+    if err.exception is not None:
+        try:
+            targets = rec.failed_loss[1] if rec.failed_loss else None
+            c = classify_exception(err.exception, model=info.module if info else None, files=files, targets=targets)
+            data.update({k: v for k, v in c.as_dict().items() if k not in ("hypothesis",)})
+            hypothesis, sentence = c.hypothesis, c.sentence or ""
+        except Exception as exc:  # noqa: BLE001 - the classifier failing leaves the raw exception as the evidence
+            data["classifier_error"] = f"{type(exc).__name__}: {exc}"
+    data["where"] = err.where or data.get("where") or "?"
     text = f"the script raised at {data['where']} after {err.step} optimizer steps: {data['error']}"
-    if kind == "shape":
-        outcome = "shape-in-loss" if in_loss else "shape-in-layer" if in_layer else "shape"
-        return failed(outcome, text, **data)
-    if kind in ("dtype", "label-range", "no-grad", "inplace"):
-        return failed(kind, text, **data)
+    if hypothesis in CRASH_IDS:
+        data["crash_hypothesis"] = hypothesis
+        return failed(hypothesis, f"{text}; {sentence}" if sentence and sentence not in text else text, **data)
+    data["training_raised"] = True
     return failed("other", text, **data)
 
 
-_LOSS_NAMES = {"cross_entropy", "nll_loss", "mse_loss", "l1_loss", "binary_cross_entropy",
-               "binary_cross_entropy_with_logits", "smooth_l1_loss", "huber_loss", "kl_div"}
+@probe(
+    "trace-loss-input",
+    title="Is what the script feeds its loss what that loss expects (logits, log-probabilities, probabilities)?",
+    outcomes={"ok": "the loss inputs have the form the loss expects",
+              "double-softmax": "cross_entropy gets probabilities (rows in [0, 1] summing to 1): softmax applied twice",
+              "probs-to-nll": "nll_loss gets probabilities instead of log-probabilities",
+              "logits-to-nll": "nll_loss gets raw logits instead of log-probabilities",
+              "double-sigmoid": "binary_cross_entropy_with_logits gets values already squashed into [0, 1]"},
+    timeout_s=10,
+)
+def trace_loss_input(ctx: ProbeContext):
+    import torch
 
-
-def _layer_of(frames) -> str:
-    for fr in reversed(frames):
-        if "/torch/nn/modules/" in fr.filename:
-            return fr.filename.rsplit("/", 1)[-1].removesuffix(".py")
-    return ""
+    rec = _rec(ctx)
+    if rec is None:
+        return _not_script()
+    calls = [c for c in rec.loss_calls if c.inputs is not None and isinstance(c.inputs, torch.Tensor)
+             and c.inputs.is_floating_point() and c.inputs.numel()]
+    if not calls:
+        return skipped("no loss input was captured")
+    call = calls[0]
+    x = torch.cat([c.inputs.float().reshape(-1, c.inputs.shape[1] if c.inputs.dim() > 1 else 1) for c in calls
+                   if c.fn == call.fn and c.inputs.dim() == call.inputs.dim() and c.inputs.shape[1:] == call.inputs.shape[1:]])
+    data: dict[str, Any] = dict(fn=call.fn, rows=len(x), min=float(x.min()), max=float(x.max()))
+    if call.fn in ("cross_entropy", "nll_loss") and x.dim() == 2 and x.shape[1] >= 2:
+        sums = x.sum(1)
+        probs = bool((x >= 0).all() and (x <= 1).all() and ((sums - 1).abs() < 1e-3).all())
+        lse = torch.logsumexp(x, 1)
+        data.update(row_sum_mean=float(sums.mean()), logsumexp_mean=float(lse.mean()))
+        if probs and call.fn == "cross_entropy":
+            return failed("double-softmax", f"all {len(x)} rows {call.fn} received are probabilities (in [0, 1], summing "
+                          f"to 1): the model already applies softmax and cross_entropy applies log_softmax again, "
+                          f"which flattens the gradient", **data)
+        if call.fn == "nll_loss" and probs:
+            return failed("probs-to-nll", f"nll_loss received probabilities (rows sum to 1, values in [0, 1]) where it "
+                          f"needs log-probabilities (log_softmax)", **data)
+        if call.fn == "nll_loss" and (lse - 0).abs().mean() > 0.1:
+            return failed("logits-to-nll", f"nll_loss received rows whose logsumexp is {float(lse.mean()):.3g}, not 0: raw "
+                          f"logits where it needs log_softmax outputs", **data)
+    if call.fn == "binary_cross_entropy_with_logits" and bool((x >= 0).all() and (x <= 1).all()) and len(x) >= 8:
+        return failed("double-sigmoid", f"binary_cross_entropy_with_logits received only values in [0, 1] (min "
+                      f"{data['min']:.3g}, max {data['max']:.3g}): a sigmoid was applied before a loss that applies its own",
+                      **data)
+    return passed(f"{call.fn} receives inputs of the form it expects ({len(x)} rows, range {data['min']:.3g} .. {data['max']:.3g})",
+                  **data)

@@ -217,7 +217,7 @@ def healthy(tmp_path_factory):
 
 AUDITS = ["trace-zero-grad", "trace-backward-step", "trace-optimizer", "trace-disconnected", "trace-eval-mode",
           "trace-eval-grad", "trace-train-mode", "trace-scheduler", "trace-loss-scale", "trace-loss-target",
-          "trace-graph", "trace-nan", "trace-crash"]
+          "trace-graph", "trace-nan", "trace-crash", "trace-loss-input"]
 
 
 @pytest.mark.parametrize("probe_id", AUDITS)
@@ -261,8 +261,12 @@ FAULTS = {
     "nan-input": ([("Y = (X[:, 0] > 0).long()", "Y = (X[:, 0] > 0).long()\nX[7, 3] = float('nan')")], "trace-nan", "nan-input"),
     "nan-growth": ([("lr=0.1", "lr=40.0"), ("nn.Linear(8, 16)", "nn.Linear(8, 256)"), ("nn.Linear(16, 2)", "nn.Linear(256, 2)"),
                     ("X = torch.randn(256, 8)", "X = torch.randn(256, 8) * 30")], "trace-nan", None),
-    "crash-shape": ([("nn.Linear(8, 16)", "nn.Linear(9, 16)")], "trace-crash", "shape-in-layer"),
-    "crash-range": ([("nn.Linear(16, 2))", "nn.Linear(16, 2))\nY[3] = 5")], "trace-crash", "label-range"),
+    "idle-optimizer": ([("opt = torch.optim.SGD(model.parameters(), lr=0.1)", "opt = torch.optim.SGD(model[3].parameters(), lr=0.1)\nenc = torch.optim.SGD(model[0].parameters(), lr=0.1)"),
+                        ("opt.zero_grad()", "opt.zero_grad(); enc.zero_grad()")], "trace-backward-step", "optimizer-never-steps"),
+    "double-softmax": ([("nn.Linear(16, 2))", "nn.Linear(16, 2), nn.Softmax(dim=1))")], "trace-loss-input", "double-softmax"),
+    "crash-label-dtype": ([("loss = crit(out, y)", "loss = crit(out, y.float())")], "trace-crash", "labels-wrong-dtype"),
+    "crash-shape": ([("nn.Linear(8, 16)", "nn.Linear(9, 16)")], "trace-crash", "layer-shape-mismatch"),
+    "crash-range": ([("nn.Linear(16, 2))", "nn.Linear(16, 2))\nY[3] = 5")], "trace-crash", "labels-out-of-range"),
 }
 
 
@@ -275,6 +279,30 @@ def test_audit_fires_on_its_fault(tmp_path, fault):
         assert result.status == "failed", result.summary
     else:
         assert result.outcome == expected, result.summary
+
+
+HEALTHY_VARIANTS = {
+    # a sum of two backpropagated losses kept for the printout within the step (pytorch/examples DCGAN)
+    "sum-for-print": ([("running += loss.item()", "both = loss + loss.detach() * 0\n            running += both.item()")], "trace-graph"),
+    # labels equal to the predictions by value (an accurate model) are still the real labels
+    "accurate": ([("Y = (X[:, 0] > 0).long()", "Y = torch.zeros(256, dtype=torch.long)")], "trace-loss-target"),
+    # LBFGS: zero_grad, forward, loss and backward run inside step(closure)
+    "closure": ([("opt = torch.optim.SGD(model.parameters(), lr=0.1)", "opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=4)"),
+                 ("            opt.zero_grad()\n            out = model(x)\n            loss = crit(out, y)\n            loss.backward()\n            opt.step()\n",
+                  "            def closure():\n                opt.zero_grad()\n                l = crit(model(x), y)\n                l.backward()\n                return l\n            loss = opt.step(closure)\n")],
+                "trace-zero-grad trace-backward-step trace-loss-scale"),
+    # a crash in the first forward is not an evaluation without no_grad
+    "crash-first-forward": ([("nn.Linear(8, 16)", "nn.Linear(9, 16)")], "trace-eval-grad trace-eval-mode"),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(HEALTHY_VARIANTS))
+def test_audits_quiet_on_correct_variants(tmp_path, variant):
+    edits, probes = HEALTHY_VARIANTS[variant]
+    target = record(write(tmp_path, *edits))
+    for probe_id in probes.split():
+        result = get(probe_id)(ProbeContext(target))
+        assert result.status in ("passed", "skipped"), (probe_id, result.summary)
 
 
 # ------------------------------------------------------------------------------------ end to end

@@ -134,6 +134,7 @@ class StepRecord:
     nonfinite_input: bool = False
     duration_s: float = 0.0      # wall time since the previous step
     none_names: list[str] = field(default_factory=list)  # trainable params with .grad None (full mode, first steps)
+    closure: bool = False        # step(closure): measured after the closure's first call
 
 
 @dataclass
@@ -222,6 +223,8 @@ class Recording:
     error: RecordedError | None = None
     stopped: str | None = None   # why the run was cut short (budget), None when it ended by itself
     listener_errors: int = 0
+    failed_loss: tuple | None = None  # (function name, target) of a loss call that raised
+    notes: list[str] = field(default_factory=list)   # what the recording changed (e.g. worker processes off)
     seconds: float = 0.0
     mode: str = "full"
 
@@ -265,6 +268,13 @@ _NN_METHODS = ("train", "eval", "parameters", "named_parameters", "zero_grad", "
                "requires_grad_", "__call__", "__setattr__", "__getattr__")
 
 
+# ops whose result, taken from a tensor that carries a graph (a model output), is a prediction, not
+# a target; and ops that keep that provenance (reshape, cast)
+_FROM_OUTPUT = {"argmax", "max", "detach", "topk", "round", "__gt__", "__ge__", "gt", "ge", "sign", "clone"}
+_KEEPS_PROVENANCE = {"view", "reshape", "flatten", "squeeze", "unsqueeze", "long", "float", "int", "to", "type",
+                     "__getitem__", "contiguous", "clone", "view_as", "reshape_as", "double", "detach"}
+
+
 class _GraphMode(TorchFunctionMode):
     """Full mode: notices a torch op taking a loss tensor whose backward already ran and producing a
     tensor that requires grad (``running += loss`` keeps every step's graph alive)."""
@@ -275,13 +285,24 @@ class _GraphMode(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        spent = self.recorder._spent
+        rec = self.recorder
+        spent = rec._spent
         if spent:
             for a in args[:2]:
                 if isinstance(a, torch.Tensor) and id(a) in spent and spent[id(a)]() is a:
                     if isinstance(out, torch.Tensor) and out.requires_grad:
-                        self.recorder._graph_op(func, out)
+                        rec._graph_op(args, out)
                     break
+        if args and isinstance(out, torch.Tensor) and isinstance(args[0], torch.Tensor):
+            name = getattr(func, "__name__", "")
+            first = args[0]
+            derived = rec._derived
+            if (name in _FROM_OUTPUT and first.requires_grad) or (name in _KEEPS_PROVENANCE and id(first) in derived
+                                                                 and derived[id(first)]() is first):
+                if not out.requires_grad:
+                    if len(derived) > 256:
+                        rec._derived = derived = {k: r for k, r in derived.items() if r() is not None}
+                    derived[id(out)] = weakref.ref(out)
         return out
 
 
@@ -326,7 +347,9 @@ class Recorder:
         self._before_step: list[torch.Tensor] | None = None
         self._scaled: set[int] = set()
         self._scales: dict[int, tuple] = {}   # GradScaler.scale outputs -> (weakref, scale)
-        self._kept: list[tuple[str, weakref.ref]] = []
+        self._kept: dict[int, tuple[str, weakref.ref, int]] = {}   # id -> (where, ref, step made)
+        self._derived: dict[int, weakref.ref] = {}   # tensors computed from a model output without a graph
+        self._forced_workers: list = []
         self._t0 = 0.0
         self._mode_obj: _GraphMode | None = None
         self._opt_ids: dict[int, OptimizerInfo] = {}
@@ -431,6 +454,10 @@ class Recorder:
         def iter_patch(original):
             @functools.wraps(original)
             def __iter__(this):
+                if rec.full and getattr(this, "num_workers", 0) > 0:
+                    rec._forced_workers.append((this, this.num_workers))
+                    rec.recording.notes.append(f"DataLoader num_workers={this.num_workers} ran with 0 workers while recorded")
+                    this.num_workers = 0
                 return _LoaderIter(rec, this, original(this))
             return __iter__
 
@@ -474,6 +501,12 @@ class Recorder:
                 undo()
             except Exception:  # noqa: BLE001 - restore the rest whatever happens
                 pass
+        for loader, workers in self._forced_workers:
+            try:
+                loader.num_workers = workers
+            except Exception:  # noqa: BLE001
+                pass
+        self._forced_workers = []
         for info in self.recording.optimizers:  # a scaled-LR intervention is undone on the user's optimizer
             if self.lr_scale and id(info.optimizer) in self._scaled:
                 for g in info.optimizer.param_groups:
@@ -601,6 +634,10 @@ class Recorder:
             rec._in_loss += 1
             try:
                 value = original(*args, **kwargs)
+            except Exception:
+                y = args[1] if len(args) > 1 else kwargs.get("target")
+                rec.recording.failed_loss = (name, cpu_copy(y) if isinstance(y, torch.Tensor) else None)
+                raise
             finally:
                 rec._in_loss -= 1
             try:
@@ -651,15 +688,9 @@ class Recorder:
         from_model, out_shape = self._from_model(x)
         same = False
         if isinstance(y, torch.Tensor) and self.full:
-            with torch.no_grad():
-                try:
-                    if y.shape == x.shape and y.dtype == x.dtype and y is not x and not y.requires_grad and torch.equal(y, x.detach()):
-                        same = True
-                    elif x.dim() == 2 and y.dim() == 1 and not y.is_floating_point() and len(y) == len(x) and x.shape[1] >= 2 \
-                            and torch.equal(y, x.detach().argmax(1)):
-                        same = True
-                except RuntimeError:
-                    same = False
+            ref = self._derived.get(id(y))
+            same = (ref is not None and ref() is y) or (
+                y.numel() > 0 and y is not x and y.untyped_storage().data_ptr() == x.untyped_storage().data_ptr())
         training = self._last_model.module.training if self._last_model else None
         call = LossCall(name, list(x.shape), str(x.dtype).replace("torch.", ""), _shape(y),
                         str(y.dtype).replace("torch.", "") if isinstance(y, torch.Tensor) else None, v, reduction,
@@ -723,6 +754,9 @@ class Recorder:
         if self._loader_stack:
             self._loader_stack[-1].backwards[-1] += 1
         self._notify("on_backward", loss)
+        if self.max_steps is not None and not rec.steps and rec.backwards > self.max_steps:
+            rec.stopped = f"the budget of {self.max_steps} backward passes was reached (no optimizer.step() so far)"
+            raise StopRun(rec.stopped)
 
     def _carried(self) -> float | None:
         """Share of the optimizers' trainable tensors whose .grad is still non-zero now, at the first
@@ -738,20 +772,24 @@ class Recorder:
         nonzero = sum(1 for n in norms if float(n) > 0)
         return nonzero / len(grads)
 
-    def _graph_op(self, func, out: torch.Tensor) -> None:
-        """An op on a loss whose backward ran made a graph-carrying tensor; it counts once it is still
-        alive at the next optimizer step (``total += loss``), not when it was a temporary."""
-        if len(self._kept) < 64:
-            where = self.where() or "?"
-            name = getattr(func, "__name__", str(func)).strip("_")
-            self._kept.append((f"{name} at {where}", weakref.ref(out)))
+    def _graph_op(self, args, out: torch.Tensor) -> None:
+        """An op on a loss whose backward ran made a graph-carrying tensor. It is a graph kept across
+        steps when one of its other operands is such a tensor made at an earlier step (``total += loss``
+        step after step), not when it is a sum for a printout within one step."""
+        rec = self.recording
+        now = self.steps_taken
+        for a in args[:2]:
+            if isinstance(a, torch.Tensor) and id(a) in self._kept:
+                text, ref, made = self._kept[id(a)]
+                if ref() is a and made < now and text not in rec.graph_kept and len(rec.graph_kept) < 8:
+                    rec.graph_kept.append(text)
+        if len(self._kept) > 64:
+            self._kept = {k: v for k, v in self._kept.items() if v[1]() is not None}
+        if id(out) not in self._kept or self._kept[id(out)][1]() is not out:
+            self._kept[id(out)] = (f"{self.where() or '?'}", weakref.ref(out), now)
 
     def _confirm_kept(self, count: bool = True) -> None:
         rec = self.recording
-        for text, ref in self._kept:
-            if ref() is not None and text not in rec.graph_kept and len(rec.graph_kept) < 8:
-                rec.graph_kept.append(text)
-        self._kept = []
         if self._spent_all and count:
             alive = sum(1 for r in self._spent_all if r() is not None)
             rec.alive_losses.append(alive)
@@ -788,8 +826,30 @@ class Recorder:
         return self._pending
 
     def _step_pre(self, optimizer, args, kwargs):
+        closure = kwargs.get("closure") if kwargs else None
+        if closure is None and len(args) > 1 and callable(args[1]):  # args[0] is the optimizer itself
+            closure = args[1]
+        if closure is not None:
+            rec = self
+            state = {"first": True}
+
+            def measured_closure(*a, **k):
+                result = closure(*a, **k)
+                if state["first"]:
+                    state["first"] = False
+                    rec._measure_pre(optimizer, closure=True)
+                return result
+
+            if kwargs and "closure" in kwargs:
+                return args, {**kwargs, "closure": measured_closure}
+            return (args[0], measured_closure, *args[2:]), kwargs
+        self._measure_pre(optimizer)
+        return None
+
+    def _measure_pre(self, optimizer, closure: bool = False) -> None:
         info = self._optimizer_info(optimizer)
         step = self._step_record()
+        step.closure = closure
         step.optimizer, step.t = info.index, self.now()
         step.zero_grad = self._zero_grad_since
         step.epoch, step.batch = self._epochs, self._batch_index

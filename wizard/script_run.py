@@ -298,6 +298,19 @@ class Sandbox:
             return check
 
         self._set(os.path, "exists", follow(real_exists))
+        self._set(os.path, "getsize", follow(os.path.getsize))
+        self._set(os.path, "getmtime", follow(os.path.getmtime))
+
+        def follow_first(real):
+            def call(path, *args, **kwargs):
+                p = sb._abs(path) if not isinstance(path, int) else None
+                if p is not None and p in sb.map:
+                    path = str(sb.map[p])
+                return real(path, *args, **kwargs)
+            return call
+
+        for name in ("chmod", "utime", "stat"):
+            self._set(os, name, follow_first(getattr(os, name)))
         self._set(os.path, "isdir", follow(real_isdir))
         self._set(os.path, "isfile", follow(real_isfile))
 
