@@ -144,11 +144,11 @@ def _markdown_scripts(only: list[str] | None, seed: int) -> dict | None:
         print("Script mode: not available in this checkout.\n")
         return None
     rows = [run_script_one(script, False, seed) for script in script_examples(only)]
-    print("| script (`examples/scripts/`) | expected | declared symptom: result (s) |")
-    print("|---|---|---|")
+    print("| script | expected | declared symptom: result (s) | top hypotheses found |")
+    print("|---|---|---|---|")
     for row in rows:
         print(f"| `{row['example']}` | {', '.join(row['expected']) or 'healthy'} | {', '.join(row['symptoms'])}: "
-              f"{_result(row)} ({row['seconds']:.1f}) |")
+              f"{_result(row)} ({row['seconds']:.1f}) | {', '.join(row['found']) or row['verdict']} |")
     print()
     return {"summary": _summary(rows, False, seed, scripts=True), "rows": rows}
 

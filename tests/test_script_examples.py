@@ -24,20 +24,6 @@ EXAMPLES = script_examples()
 BY_NAME = {s.name: s for s in EXAMPLES}
 # diagnosed unmarked on every run (one silent loop fault, one healthy); the rest under -m slow
 FAST_SCRIPT_MODE = ("broken_notebook_no_step", "healthy_two_optimizers")
-# script mode's open failures on these scripts, as measured; each names its entry in the findings file the
-# script helper works from (/work/notes/script-findings.md). Reported as xfail, never skipped; remove an entry
-# once it passes (non-strict, so a fix on another branch does not break this one).
-KNOWN_MISSES = {
-    "broken_config_cnn_layer_shape": "F10: the crashing forward counts as an evaluation without no_grad",
-    "broken_digits_labels_out_of_range": "F10: the crashing forward counts as an evaluation without no_grad",
-    "broken_per_sample_label_dtype": "F10: the crashing forward counts as an evaluation without no_grad",
-    "broken_fullbatch_target_shape": "F10/F11: target-shape-mismatch not named",
-    "broken_notebook_float64_inputs": "F10/F11: float64 inputs read as labels-wrong-dtype",
-    "broken_two_optimizers_encoder_not_stepped": "F23: an optimizer never stepped is not reported",
-    "broken_wine_double_softmax": "F13: softmax output into cross_entropy not detected",
-    "healthy_mnist_style_steplr": "F12: loss-wrong-tensor by value once labels equal argmax",
-    "healthy_trainer_dataclass": "F12: loss-wrong-tensor by value once labels equal argmax",
-}
 # CONTRACT §3 ids added 2026-12-01, accepted before the catalog lists them
 NEW_IDS = {"target-shape-mismatch", "no-parameters", "module-method-shadowed", "op-shape-mismatch", "dtype-mismatch",
            "device-mismatch", "metric-wrong"}
@@ -139,8 +125,6 @@ def test_script_mode_verdict_fast_subset(name, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [
-    pytest.param(n, marks=pytest.mark.xfail(reason=KNOWN_MISSES[n], strict=False)) if n in KNOWN_MISSES else n
-    for n in sorted(set(BY_NAME) - set(FAST_SCRIPT_MODE))])
+@pytest.mark.parametrize("name", sorted(set(BY_NAME) - set(FAST_SCRIPT_MODE)))
 def test_script_mode_verdict(name, tmp_path):
     _check_verdict(name, tmp_path)
