@@ -1,0 +1,932 @@
+"""The recorder: watches a real PyTorch program through torch's public hooks and a few patches, and
+keeps a per-step trace of what the training loop actually did. One recorder serves script mode
+(diagnosis, ``mode="full"``) and watch mode (the user's real run, ``mode="light"``).
+
+Usage::
+
+    from nnwizard.recorder import Recorder, StopRun
+
+    with Recorder(mode="full", files=[script_path], max_steps=40) as rec:
+        try:
+            run_the_users_code()            # nothing in it changes
+        except StopRun:                     # raised from an optimizer-step post hook once the budget
+            pass                            # is spent (a BaseException: `except Exception` can't eat it)
+    recording = rec.recording               # a Recording (below); every hook/patch is removed again
+
+What is installed while the ``with`` block runs (and removed on exit, exceptions included):
+
+- global module forward pre/post hooks (``torch.nn.modules.module.register_module_forward_*``):
+  top-level module calls are *models* (loss modules excepted); their mode, grad mode, inputs;
+- global optimizer step pre/post hooks (``torch.optim.optimizer.register_optimizer_step_*``):
+  one :class:`StepRecord` per ``optimizer.step()``, with gradient norm, params without grad, LRs;
+- ``Optimizer.zero_grad`` / ``Module.zero_grad``, ``Tensor.backward`` / ``torch.autograd.backward``,
+  ``LRScheduler.step`` (and ``ReduceLROnPlateau.step``), ``DataLoader.__iter__`` (counting batches,
+  capping batches per epoch with ``limit_batches``, optionally replacing every batch with
+  ``replace_batch(batch, index)``), and the ``torch.nn.functional`` loss functions (the tensors that
+  reach the loss after the user's own reshaping; ``nn.*Loss`` modules call these too);
+- full mode only: a ``TorchFunctionMode`` that notices arithmetic on a loss tensor after its
+  backward (a graph kept across steps: ``total += loss``), and CPU copies of the first few batches,
+  model inputs, loss inputs/targets and a deep copy of each model before its first forward.
+
+Listener API (watch mode): pass ``listeners=[obj]``; each method is optional and is called with the
+recorder first:
+
+- ``on_batch(rec, batch, index)``            a DataLoader yielded ``batch`` (index within the epoch)
+- ``on_forward(rec, model_info, args)``      a top-level model forward is about to run
+- ``on_loss(rec, loss_call)``                a torch.nn.functional loss was called (a LossCall)
+- ``on_backward(rec, loss_tensor)``          before ``loss.backward()`` runs
+- ``on_step_pre(rec, optimizer, step)``      before ``optimizer.step()``; ``step`` is the StepRecord
+                                             being filled (gradients as the optimizer will see them)
+- ``on_step_post(rec, optimizer, step)``     after it (the StepRecord is complete)
+- ``on_scheduler(rec, scheduler_event)``     after ``scheduler.step()``
+
+A listener may raise :class:`StopRun` to end the run cleanly. Listener exceptions of other kinds
+are swallowed (counted in ``recording.listener_errors``): watching must never break the user's run.
+
+Overhead: light mode does per step one ``_foreach_norm`` over the gradients and O(1) Python per
+module call; full mode adds the TorchFunctionMode and small copies (see benchmarks/recorder_overhead.py).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import math
+import sys
+import time
+import traceback
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.overrides import TorchFunctionMode
+from torch.utils.data import DataLoader
+
+LOSS_FUNCTIONS = (
+    "cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "binary_cross_entropy",
+    "binary_cross_entropy_with_logits", "kl_div", "poisson_nll_loss", "gaussian_nll_loss", "cosine_embedding_loss",
+    "margin_ranking_loss", "hinge_embedding_loss", "soft_margin_loss", "multilabel_soft_margin_loss",
+    "multi_margin_loss", "triplet_margin_loss", "ctc_loss", "multilabel_margin_loss",
+)
+MODE_TYPES = (nn.modules.dropout._DropoutNd, nn.modules.batchnorm._BatchNorm)
+KEEP = 4  # batches / model inputs / loss calls copied to CPU in full mode
+
+
+class StopRun(BaseException):
+    """The run's budget is spent: raised inside the user's program, caught by the runner."""
+
+
+# ------------------------------------------------------------------------------------ records
+@dataclass
+class ModelInfo:
+    index: int
+    name: str                    # the class name
+    module: nn.Module
+    params: int
+    trainable: int
+    mode_layers: int             # Dropout (p > 0) / BatchNorm layers: where train/eval mode matters
+    initial: nn.Module | None = None   # deep copy before its first forward (full mode)
+    forwards: int = 0
+    first_step: int = 0          # optimizer steps taken before its first forward
+    shadowed: list[str] = field(default_factory=list)  # nn.Module methods the user's class overrides
+
+
+@dataclass
+class OptimizerInfo:
+    index: int
+    name: str
+    optimizer: torch.optim.Optimizer
+    groups: list[dict]           # per group: lr, params (tensors), values, and the other hyperparameters
+    steps: int = 0
+    models: list[int] = field(default_factory=list)   # which models' parameters it holds
+    foreign: int = 0             # its parameter tensors that belong to no recorded model
+
+
+@dataclass
+class StepRecord:
+    step: int                    # 1-based, over all optimizers
+    optimizer: int
+    t: float                     # seconds since the recording started, at the step
+    loss: float | None = None    # the last tensor backward() was called on before this step
+    losses: list[float] = field(default_factory=list)   # every backward since the previous step
+    backwards: int = 0
+    loss_calls: int = 0          # loss-function calls (training grad mode) since the previous step
+    loss_call_mean: float | None = None  # mean value of those calls
+    forwards: dict[int, int] = field(default_factory=dict)  # model index -> forward calls since previous step
+    training: dict[int, bool] = field(default_factory=dict)  # model index -> model.training at its forwards
+    grad_enabled: bool = True
+    grad_norm: float | None = None
+    grads_none: int = 0          # trainable tensors of the optimizer with .grad None
+    grads_total: int = 0
+    grads_nonfinite: bool = False
+    zero_grad: bool = False      # a zero_grad() (optimizer or model) ran since the previous step
+    carried: float | None = None  # share of the optimizer's grads still non-zero at the first backward after the previous step
+    lrs: list[float] = field(default_factory=list)
+    epoch: int = 0               # DataLoader iterations started so far
+    batch: int = -1              # batch index within the epoch (-1: no DataLoader)
+    scheduler_steps: int = 0     # scheduler.step() calls so far
+    update: float | None = None  # largest |change| of a parameter over this step (full mode)
+    nonfinite_input: bool = False
+    duration_s: float = 0.0      # wall time since the previous step
+
+
+@dataclass
+class LossCall:
+    fn: str
+    input_shape: list
+    input_dtype: str
+    target_shape: list | None
+    target_dtype: str | None
+    value: float | None
+    reduction: str
+    grad_enabled: bool
+    training: bool | None        # the last model's mode
+    step: int                    # optimizer steps before this call
+    where: str | None
+    from_model: bool             # the input's graph reaches a model output (or it is one)
+    model_output_shape: list | None
+    target_is_output: bool = False   # the target is the input itself, detached, or its argmax
+    inputs: torch.Tensor | None = None   # CPU copies (first KEEP training calls, full mode)
+    targets: Any = None
+    eval: bool = True            # until a backward reaches its value
+    node: Any = field(default=None, repr=False)
+
+
+@dataclass
+class ForwardEvent:
+    model: int
+    training: bool
+    grad_enabled: bool
+    step: int
+    trained: bool = False        # a later backward reached its output
+    loader: int | None = None
+    node: Any = field(default=None, repr=False)
+
+
+@dataclass
+class SchedulerEvent:
+    name: str
+    index: int
+    at_step: int                 # optimizer steps before it
+    epoch: int
+    lr: float | None
+
+
+@dataclass
+class LoaderInfo:
+    index: int
+    loader: DataLoader
+    dataset_len: int | None
+    batch_size: int | None
+    shuffle: bool
+    drop_last: bool
+    length: int | None
+    iterations: int = 0
+    batches: list[int] = field(default_factory=list)   # batches served per iteration
+    backwards: list[int] = field(default_factory=list)  # backward calls during each iteration
+
+
+@dataclass
+class RecordedError:
+    type: str
+    message: str
+    where: str | None
+    traceback: str
+    step: int
+    exception: BaseException | None = None
+
+
+@dataclass
+class Recording:
+    models: list[ModelInfo] = field(default_factory=list)
+    optimizers: list[OptimizerInfo] = field(default_factory=list)
+    schedulers: list[dict] = field(default_factory=list)   # name, index, optimizer, object
+    steps: list[StepRecord] = field(default_factory=list)
+    loss_calls: list[LossCall] = field(default_factory=list)
+    forwards: list[ForwardEvent] = field(default_factory=list)
+    scheduler_steps: list[SchedulerEvent] = field(default_factory=list)
+    loaders: list[LoaderInfo] = field(default_factory=list)
+    batches: list[Any] = field(default_factory=list)        # CPU copies of the first DataLoader batches
+    model_inputs: list[tuple] = field(default_factory=list)  # (model index, args) of the first training forwards
+    graph_kept: list[str] = field(default_factory=list)    # where a backwarded loss fed new graph ops
+    losses_alive: int = 0        # loss tensors (after backward) still referenced at the end
+    backwards: int = 0
+    zero_grads: int = 0
+    error: RecordedError | None = None
+    stopped: str | None = None   # why the run was cut short (budget), None when it ended by itself
+    listener_errors: int = 0
+    seconds: float = 0.0
+    mode: str = "full"
+
+    @property
+    def loss_curve(self) -> list[float]:
+        return [s.loss for s in self.steps if s.loss is not None]
+
+    def model_of(self, module: nn.Module) -> ModelInfo | None:
+        return next((m for m in self.models if m.module is module), None)
+
+
+def _tensors(obj: Any):
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (list, tuple)):
+        for o in obj:
+            yield from _tensors(o)
+    elif isinstance(obj, dict):
+        for o in obj.values():
+            yield from _tensors(o)
+
+
+def cpu_copy(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return type(obj)(*(cpu_copy(o) for o in obj))
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(cpu_copy(o) for o in obj)
+    if isinstance(obj, dict):
+        return {k: cpu_copy(v) for k, v in obj.items()}
+    return obj
+
+
+def _shape(x) -> list | None:
+    return list(x.shape) if isinstance(x, torch.Tensor) else None
+
+
+_NN_METHODS = ("train", "eval", "parameters", "named_parameters", "zero_grad", "to", "state_dict", "modules",
+               "children", "cuda", "cpu", "float", "double", "half", "apply", "load_state_dict", "register_buffer",
+               "requires_grad_", "__call__", "__setattr__", "__getattr__")
+
+
+class _GraphMode(TorchFunctionMode):
+    """Full mode: notices a torch op taking a loss tensor whose backward already ran and producing a
+    tensor that requires grad (``running += loss`` keeps every step's graph alive)."""
+
+    def __init__(self, recorder: "Recorder"):
+        super().__init__()
+        self.recorder = recorder
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        spent = self.recorder._spent
+        if spent:
+            for a in args[:2]:
+                if isinstance(a, torch.Tensor) and id(a) in spent and spent[id(a)]() is a:
+                    if isinstance(out, torch.Tensor) and out.requires_grad:
+                        self.recorder._graph_op(func)
+                    break
+        return out
+
+
+# ------------------------------------------------------------------------------------ recorder
+class Recorder:
+    """See the module docstring. ``files``: the user's source files (for file:line); ``max_steps``,
+    ``time_limit_s``, ``limit_batches`` (per DataLoader iteration), ``max_forwards`` bound the run."""
+
+    def __init__(self, mode: str = "full", *, files: list[Path] | None = None, max_steps: int | None = None,
+                 time_limit_s: float | None = None, limit_batches: int | None = None, max_forwards: int | None = None,
+                 replace_batch: Callable[[Any, int], Any] | None = None, listeners: list | None = None,
+                 lr_scale: float | None = None):
+        if mode not in ("full", "light"):
+            raise ValueError(f"mode must be 'full' or 'light', not {mode!r}")
+        self.mode, self.full = mode, mode == "full"
+        self.files = {str(Path(f).resolve()) for f in files or []}
+        self.folders = {str(Path(f).resolve().parent) for f in files or []}
+        self.max_steps, self.time_limit_s, self.limit_batches = max_steps, time_limit_s, limit_batches
+        self.max_forwards, self.replace_batch, self.lr_scale = max_forwards, replace_batch, lr_scale
+        self.listeners = list(listeners or [])
+        self.recording = Recording(mode=mode)
+        self._undo: list[Callable[[], None]] = []
+        self._depth = 0
+        self._in_loss = 0
+        self._in_backward = 0
+        self._in_sched = 0
+        self._module_ids: dict[int, int | None] = {}   # id(module) -> model index (None: a submodule / loss)
+        self._pending: StepRecord | None = None
+        self._pending_forwards: list[ForwardEvent] = []
+        self._pending_losses: list[LossCall] = []
+        self._last_step_t = 0.0
+        self._zero_grad_since = False
+        self._backward_since_step = 0
+        self._last_model: ModelInfo | None = None
+        self._last_out: tuple | None = None        # (model index, output tensor weakref, shape)
+        self._spent: dict[int, weakref.ref] = {}
+        self._spent_all: list[weakref.ref] = []
+        self._graph_where: set[str] = set()
+        self._loader_stack: list[LoaderInfo] = []
+        self._epochs = 0
+        self._batch_index = -1
+        self._before_step: list[torch.Tensor] | None = None
+        self._scaled: set[int] = set()
+        self._t0 = 0.0
+        self._mode_obj: _GraphMode | None = None
+        self._opt_ids: dict[int, OptimizerInfo] = {}
+
+    # -- install / remove -------------------------------------------------------------------------
+    def __enter__(self) -> "Recorder":
+        self._t0, self._last_step_t = time.monotonic(), 0.0
+        try:
+            self._install()
+        except BaseException:
+            self._uninstall()
+            raise
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self._uninstall()
+        self.finish()
+
+    def _patch(self, owner: Any, name: str, make: Callable[[Callable], Callable]) -> None:
+        had = name in owner.__dict__
+        original = owner.__dict__.get(name) if had else getattr(owner, name)
+        wrapper = make(original)
+        setattr(owner, name, wrapper)
+
+        def undo(owner=owner, name=name, had=had, original=original):
+            if had:
+                setattr(owner, name, original)
+            else:
+                delattr(owner, name)
+        self._undo.append(undo)
+
+    def _install(self) -> None:
+        from torch.nn.modules import module as module_mod
+        from torch.optim import lr_scheduler, optimizer as optimizer_mod
+
+        for h in (module_mod.register_module_forward_pre_hook(self._forward_pre),
+                  module_mod.register_module_forward_hook(self._forward_post, always_call=True),
+                  optimizer_mod.register_optimizer_step_pre_hook(self._step_pre),
+                  optimizer_mod.register_optimizer_step_post_hook(self._step_post)):
+            self._undo.append(h.remove)
+        rec = self
+
+        def zero_grad_patch(original):
+            @functools.wraps(original)
+            def zero_grad(this, *args, **kwargs):
+                rec._zero_grad_since = True
+                rec.recording.zero_grads += 1
+                return original(this, *args, **kwargs)
+            return zero_grad
+
+        self._patch(torch.optim.Optimizer, "zero_grad", zero_grad_patch)
+        self._patch(nn.Module, "zero_grad", zero_grad_patch)
+
+        def backward_patch(original):
+            @functools.wraps(original)
+            def backward(tensors, *args, **kwargs):
+                if rec._in_backward:
+                    return original(tensors, *args, **kwargs)
+                rec._in_backward += 1
+                try:
+                    rec._before_backward(tensors)
+                    result = original(tensors, *args, **kwargs)
+                finally:
+                    rec._in_backward -= 1
+                return result
+            return backward
+
+        self._patch(torch.Tensor, "backward", backward_patch)
+        self._patch(torch.autograd, "backward", backward_patch)
+
+        def sched_patch(original):
+            @functools.wraps(original)
+            def step(this, *args, **kwargs):
+                if rec._in_sched or getattr(this, "_is_initial", False):
+                    if getattr(this, "_is_initial", False):
+                        rec._scheduler_seen(this)
+                    return original(this, *args, **kwargs)
+                rec._in_sched += 1
+                try:
+                    return original(this, *args, **kwargs)
+                finally:
+                    rec._in_sched -= 1
+                    rec._scheduler_stepped(this)
+            return step
+
+        self._patch(lr_scheduler.LRScheduler, "step", sched_patch)
+        if "step" in lr_scheduler.ReduceLROnPlateau.__dict__:
+            self._patch(lr_scheduler.ReduceLROnPlateau, "step", sched_patch)
+
+        def iter_patch(original):
+            @functools.wraps(original)
+            def __iter__(this):
+                return _LoaderIter(rec, this, original(this))
+            return __iter__
+
+        self._patch(DataLoader, "__iter__", iter_patch)
+
+        for name in LOSS_FUNCTIONS:
+            if hasattr(F, name):
+                self._patch(F, name, lambda original, name=name: self._loss_wrapper(name, original))
+        if self.full:
+            self._mode_obj = _GraphMode(self)
+            self._mode_obj.__enter__()
+
+    def _uninstall(self) -> None:
+        if self._mode_obj is not None:
+            try:
+                self._mode_obj.__exit__(None, None, None)
+            except Exception:  # noqa: BLE001 - another mode entered inside the script and left open
+                pass
+            self._mode_obj = None
+        while self._undo:
+            undo = self._undo.pop()
+            try:
+                undo()
+            except Exception:  # noqa: BLE001 - restore the rest whatever happens
+                pass
+        for info in self.recording.optimizers:  # a scaled-LR intervention is undone on the user's optimizer
+            if self.lr_scale and id(info.optimizer) in self._scaled:
+                for g in info.optimizer.param_groups:
+                    g["lr"] = g["lr"] / self.lr_scale
+
+    # -- helpers ----------------------------------------------------------------------------------
+    def now(self) -> float:
+        return time.monotonic() - self._t0
+
+    @property
+    def steps_taken(self) -> int:
+        return len(self.recording.steps)
+
+    def _notify(self, name: str, *args) -> None:
+        for listener in self.listeners:
+            fn = getattr(listener, name, None)
+            if fn is None:
+                continue
+            try:
+                fn(self, *args)
+            except StopRun:
+                raise
+            except Exception:  # noqa: BLE001 - a listener must never break the user's run
+                self.recording.listener_errors += 1
+
+    def where(self) -> str | None:
+        """``file:line in function`` of the innermost frame in the user's files (else outside torch)."""
+        frame = sys._getframe(1)
+        fallback = None
+        while frame is not None:
+            name = frame.f_code.co_filename
+            if self.files and str(Path(name).resolve()) in self.files:
+                return f"{Path(name).name}:{frame.f_lineno} in {frame.f_code.co_name}"
+            if fallback is None and "/torch/" not in name and "/nnwizard/" not in name and "/wizard/" not in name \
+                    and "/probes/" not in name and not name.startswith("<") and "runpy" not in name:
+                fallback = f"{Path(name).name}:{frame.f_lineno} in {frame.f_code.co_name}"
+            frame = frame.f_back
+        return fallback
+
+    def _check_time(self) -> None:
+        if self.time_limit_s is not None and self.now() > self.time_limit_s:
+            self.recording.stopped = f"the time limit of {self.time_limit_s:.0f} s was reached"
+            raise StopRun(self.recording.stopped)
+
+    # -- models -----------------------------------------------------------------------------------
+    def _model_index(self, module: nn.Module) -> int | None:
+        key = id(module)
+        if key in self._module_ids:
+            return self._module_ids[key]
+        index = None
+        if isinstance(module, nn.modules.loss._Loss):
+            index = None
+        elif any(any(m is module for m in info.module.modules()) for info in self.recording.models):
+            index = None   # a submodule of a known model, called directly
+        else:
+            index = len(self.recording.models)
+            params = list(module.parameters())
+            shadowed = [n for n in _NN_METHODS if n in type(module).__dict__ and not type(module).__module__.startswith("torch.")
+                        and n not in ("__call__", "__setattr__", "__getattr__", "to", "state_dict", "load_state_dict")]
+            info = ModelInfo(index, type(module).__name__, module, sum(p.numel() for p in params),
+                             sum(p.numel() for p in params if p.requires_grad),
+                             sum(1 for m in module.modules() if isinstance(m, MODE_TYPES)
+                                 and not (isinstance(m, nn.modules.dropout._DropoutNd) and m.p == 0)),
+                             first_step=self.steps_taken, shadowed=shadowed)
+            if self.full:
+                try:
+                    info.initial = copy.deepcopy(module)
+                except Exception:  # noqa: BLE001 - some modules cannot be copied; probes then skip
+                    info.initial = None
+            self.recording.models.append(info)
+            for opt in self.recording.optimizers:
+                self._link(opt)
+        self._module_ids[key] = index
+        return index
+
+    def _forward_pre(self, module, args):
+        self._depth += 1
+        if self._depth != 1 or self._in_loss:
+            return None
+        index = self._model_index(module)
+        if index is None:
+            return None
+        info = self.recording.models[index]
+        info.forwards += 1
+        self._last_model = info
+        grad = torch.is_grad_enabled()
+        loader = self._loader_stack[-1].index if self._loader_stack else None
+        event = ForwardEvent(index, module.training, grad, self.steps_taken, loader=loader)
+        self._pending_forwards.append(event)
+        if self.full:
+            self.recording.forwards.append(event)
+            if grad and len(self.recording.model_inputs) < KEEP:
+                self.recording.model_inputs.append((index, cpu_copy(tuple(args))))
+            for t in _tensors(args):
+                if t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all()):
+                    self._step_record().nonfinite_input = True
+                    break
+        if self.max_forwards is not None and sum(m.forwards for m in self.recording.models) > self.max_forwards:
+            self.recording.stopped = f"{self.max_forwards} model forward calls were recorded"
+            raise StopRun(self.recording.stopped)
+        self._check_time()
+        self._notify("on_forward", info, args)
+        return None
+
+    def _forward_post(self, module, args, output):
+        self._depth = max(self._depth - 1, 0)
+        if self._depth == 0 and not self._in_loss:
+            index = self._module_ids.get(id(module))
+            if index is not None:
+                out = next(_tensors(output), None)
+                if out is not None:
+                    self._last_out = (index, weakref.ref(out), list(out.shape))
+                    if self._pending_forwards and self._pending_forwards[-1].model == index:
+                        self._pending_forwards[-1].node = out.grad_fn
+        return None
+
+    # -- losses -----------------------------------------------------------------------------------
+    def _loss_wrapper(self, name: str, original: Callable) -> Callable:
+        rec = self
+
+        @functools.wraps(original)
+        def loss(*args, **kwargs):
+            if rec._in_loss:
+                return original(*args, **kwargs)
+            rec._in_loss += 1
+            try:
+                value = original(*args, **kwargs)
+            finally:
+                rec._in_loss -= 1
+            try:
+                rec._loss_called(name, args, kwargs, value)
+            except StopRun:
+                raise
+            except Exception:  # noqa: BLE001 - recording must never break the loss
+                pass
+            return value
+        return loss
+
+    def _from_model(self, x: torch.Tensor) -> tuple[bool, list | None]:
+        if self._last_out is None:
+            return False, None
+        _, ref, shape = self._last_out
+        out = ref()
+        if out is None:
+            return bool(x.requires_grad), shape
+        if x is out or (x.untyped_storage().data_ptr() == out.untyped_storage().data_ptr() and x.numel()):
+            return True, shape
+        target = out.grad_fn
+        if target is None:
+            return False, shape
+        stack, seen = [x.grad_fn], 0
+        while stack and seen < 200:
+            node = stack.pop()
+            if node is None:
+                continue
+            seen += 1
+            if node == target:
+                return True, shape
+            stack.extend(fn for fn, _ in node.next_functions)
+        return False, shape
+
+    def _loss_called(self, name: str, args, kwargs, value) -> None:
+        x = args[0] if args else kwargs.get("input")
+        y = args[1] if len(args) > 1 else kwargs.get("target")
+        if not isinstance(x, torch.Tensor):
+            return
+        reduction = kwargs.get("reduction", "mean")
+        if kwargs.get("size_average") is False or kwargs.get("reduce") is False:
+            reduction = "sum" if kwargs.get("reduce") is not False else "none"
+        v = None
+        if isinstance(value, torch.Tensor) and value.numel() == 1:
+            v = float(value.detach())
+        elif isinstance(value, torch.Tensor) and value.numel():
+            v = float(value.detach().float().mean())
+        from_model, out_shape = self._from_model(x)
+        same = False
+        if isinstance(y, torch.Tensor) and self.full:
+            with torch.no_grad():
+                try:
+                    if y.shape == x.shape and y.dtype == x.dtype and y is not x and not y.requires_grad and torch.equal(y, x.detach()):
+                        same = True
+                    elif x.dim() == 2 and y.dim() == 1 and not y.is_floating_point() and len(y) == len(x) and x.shape[1] > 2 \
+                            and torch.equal(y, x.detach().argmax(1)):
+                        same = True
+                except RuntimeError:
+                    same = False
+        training = self._last_model.module.training if self._last_model else None
+        call = LossCall(name, list(x.shape), str(x.dtype).replace("torch.", ""), _shape(y),
+                        str(y.dtype).replace("torch.", "") if isinstance(y, torch.Tensor) else None, v, reduction,
+                        torch.is_grad_enabled(), training, self.steps_taken, self.where() if self.full else None,
+                        from_model, out_shape, same)
+        if self.full and torch.is_grad_enabled() and sum(c.inputs is not None for c in self.recording.loss_calls) < KEEP:
+            call.inputs, call.targets = cpu_copy(x), cpu_copy(y)
+        if isinstance(value, torch.Tensor):
+            call.node = value.grad_fn
+        self.recording.loss_calls.append(call)
+        if call.node is not None or not self.full:
+            self._pending_losses.append(call)
+        self._notify("on_loss", call)
+
+    # -- backward ---------------------------------------------------------------------------------
+    def _before_backward(self, tensors) -> None:
+        loss = tensors if isinstance(tensors, torch.Tensor) else next(_tensors(tensors), None)
+        rec = self.recording
+        rec.backwards += 1
+        step = self._step_record()
+        if self._backward_since_step == 0 and rec.steps and self.full:
+            step.carried = self._carried()
+        self._backward_since_step += 1
+        step.backwards += 1
+        if loss is not None and loss.numel():
+            value = float(loss.detach().float().mean()) if loss.numel() > 1 else float(loss.detach())
+            step.losses.append(value)
+            step.loss = value
+            if self.full:
+                ref = weakref.ref(loss)
+                self._spent[id(loss)] = ref
+                self._spent_all.append(ref)
+                if len(self._spent) > 64:
+                    self._spent = {k: r for k, r in self._spent.items() if r() is not None}
+        if self.full and loss is not None:
+            targets = {id(e.node) for e in self._pending_forwards if e.node is not None}
+            targets |= {id(c.node) for c in self._pending_losses if c.node is not None}
+            reached = _reached(loss.grad_fn, targets)
+        else:
+            reached = None
+        keep_f, keep_l = [], []
+        for event in self._pending_forwards:
+            if reached is None or id(event.node) in reached:
+                event.trained, event.node = True, None
+                step.forwards[event.model] = step.forwards.get(event.model, 0) + 1
+                step.training[event.model] = step.training.get(event.model, True) and event.training
+            else:
+                keep_f.append(event)
+        for call in self._pending_losses:
+            if reached is None or id(call.node) in reached:
+                call.eval, call.node = False, None
+            else:
+                keep_l.append(call)
+        self._pending_forwards, self._pending_losses = keep_f, keep_l
+        if self._loader_stack:
+            self._loader_stack[-1].backwards[-1] += 1
+        self._notify("on_backward", loss)
+
+    def _carried(self) -> float | None:
+        """Share of the optimizers' trainable tensors whose .grad is still non-zero now, at the first
+        backward after a step (cleared gradients are None or all zero)."""
+        grads = [p.grad for info in self.recording.optimizers for g in info.optimizer.param_groups
+                 for p in g["params"] if p.requires_grad]
+        if not grads:
+            return None
+        live = [g for g in grads if g is not None]
+        if not live:
+            return 0.0
+        norms = torch._foreach_norm([g.detach() for g in live])
+        nonzero = sum(1 for n in norms if float(n) > 0)
+        return nonzero / len(grads)
+
+    def _graph_op(self, func) -> None:
+        where = self.where()
+        if where and where not in self._graph_where and len(self._graph_where) < 8:
+            self._graph_where.add(where)
+            self.recording.graph_kept.append(f"{getattr(func, '__name__', str(func))} at {where}")
+
+    # -- optimizer steps --------------------------------------------------------------------------
+    def _optimizer_info(self, optimizer) -> OptimizerInfo:
+        info = self._opt_ids.get(id(optimizer))
+        if info is None or info.optimizer is not optimizer:
+            groups = []
+            for g in optimizer.param_groups:
+                params = [p for p in g["params"]]
+                groups.append({"lr": float(g.get("lr", math.nan)) if not isinstance(g.get("lr"), torch.Tensor) else float(g["lr"]),
+                               "params": params, "tensors": len(params), "values": sum(p.numel() for p in params),
+                               **{k: v for k, v in g.items() if k not in ("params", "lr") and isinstance(v, (int, float, bool, str, tuple))}})
+            info = OptimizerInfo(len(self.recording.optimizers), type(optimizer).__name__, optimizer, groups)
+            self._opt_ids[id(optimizer)] = info
+            self.recording.optimizers.append(info)
+            self._link(info)
+            if self.lr_scale and id(optimizer) not in self._scaled:
+                self._scaled.add(id(optimizer))
+                for g in optimizer.param_groups:
+                    g["lr"] = g["lr"] * self.lr_scale
+        return info
+
+    def _link(self, info: OptimizerInfo) -> None:
+        ids = {id(p) for g in info.groups for p in g["params"]}
+        info.models = [m.index for m in self.recording.models if any(id(p) in ids for p in m.module.parameters())]
+        owned = {id(p) for m in self.recording.models for p in m.module.parameters()}
+        info.foreign = len(ids - owned)
+
+    def _step_record(self) -> StepRecord:
+        if self._pending is None:
+            self._pending = StepRecord(step=self.steps_taken + 1, optimizer=-1, t=0.0)
+        return self._pending
+
+    def _step_pre(self, optimizer, args, kwargs):
+        info = self._optimizer_info(optimizer)
+        step = self._step_record()
+        step.optimizer, step.t = info.index, self.now()
+        step.zero_grad = self._zero_grad_since
+        step.epoch, step.batch = self._epochs, self._batch_index
+        step.scheduler_steps = len(self.recording.scheduler_steps)
+        step.lrs = [float(g["lr"]) for g in optimizer.param_groups]
+        step.grad_enabled = torch.is_grad_enabled()
+        trainable = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
+        grads = [p.grad.detach() for p in trainable if p.grad is not None]
+        step.grads_total, step.grads_none = len(trainable), len(trainable) - len(grads)
+        if grads:
+            norms = torch._foreach_norm(grads)
+            total = float(torch.linalg.vector_norm(torch.stack([n.float() for n in norms])))
+            step.grad_norm = total
+            step.grads_nonfinite = not math.isfinite(total)
+        else:
+            step.grad_norm = 0.0
+        calls = [c for c in self.recording.loss_calls if c.step == self.steps_taken and c.grad_enabled]
+        step.loss_calls = len(calls)
+        values = [c.value for c in calls if c.value is not None]
+        step.loss_call_mean = sum(values) / len(values) if values else None
+        if self.full and trainable and step.step <= 64:
+            self._before_step = [p.detach().clone() for p in trainable]
+        self._notify("on_step_pre", optimizer, step)
+
+    def _step_post(self, optimizer, args, kwargs):
+        step = self._step_record()
+        self._pending = None
+        info = self._optimizer_info(optimizer)
+        info.steps += 1
+        if self._before_step is not None:
+            trainable = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
+            if len(trainable) == len(self._before_step):
+                diffs = torch._foreach_sub([p.detach() for p in trainable], self._before_step)
+                step.update = max((float(d.abs().max()) for d in diffs if d.numel()), default=0.0)
+            self._before_step = None
+        now = self.now()
+        step.duration_s = now - self._last_step_t
+        self._last_step_t = now
+        self.recording.steps.append(step)
+        self._zero_grad_since = False
+        self._backward_since_step = 0
+        for event in self._pending_forwards:
+            event.node = None
+        for call in self._pending_losses:
+            call.node = None
+        self._pending_forwards, self._pending_losses = [], []
+        self._notify("on_step_post", optimizer, step)
+        if self.max_steps is not None and len(self.recording.steps) >= self.max_steps:
+            self.recording.stopped = f"the budget of {self.max_steps} optimizer steps was reached"
+            raise StopRun(self.recording.stopped)
+        self._check_time()
+
+    # -- schedulers -------------------------------------------------------------------------------
+    def _scheduler_seen(self, scheduler) -> dict:
+        for s in self.recording.schedulers:
+            if s["object"] is scheduler:
+                return s
+        opt = getattr(scheduler, "optimizer", None)
+        entry = {"name": type(scheduler).__name__, "index": len(self.recording.schedulers), "object": scheduler,
+                 "optimizer": self._optimizer_info(opt).index if opt is not None else None, "steps": 0}
+        self.recording.schedulers.append(entry)
+        return entry
+
+    def _scheduler_stepped(self, scheduler) -> None:
+        entry = self._scheduler_seen(scheduler)
+        entry["steps"] += 1
+        opt = getattr(scheduler, "optimizer", None)
+        lr = float(opt.param_groups[0]["lr"]) if opt is not None and opt.param_groups else None
+        event = SchedulerEvent(entry["name"], entry["index"], self.steps_taken, self._epochs, lr)
+        self.recording.scheduler_steps.append(event)
+        self._notify("on_scheduler", event)
+
+    # -- data loaders -----------------------------------------------------------------------------
+    def _loader_info(self, loader: DataLoader) -> LoaderInfo:
+        for info in self.recording.loaders:
+            if info.loader is loader:
+                return info
+        try:
+            dataset_len = len(loader.dataset)
+        except Exception:  # noqa: BLE001 - iterable datasets have no length
+            dataset_len = None
+        try:
+            length = len(loader)
+        except Exception:  # noqa: BLE001
+            length = None
+        sampler = getattr(loader, "sampler", None)
+        info = LoaderInfo(len(self.recording.loaders), loader, dataset_len, getattr(loader, "batch_size", None),
+                          isinstance(sampler, torch.utils.data.RandomSampler), bool(getattr(loader, "drop_last", False)), length)
+        self.recording.loaders.append(info)
+        return info
+
+    def finish(self) -> Recording:
+        """Close what is still open (called on exit): pending forwards with no backward are evaluation."""
+        rec = self.recording
+        rec.seconds = round(self.now(), 3)
+        rec.losses_alive = sum(1 for r in self._spent_all if r() is not None)
+        self._spent_all = []
+        self._spent = {}
+        for item in self._pending_forwards + self._pending_losses:
+            item.node = None
+        self._pending_forwards, self._pending_losses = [], []
+        return rec
+
+    def record_error(self, exc: BaseException) -> RecordedError:
+        frames = traceback.extract_tb(exc.__traceback__)
+        where = None
+        for frame in reversed(frames):
+            if str(Path(frame.filename).resolve()) in self.files:
+                where = f"{Path(frame.filename).name}:{frame.lineno} in {frame.name}"
+                break
+        if where is None:
+            for frame in reversed(frames):
+                resolved = str(Path(frame.filename).resolve())
+                if any(resolved.startswith(f) for f in self.folders):
+                    where = f"{Path(frame.filename).name}:{frame.lineno} in {frame.name}"
+                    break
+        text = str(exc).strip().splitlines()
+        err = RecordedError(type(exc).__name__, text[0][:400] if text else "", where,
+                            "".join(traceback.format_exception(exc)[-8:]), self.steps_taken, exc)
+        self.recording.error = err
+        return err
+
+
+def _reached(root, targets: set[int], limit: int = 4000) -> set[int]:
+    """Which of the autograd nodes (by id) in ``targets`` the graph below ``root`` reaches."""
+    found: set[int] = set()
+    if root is None or not targets:
+        return found
+    queue, seen = [root], set()
+    while queue and len(seen) < limit and len(found) < len(targets):
+        node = queue.pop(0)
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if id(node) in targets:
+            found.add(id(node))
+        queue.extend(fn for fn, _ in node.next_functions)
+    return found
+
+
+class _LoaderIter:
+    """Wraps a DataLoader iterator: counts batches, caps them per epoch, may replace each batch."""
+
+    def __init__(self, rec: Recorder, loader: DataLoader, inner):
+        self.rec, self.inner = rec, inner
+        self.info = rec._loader_info(loader)
+        self.info.iterations += 1
+        self.info.batches.append(0)
+        self.info.backwards.append(0)
+        self.count = 0
+        self.done = False
+        rec._epochs += 1
+        rec._loader_stack.append(self.info)
+
+    def __iter__(self):
+        return self
+
+    def __len__(self):
+        return len(self.inner)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def _close(self) -> None:
+        if not self.done:
+            self.done = True
+            stack = self.rec._loader_stack
+            if self.info in stack:
+                stack.remove(self.info)
+
+    def __next__(self):
+        rec = self.rec
+        if rec.limit_batches is not None and self.count >= rec.limit_batches:
+            self._close()
+            raise StopIteration
+        try:
+            batch = next(self.inner)
+        except StopIteration:
+            self._close()
+            raise
+        if self.done:  # the epoch re-entered after a cap: count it again
+            self.done = False
+            rec._loader_stack.append(self.info)
+        if rec.replace_batch is not None:
+            batch = rec.replace_batch(batch, self.count)
+        rec._batch_index = self.count
+        self.count += 1
+        self.info.batches[-1] = self.count
+        if rec.full and len(rec.recording.batches) < KEEP:
+            rec.recording.batches.append(cpu_copy(batch))
+        rec._notify("on_batch", batch, self.count - 1)
+        rec._check_time()
+        return batch

@@ -1,0 +1,500 @@
+"""Run the user's training script as ``python train.py ARGS`` would, under the recorder, bounded, with
+its output captured and (optionally) its writes sandboxed.
+
+Usage::
+
+    from nnwizard.script_run import RunOptions, load_script, run_script
+
+    script = load_script("train.py")                  # UsageError (exit 2): missing file, syntax error
+    result = run_script(script, ["--epochs", "1"], RunOptions(max_steps=40))
+    result.recording      # the Recording (nnwizard.recorder)
+    result.exit           # "finished" | "stopped" (budget) | "raised" | "exited" (sys.exit != 0) | "interrupted"
+    result.output         # the script's last printed lines (stdout and stderr, interleaved)
+    result.written        # files the script wrote, as [(the path it asked for, where it went)]
+
+The script runs with ``__name__ == "__main__"``, ``sys.argv = [path, *args]``, its folder first on
+``sys.path`` and the current directory unchanged (a dotted name runs like ``python -m``). The budget
+(``max_steps`` optimizer steps, ``limit_batches`` per DataLoader pass, ``time_limit_s``) ends the run
+by raising :class:`~nnwizard.recorder.StopRun` (a BaseException) inside the script. ``sandbox=True``
+(diagnosis) sends every write to a scratch folder and redirects later reads of those files there, so
+existing files stay byte-identical; watch mode runs with ``sandbox=False``. sys.argv, sys.path,
+sys.modules (the script's own modules), stdout/stderr, the RNG states and grad mode are restored.
+"""
+
+from __future__ import annotations
+
+import builtins
+import collections
+import importlib.util
+import io
+import os
+import runpy
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nnwizard.errors import UsageError
+from nnwizard.recorder import Recorder, Recording, StopRun
+
+DEFAULT_MAX_STEPS = 60
+DEFAULT_LIMIT_BATCHES = 20
+DEFAULT_TIME_LIMIT_S = 30.0
+OUTPUT_LINES = 200
+
+
+@dataclass
+class Script:
+    spec: str            # as given
+    path: Path | None    # the file that runs
+    module: str | None   # a dotted name run like `python -m`
+    folder: Path
+
+    @property
+    def files(self) -> list[Path]:
+        return [self.path] if self.path else []
+
+
+@dataclass
+class RunOptions:
+    max_steps: int | None = DEFAULT_MAX_STEPS
+    limit_batches: int | None = DEFAULT_LIMIT_BATCHES
+    time_limit_s: float | None = DEFAULT_TIME_LIMIT_S
+    mode: str = "full"
+    sandbox: bool = True
+    seed: int | None = 0
+    replace_batch: Any = None
+    lr_scale: float | None = None
+    listeners: list = field(default_factory=list)
+    scratch: Path | None = None
+    capture: bool = True
+
+
+@dataclass
+class RunResult:
+    script: Script
+    args: list[str]
+    recording: Recording
+    exit: str
+    exit_code: int | None = None
+    output: list[str] = field(default_factory=list)
+    written: list[tuple[str, str]] = field(default_factory=list)
+    scratch: Path | None = None
+    seconds: float = 0.0
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def crashed(self) -> bool:
+        return self.exit == "raised"
+
+
+# ------------------------------------------------------------------------------------ loading
+def load_script(spec: str) -> Script:
+    """Find and syntax-check the script; UsageError (exit 2, one line) when it cannot run at all."""
+    path = Path(spec)
+    if path.suffix == ".py" or os.sep in spec or path.exists():
+        if not path.is_file():
+            raise UsageError(f"--script {spec}: no such file")
+        _syntax_check(path, spec)
+        return Script(spec, path.resolve(), None, path.resolve().parent)
+    cwd = str(Path.cwd())
+    added = cwd not in sys.path
+    if added:
+        sys.path.insert(0, cwd)
+    try:
+        found = importlib.util.find_spec(spec)
+    except (ImportError, ValueError):
+        found = None
+    finally:
+        if added:
+            sys.path.remove(cwd)
+    if found is None or not found.origin or not found.origin.endswith(".py"):
+        raise UsageError(f"--script {spec}: no such file, and no module of that name importable from {cwd}")
+    origin = Path(found.origin)
+    if origin.name == "__init__.py":
+        main = origin.parent / "__main__.py"
+        if not main.is_file():
+            raise UsageError(f"--script {spec}: a package without __main__.py cannot be run")
+        origin = main
+    _syntax_check(origin, spec)
+    return Script(spec, origin.resolve(), spec, Path.cwd())
+
+
+def _syntax_check(path: Path, spec: str) -> None:
+    try:
+        source = path.read_bytes()
+    except OSError as exc:
+        raise UsageError(f"--script {spec}: cannot read: {exc.strerror}") from None
+    try:
+        compile(source, str(path), "exec")
+    except SyntaxError as exc:
+        raise UsageError(f"--script {spec}: syntax error at line {exc.lineno}: {exc.msg}") from None
+    except ValueError as exc:
+        raise UsageError(f"--script {spec}: cannot be compiled: {exc}") from None
+
+
+# ------------------------------------------------------------------------------------ output
+class _Capture(io.TextIOBase):
+    """A stdout/stderr stand-in keeping the last lines (optionally also passing them through)."""
+
+    def __init__(self, lines: collections.deque, stream_name: str):
+        self.lines, self.name = lines, stream_name
+        self.partial = ""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        text = str(text)
+        data = self.partial + text.replace("\r", "\n")
+        parts = data.split("\n")
+        self.partial = parts.pop()
+        for line in parts:
+            if line.strip():
+                self.lines.append(line.rstrip()[:300])
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+    def close_partial(self) -> None:
+        if self.partial.strip():
+            self.lines.append(self.partial.rstrip()[:300])
+        self.partial = ""
+
+
+# ------------------------------------------------------------------------------------ sandbox
+class Sandbox:
+    """Redirects the script's writes to ``scratch``; reads of redirected files follow them there."""
+
+    def __init__(self, scratch: Path):
+        self.scratch = scratch.resolve()
+        self.map: dict[str, Path] = {}   # real absolute path -> scratch path
+        self.removed: set[str] = set()
+        self._undo: list = []
+        self.cwd = Path.cwd().resolve()
+        self._exempt = [str(self.scratch), os.devnull]
+        home = Path.home()
+        for p in (home / ".cache", home / ".config" / "matplotlib", Path(sys.prefix)):
+            self._exempt.append(str(p))
+        self._local = threading.local()
+
+    # -- mapping ------------------------------------------------------------------------------------
+    def _abs(self, file) -> str | None:
+        if isinstance(file, int):
+            return None
+        try:
+            raw = os.fspath(file)
+        except TypeError:
+            return None
+        if isinstance(raw, bytes):
+            raw = raw.decode(errors="replace")
+        return os.path.abspath(raw)
+
+    def _exempted(self, path: str) -> bool:
+        return any(path == e or path.startswith(e.rstrip(os.sep) + os.sep) for e in self._exempt)
+
+    def _scratch_for(self, path: str) -> Path:
+        p = Path(path)
+        try:
+            rel = p.relative_to(self.cwd)
+        except ValueError:
+            rel = Path("_abs") / p.relative_to(p.anchor)
+        return self.scratch / rel
+
+    def redirect_write(self, file, copy_existing: bool = False):
+        path = self._abs(file)
+        if path is None or self._exempted(path):
+            return file
+        target = self.map.get(path)
+        if target is None:
+            target = self._scratch_for(path)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if copy_existing and os.path.isfile(path) and not target.exists():
+                shutil.copy2(path, target)
+            self.map[path] = target
+        self.removed.discard(path)
+        return str(target)
+
+    def redirect_read(self, file):
+        path = self._abs(file)
+        if path is not None and path in self.map:
+            return str(self.map[path])
+        return file
+
+    def known_dir(self, path: str) -> bool:
+        prefix = path.rstrip(os.sep) + os.sep
+        return any(k == path or k.startswith(prefix) for k in self.map)
+
+    # -- patches ------------------------------------------------------------------------------------
+    def _set(self, owner, name, value) -> None:
+        original = getattr(owner, name)
+        setattr(owner, name, value)
+        self._undo.append(lambda: setattr(owner, name, original))
+
+    def __enter__(self) -> "Sandbox":
+        sb = self
+        real_open = builtins.open
+
+        def sandboxed_open(file, mode="r", *args, **kwargs):
+            if isinstance(file, int) or getattr(sb._local, "busy", False):
+                return real_open(file, mode, *args, **kwargs)
+            if any(c in mode for c in "wax+"):
+                file = sb.redirect_write(file, copy_existing=("a" in mode or "+" in mode))
+            else:
+                file = sb.redirect_read(file)
+            return real_open(file, mode, *args, **kwargs)
+
+        self._set(builtins, "open", sandboxed_open)
+        self._set(io, "open", sandboxed_open)
+        real_mkdir, real_makedirs = os.mkdir, os.makedirs
+
+        def mkdir(path, mode=0o777, *args, **kwargs):
+            p = sb._abs(path)
+            if p is None or sb._exempted(p):
+                return real_mkdir(path, mode, *args, **kwargs)
+            if os.path.isdir(p):
+                raise FileExistsError(17, "File exists", str(path))
+            target = sb._scratch_for(p)
+            sb.map.setdefault(p, target)
+            target.mkdir(parents=True, exist_ok=True)
+
+        def makedirs(name, mode=0o777, exist_ok=False):
+            p = sb._abs(name)
+            if p is None or sb._exempted(p):
+                return real_makedirs(name, mode, exist_ok)
+            if os.path.isdir(p) or p in sb.map:
+                if not exist_ok:
+                    raise FileExistsError(17, "File exists", str(name))
+                return None
+            target = sb._scratch_for(p)
+            sb.map.setdefault(p, target)
+            target.mkdir(parents=True, exist_ok=True)
+
+        self._set(os, "mkdir", mkdir)
+        self._set(os, "makedirs", makedirs)
+        real_exists, real_isdir, real_isfile = os.path.exists, os.path.isdir, os.path.isfile
+
+        def follow(real):
+            def check(path):
+                p = sb._abs(path)
+                if p is not None and p in sb.removed:
+                    return False
+                if p is not None and p in sb.map:
+                    return real(str(sb.map[p]))
+                return real(path)
+            return check
+
+        self._set(os.path, "exists", follow(real_exists))
+        self._set(os.path, "isdir", follow(real_isdir))
+        self._set(os.path, "isfile", follow(real_isfile))
+
+        def guarded_remove(real):
+            def remove(path, *args, **kwargs):
+                p = sb._abs(path)
+                if p is None or sb._exempted(p):
+                    return real(path, *args, **kwargs)
+                if p in sb.map:
+                    target = sb.map.pop(p)
+                    if target.is_file():
+                        target.unlink()
+                    return None
+                if real_exists(p):
+                    sb.removed.add(p)   # the original stays; the script sees it gone
+                    return None
+                return real(path, *args, **kwargs)
+            return remove
+
+        self._set(os, "remove", guarded_remove(os.remove))
+        self._set(os, "unlink", guarded_remove(os.unlink))
+        real_rename, real_replace = os.rename, os.replace
+
+        def moved(real):
+            def rename(src, dst, *args, **kwargs):
+                s, d = sb._abs(src), sb._abs(dst)
+                if s is None or d is None or (sb._exempted(s) and sb._exempted(d)):
+                    return real(src, dst, *args, **kwargs)
+                source = sb.map.get(s)
+                if source is None:
+                    source_path = Path(s)
+                    target = Path(sb.redirect_write(dst))
+                    shutil.copy2(source_path, target) if source_path.is_file() else None
+                    sb.removed.add(s)
+                    return None
+                target = Path(sb.redirect_write(dst))
+                real(str(source), str(target))
+                sb.map.pop(s, None)
+                return None
+            return rename
+
+        self._set(os, "rename", moved(real_rename))
+        self._set(os, "replace", moved(real_replace))
+        real_save, real_load = torch.save, torch.load
+
+        def save(obj, f, *args, **kwargs):
+            if isinstance(f, (str, os.PathLike)):
+                f = sb.redirect_write(f)
+            return real_save(obj, f, *args, **kwargs)
+
+        def load(f, *args, **kwargs):
+            if isinstance(f, (str, os.PathLike)):
+                f = sb.redirect_read(f)
+            return real_load(f, *args, **kwargs)
+
+        self._set(torch, "save", save)
+        self._set(torch, "load", load)
+        try:
+            import numpy as np
+            real_np_load = np.load
+            self._set(np, "load", lambda file, *a, **k: real_np_load(sb.redirect_read(file), *a, **k))
+        except ImportError:  # pragma: no cover
+            pass
+        return self
+
+    def __exit__(self, *exc) -> None:
+        while self._undo:
+            self._undo.pop()()
+
+    def written(self) -> list[tuple[str, str]]:
+        out = []
+        for real, target in sorted(self.map.items()):
+            if target.is_file():
+                try:
+                    shown = str(Path(real).relative_to(self.cwd))
+                except ValueError:
+                    shown = real
+                out.append((shown, str(target)))
+        return out
+
+
+# ------------------------------------------------------------------------------------ running
+@contextmanager
+def _script_environment(script: Script, args: list[str]):
+    saved_argv, saved_path = list(sys.argv), list(sys.path)
+    before = set(sys.modules)
+    sys.argv = [str(script.path) if script.module is None else str(script.path), *args]
+    sys.path.insert(0, str(script.folder))
+    saved_backend = os.environ.get("MPLBACKEND")
+    os.environ["MPLBACKEND"] = "Agg"
+    plt_show = None
+    if "matplotlib.pyplot" in sys.modules:
+        plt = sys.modules["matplotlib.pyplot"]
+        plt_show = plt.show
+        plt.show = lambda *a, **k: None
+    saved_stdin = sys.stdin
+    sys.stdin = io.StringIO("")
+    try:
+        yield
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+        sys.stdin = saved_stdin
+        if saved_backend is None:
+            os.environ.pop("MPLBACKEND", None)
+        else:
+            os.environ["MPLBACKEND"] = saved_backend
+        if plt_show is not None:
+            sys.modules["matplotlib.pyplot"].show = plt_show
+        folder = str(script.folder)
+        for name in set(sys.modules) - before:  # the script's own modules are imported afresh next run
+            module = sys.modules.get(name)
+            origin = getattr(module, "__file__", None) or ""
+            if origin.startswith(folder) and "site-packages" not in origin:
+                sys.modules.pop(name, None)
+
+
+@contextmanager
+def _alarm(seconds: float | None):
+    """A time limit for code that never calls torch (a hang in data loading): SIGALRM, main thread."""
+    if not seconds or threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+        yield
+        return
+
+    def fire(signum, frame):
+        raise StopRun(f"the time limit of {seconds:.0f} s was reached")
+
+    previous = signal.signal(signal.SIGALRM, fire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def run_script(script: Script, args: list[str] | None = None, options: RunOptions | None = None) -> RunResult:
+    """Run the script once; never raises for what the script does (KeyboardInterrupt excepted)."""
+    from nnwizard.isolation import preserved_state, seed_everything
+
+    args = list(args or [])
+    opts = options or RunOptions()
+    lines: collections.deque = collections.deque(maxlen=OUTPUT_LINES)
+    out, err = _Capture(lines, "stdout"), _Capture(lines, "stderr")
+    scratch = None
+    if opts.sandbox:
+        scratch = opts.scratch or Path(tempfile.mkdtemp(prefix="nnwizard-script-"))
+        scratch.mkdir(parents=True, exist_ok=True)
+    recorder = Recorder(opts.mode, files=script.files, max_steps=opts.max_steps, time_limit_s=opts.time_limit_s,
+                        limit_batches=opts.limit_batches, replace_batch=opts.replace_batch, listeners=opts.listeners,
+                        lr_scale=opts.lr_scale)
+    exit_kind, code = "finished", None
+    sandbox = Sandbox(scratch) if scratch is not None else None
+    started = time.monotonic()
+    saved_out, saved_err = sys.stdout, sys.stderr
+    caught: list = []
+    with preserved_state():
+        if opts.seed is not None:
+            seed_everything(opts.seed)
+        with _script_environment(script, args), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("default")
+            if opts.capture:
+                sys.stdout, sys.stderr = out, err
+            try:
+                with (sandbox or _null()), recorder, _alarm((opts.time_limit_s or 0) * 1.5 + 5 if opts.time_limit_s else None):
+                    try:
+                        if script.module is not None:
+                            runpy.run_module(script.module, run_name="__main__", alter_sys=True)
+                        else:
+                            runpy.run_path(str(script.path), run_name="__main__")
+                    except StopRun as stop:
+                        exit_kind = "stopped"
+                        recorder.recording.stopped = recorder.recording.stopped or str(stop)
+                    except SystemExit as exc:
+                        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+                        exit_kind = "finished" if code == 0 else "exited"
+                        if exc.code not in (None, 0) and not isinstance(exc.code, int):
+                            lines.append(str(exc.code)[:300])
+                    except KeyboardInterrupt:
+                        exit_kind = "interrupted"
+                    except Exception as exc:  # noqa: BLE001 - the script raising is evidence
+                        exit_kind = "raised"
+                        recorder.record_error(exc)
+            except StopRun as stop:  # the alarm fired outside the script's own frames
+                exit_kind = "stopped"
+                recorder.recording.stopped = recorder.recording.stopped or str(stop)
+            finally:
+                sys.stdout, sys.stderr = saved_out, saved_err
+                out.close_partial()
+                err.close_partial()
+    if exit_kind == "interrupted":
+        raise KeyboardInterrupt
+    result = RunResult(script, args, recorder.recording, exit_kind, code, list(lines),
+                       sandbox.written() if sandbox else [], scratch, round(time.monotonic() - started, 3),
+                       list(dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught))[:8])
+    return result
+
+
+@contextmanager
+def _null():
+    yield None
