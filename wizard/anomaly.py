@@ -7,10 +7,14 @@ any model; ``Triggers`` takes other values):
 - ``nonfinite``   the loss or the global gradient norm is NaN/Inf (the first such step of the run).
 - ``loss-spike``  with at least ``min_history`` finite losses in the window of the last ``window``
                   steps, the loss lies more than ``spike_ranges`` times the window's own range
-                  (max - min) above the window's maximum. Minibatch noise stays inside the range the
-                  run has already shown; a divergence leaves it by several widths at once.
-- ``grad-explosion`` the global gradient norm exceeds ``explode_factor`` times the window's median
-                  and twice its maximum (a norm that has grown steadily does not count; a jump does).
+                  (max - min) above the window's maximum, and more than ``spike_floor`` (10%) of the
+                  run's starting level (the median of its first 5 losses) above it. Minibatch noise
+                  stays inside the range the run has already shown; a divergence leaves it by several
+                  widths at once. The floor keeps a converged run (loss 1e-3, a batch at 1e-2) quiet.
+- ``grad-explosion`` the global gradient norm exceeds ``explode_factor`` times the window's median,
+                  twice its maximum (a norm that has grown steadily does not count; a jump does) and
+                  the run's starting level (the median of its first 5 norms): in a converged run a hard
+                  batch's gradient is many times the tiny median and still small.
 - ``stalled``     the loss has not moved (|change| <= 1e-7 of its size) for ``stall_steps``
                   consecutive steps, or the gradient norm was exactly zero for all of them.
 
@@ -32,6 +36,7 @@ class Triggers:
     window: int = 50
     min_history: int = 20
     spike_ranges: float = 3.0
+    spike_floor: float = 0.1
     explode_factor: float = 10.0
     stall_steps: int = 100
     repeat: bool = False
@@ -62,6 +67,8 @@ class Detector:
     _still: int = 0
     _zero: int = 0
     _last: float | None = None
+    _first: list = field(default_factory=list)
+    _first_norms: list = field(default_factory=list)
 
     def _fire(self, kind: str) -> bool:
         if kind not in self.triggers.enabled or (kind in self.fired and not self.triggers.repeat):
@@ -80,18 +87,23 @@ class Detector:
                 found = Anomaly("nonfinite", step, f"{what} is {value} at step {step}", lv, grad_norm)
             return found  # a non-finite value never enters the windows
         spike = explode = False
+        if loss is not None and len(self._first) < 5:
+            self._first.append(loss)
         if loss is not None and len(self.losses) >= t.min_history:
             hi, lo = max(self.losses), min(self.losses)
-            limit = hi + t.spike_ranges * (hi - lo)
+            limit = max(hi + t.spike_ranges * (hi - lo), hi + t.spike_floor * abs(statistics.median(self._first)))
             if loss > limit and hi > lo:
                 spike = True
                 if self._fire("loss-spike"):
                     found = Anomaly("loss-spike", step, f"loss {loss:.4g} at step {step} is {(loss - hi) / (hi - lo):.1f}x "
                                     f"the recent range above the last {len(self.losses)} steps' maximum {hi:.4g} "
                                     f"(range {lo:.4g}..{hi:.4g})", lv, grad_norm)
+        if grad_norm is not None and len(self._first_norms) < 5:
+            self._first_norms.append(grad_norm)
         if found is None and grad_norm is not None and len(self.norms) >= t.min_history:
             med, hi = statistics.median(self.norms), max(self.norms)
-            if med > 0 and grad_norm > t.explode_factor * med and grad_norm > 2 * hi:
+            if med > 0 and grad_norm > t.explode_factor * med and grad_norm > 2 * hi \
+                    and grad_norm > statistics.median(self._first_norms):
                 explode = True
                 if self._fire("grad-explosion"):
                     found = Anomaly("grad-explosion", step, f"gradient norm {grad_norm:.4g} at step {step} is "

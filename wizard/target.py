@@ -302,4 +302,5 @@ def user_source_files(target: Target) -> list[Path]:
             path = None
         if path and path not in files:
             files.append(path)
+    files += [p for p in getattr(target, "extra_sources", []) if p not in files]  # e.g. a replayed model's own file
     return files

@@ -260,12 +260,12 @@ class Watch:
             calls[-1]["out"] = output
         return None
 
-    def on_loss_args(self, rec, call, args, kwargs, value, original) -> None:
+    def on_loss_args(self, rec, call, args, kwargs, value) -> None:
         if not torch.is_grad_enabled() or not isinstance(value, torch.Tensor) or len(self._current["losses"]) >= MAX_PER_STEP:
             return
         x = args[0] if args else kwargs.get("input")
         y = args[1] if len(args) > 1 else kwargs.get("target")
-        self._current["losses"].append({"fn": call.fn, "func": original, "x": x, "target": y, "extra": tuple(args[2:]),
+        self._current["losses"].append({"fn": call.fn, "x": x, "target": y, "extra": tuple(args[2:]),
                                         "kwargs": {k: v for k, v in kwargs.items() if k not in ("input", "target")},
                                         "value": value})
 
