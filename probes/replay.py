@@ -12,7 +12,8 @@ run's recent history, and re-execute the saved step from the saved state.
                      after the update, are the weights finite and is the loss on this batch and the
                      batch before back inside the run's recent range?
 - ``replay-history`` the learning rate and gradient norm over the logged history: did the LR rise
-                     by an order of magnitude or more since the step with the best loss?
+                     by an order of magnitude or more over the run, and keep rising after the step
+                     with the best loss (the loss got worse as the LR grew)?
 
 Thresholds: "far beyond" is a factor of ``EXTREME = 100`` over the largest |value| of the ring's
 batches (minibatches of one dataset differ by a few x, not two orders of magnitude); the recent range
@@ -249,6 +250,10 @@ def replay_swap(ctx: ProbeContext):
                 f"{data['jump_before']:.4g})" if jump is not None else ""
         return failed("batch", f"the state before step {target.bundle.step} gives loss {prev_loss:.4g} on the batch before "
                       f"(in range) and {loss:.4g} on this batch{where}", [table], **data)
+    forward = [o for o in ops if o[0].phase == "forward"]
+    if forward:
+        rec, v, _ = max(forward, key=lambda o: o[1])
+        data.update(peak_op=rec.op, peak_where=rec.where or "?", peak_text=rec.describe(), peak_value=v)
     return failed("state", f"the state before step {target.bundle.step} is already off: loss {prev_loss:.4g} on the batch "
                   f"before and {loss:.4g} on this one (recent range {rng[0]:.4g}..{rng[1]:.4g})" if rng else
                   f"the state before step {target.bundle.step} is already off on the batch before too", [table], **data)
@@ -336,7 +341,8 @@ def replay_repair(ctx: ProbeContext):
 @probe(
     "replay-history",
     title="The learning rate and gradient norm over the watch history before the anomaly",
-    outcomes={"lr-rose": "the LR rose 10x or more since the step with the best loss", "lr-steady": "the LR did not rise",
+    outcomes={"lr-rose": "the LR rose 10x or more over the run and kept rising after the best loss",
+              "lr-steady": "the LR did not rise so",
               "no-history": "too little history", "no-bundle": "not a replay"},
     timeout_s=10,
 )
@@ -353,20 +359,23 @@ def replay_history(ctx: ProbeContext):
     best = min(points, key=lambda h: h["loss"])
     lr_now = meta.get("lrs", [None])[0]
     lr_now = float(lr_now) if isinstance(lr_now, (int, float)) else points[-1]["lr"]
-    first = points[0]
+    starts = [h for h in [meta.get("first") or {}] + points if isinstance(h.get("lr"), (int, float)) and h["lr"] > 0]
+    first = starts[0] if starts else points[0]
     norms = [h["grad_norm"] for h in points if isinstance(h.get("grad_norm"), (int, float)) and math.isfinite(h["grad_norm"])]
     data = dict(step=target.bundle.step, lr_now=lr_now, lr_first=first["lr"], first_step=first["step"],
                 best_step=best["step"], best_loss=best["loss"], lr_at_best=best["lr"], lr_max=max(h["lr"] for h in points),
                 grad_norm_first=norms[0] if norms else math.nan, grad_norm_last=norms[-1] if norms else math.nan,
                 points=len(points))
-    data["lr_rise"] = lr_now / best["lr"] if best["lr"] > 0 else math.inf
+    data["lr_rise"] = lr_now / first["lr"] if first["lr"] > 0 else math.inf
+    data["lr_since_best"] = lr_now / best["lr"] if best["lr"] > 0 else math.inf
     plot = LinePlot("replay-history", f"The watch history up to step {target.bundle.step}",
                     {"loss": [h["loss"] for h in points]}, x=[h["step"] for h in points],
                     marks={f"anomaly (step {target.bundle.step})": target.bundle.step})
     lr_plot = LinePlot("replay-lr", "Learning rate", {"lr": [h["lr"] for h in points]}, x=[h["step"] for h in points],
                        ylabel="lr", logy=all(h["lr"] > 0 for h in points))
-    text = (f"the loss was lowest ({best['loss']:.4g}) at step {best['step']} with lr {best['lr']:.3g}; at step "
-            f"{target.bundle.step} the lr is {lr_now:.3g} ({data['lr_rise']:.3g}x)")
-    if best["step"] < target.bundle.step and data["lr_rise"] >= LR_RISE:
+    text = (f"the lr rose from {first['lr']:.3g} at step {first['step']} to {lr_now:.3g} at step {target.bundle.step} "
+            f"({data['lr_rise']:.3g}x); the loss was lowest ({best['loss']:.4g}) at step {best['step']} with lr "
+            f"{best['lr']:.3g} and got worse while the lr kept rising ({data['lr_since_best']:.3g}x since)")
+    if best["step"] < target.bundle.step and data["lr_rise"] >= LR_RISE and data["lr_since_best"] > 1.2:
         return failed("lr-rose", text, [plot, lr_plot], **data)
     return passed(text, "lr-steady", artifacts=[plot, lr_plot], **data)

@@ -74,7 +74,7 @@ class Net(nn.Module):
         return self.fc2(torch.relu(self.fc1(x)))
 
 
-def _loop(out, bad_step=None, steps=120, on_anomaly="continue", every=10):
+def _loop(out, bad_step=None, steps=120, on_anomaly="continue", every=10, value=float("nan")):
     torch.manual_seed(0)
     model, crit = Net(), nn.CrossEntropyLoss()
     opt = torch.optim.Adam(model.parameters(), 1e-2)
@@ -85,7 +85,7 @@ def _loop(out, bad_step=None, steps=120, on_anomaly="continue", every=10):
         for i in range(steps):
             x, y = X[i * 10:(i + 1) * 10].clone(), Y[i * 10:(i + 1) * 10]
             if bad_step is not None and i + 1 == bad_step:
-                x[4, 2] = float("nan")
+                x[4, 0] = value
             loss = crit(model(x), y)
             opt.zero_grad()
             loss.backward()
@@ -158,3 +158,14 @@ def test_replay_of_a_finite_step_is_not_reproduced_as_nan(tmp_path):
     assert not ids & {"nan-in-inputs", "missing-epsilon", "bad-batch"}
     swap = next(p for p in data["probes"] if p["id"] == "replay-swap")
     assert swap["outcome"] == "not-reproduced"
+
+
+def test_replay_calls_an_extreme_batch_a_bad_batch(tmp_path):
+    from nnwizard.replay import replay, report_dict
+
+    w, _, _ = _loop(tmp_path / "w", bad_step=70, value=-1e6)
+    assert [b.name for b in w.bundles][:1] == ["anomaly-step70"]
+    data = report_dict(*replay(w.bundles[0]))
+    batch = next(p for p in data["probes"] if p["id"] == "replay-batch")
+    assert batch["outcome"] == "extreme" and batch["data"]["rows"] == [4]
+    assert data["hypotheses"][0]["id"] == "bad-batch"

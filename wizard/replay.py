@@ -241,6 +241,15 @@ def localised(diagnosis) -> dict | None:
         d = swap.data
         return {"probe": "replay-swap", "phase": "forward", "op": d.get("jump_op"), "where": d.get("jump_where"),
                 "text": d.get("jump_text"), "replays": 2}
+    if swap is not None and swap.outcome == "state" and swap.data.get("peak_text"):
+        d = swap.data
+        grads = by_id.get("grad-norms")
+        layer = f"; largest gradient at {grads.data.get('max_layer')} ({grads.data.get('max_norm'):.3g})" \
+            if grads is not None and grads.status in ("passed", "failed") and isinstance(grads.data.get("max_norm"), float) else ""
+        return {"probe": "replay-swap", "phase": "state", "op": d.get("peak_op"), "where": d.get("peak_where"),
+                "text": f"the weights before step {d.get('step')} are off on any batch (loss {d.get('prev_loss'):.4g} on "
+                        f"the batch before); largest activation |x| = {d.get('peak_value'):.4g} from {d.get('peak_text')}"
+                        f"{layer}", "replays": 2}
     if swap is not None and swap.data.get("op_text"):
         d = swap.data
         return {"probe": "replay-swap", "phase": "forward", "op": d.get("op"), "where": d.get("where"),
@@ -275,6 +284,12 @@ def report_dict(diagnosis, target: ReplayTarget) -> dict:
                                                      "lrs": meta.get("lrs")},
                 replayable=bool(target.recipe.get("replayable")), why_not=target.recipe.get("why_not"),
                 localised=localised(diagnosis))
+    swap = next((r for r in diagnosis.results if r.id == "replay-swap"), None)
+    if data["verdict"] == "healthy" and swap is not None and swap.outcome in ("batch", "state", "no-ring"):
+        # the anomaly was measured in the run and reproduced here: no named cause is not "healthy"
+        data["verdict"] = "inconclusive"
+        data["verdict_note"] = (f"the anomaly of step {data['step']} reproduced on replay ({swap.summary}), but no "
+                                f"hypothesis reached 0.5")
     return data
 
 

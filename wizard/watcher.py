@@ -149,7 +149,7 @@ class Watch:
         self._checked: set[int] = set()         # optimizers whose current step was checked already
         self._before: list[torch.Tensor] | None = None
         self._sampled: dict | None = None
-        self._fired: Anomaly | None = None
+        self._first: dict | None = None        # the run's first step (the history keeps only the last HISTORY)
 
     # -- lifecycle --------------------------------------------------------------------------------
     def start(self, recorder=None) -> "Watch":
@@ -351,6 +351,8 @@ class Watch:
             entry["optimizer"] = index
         entry["t"] = round(time.monotonic() - self._t0, 3)
         self._history.append(entry)
+        if self._first is None or not (self._first.get("lr") or 0) > 0:
+            self._first = entry  # the first step with a positive LR (a warmup may start at 0)
         sampled = self.steps % self.every == 0 or self.steps == 1 or anomaly is not None
         if sampled:
             line = dict(entry)
@@ -460,7 +462,7 @@ class Watch:
                 rng["torch"] = self._current["rng"]
             meta = {"step": anomaly.step, "trigger": anomaly.kind, "reason": anomaly.reason, "loss": anomaly.loss,
                     "grad_norm": anomaly.grad_norm, "lrs": [g.get("lr") for g in optimizer.param_groups],
-                    "history": list(self._history), "script": self.script, "argv": list(sys.argv),
+                    "history": list(self._history), "first": self._first, "script": self.script, "argv": list(sys.argv),
                     "cwd": str(Path.cwd()), "models": {k: type(m).__name__ for k, m in keyed.items()},
                     "optimizer": type(optimizer).__name__, "line": {k: v for k, v in line.items() if k != "bundle"},
                     "replayable": step_data.get("replayable", False), "why_not": step_data.get("why_not"),

@@ -2,7 +2,7 @@
 
 Four Gaussian classes in 20 features, read by a Dataset from a table in memory; one record of the
 table (number 9607, in the 301st batch of 32) was written with a missing value (NaN) by an upstream
-export, or, with ``--corrupt huge``, with a sentinel of 1e9 standing for "missing".
+export (``--corrupt none`` runs the clean table).
 
     python examples/watch/bad_batch.py                          # the plain run
     nnwizard watch --script examples/watch/bad_batch.py         # the same run, watched
@@ -25,7 +25,7 @@ class Records(Dataset):
         self.y = torch.randint(0, classes, (n,), generator=g)
         self.x = self.centers[self.y] + torch.randn(n, features, generator=g)
         if corrupt != "none":
-            self.x[BAD_RECORD, 3] = float("nan") if corrupt == "nan" else 1e9
+            self.x[BAD_RECORD, 3] = float("nan")
 
     def __len__(self):
         return len(self.y)
@@ -46,7 +46,7 @@ class Classifier(nn.Module):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--corrupt", choices=["nan", "huge", "none"], default="nan")
+    parser.add_argument("--corrupt", choices=["nan", "none"], default="nan")
     parser.add_argument("--epochs", type=int, default=1)
     args = parser.parse_args()
     torch.manual_seed(0)
