@@ -373,9 +373,15 @@ def replay_history(ctx: ProbeContext):
                     marks={f"anomaly (step {target.bundle.step})": target.bundle.step})
     lr_plot = LinePlot("replay-lr", "Learning rate", {"lr": [h["lr"] for h in points]}, x=[h["step"] for h in points],
                        ylabel="lr", logy=all(h["lr"] > 0 for h in points))
-    text = (f"the lr rose from {first['lr']:.3g} at step {first['step']} to {lr_now:.3g} at step {target.bundle.step} "
-            f"({data['lr_rise']:.3g}x); the loss was lowest ({best['loss']:.4g}) at step {best['step']} with lr "
-            f"{best['lr']:.3g} and got worse while the lr kept rising ({data['lr_since_best']:.3g}x since)")
-    if best["step"] < target.bundle.step and data["lr_rise"] >= LR_RISE and data["lr_since_best"] > 1.2:
+    rose = best["step"] < target.bundle.step and data["lr_rise"] >= LR_RISE and data["lr_since_best"] > 1.2
+    if rose:
+        text = (f"the lr rose from {first['lr']:.3g} at step {first['step']} to {lr_now:.3g} at step {target.bundle.step} "
+                f"({data['lr_rise']:.3g}x); the loss was lowest ({best['loss']:.4g}) at step {best['step']} with lr "
+                f"{best['lr']:.3g} and got worse while the lr kept rising ({data['lr_since_best']:.3g}x since)")
+    else:
+        text = (f"the lr went from {first['lr']:.3g} at step {first['step']} to {lr_now:.3g} at step {target.bundle.step} "
+                f"({data['lr_rise']:.3g}x); the loss was lowest ({best['loss']:.4g}) at step {best['step']} with lr "
+                f"{best['lr']:.3g}")
+    if rose:
         return failed("lr-rose", text, [plot, lr_plot], **data)
     return passed(text, "lr-steady", artifacts=[plot, lr_plot], **data)

@@ -90,8 +90,20 @@ def _scale_of(t: torch.Tensor, value: torch.Tensor) -> float | None:
     if node is None or value.grad_fn is None or not type(node).__name__.startswith(("DivBackward", "MulBackward")):
         return None
     if any(fn is value.grad_fn for fn, _ in node.next_functions):
-        v = float(value.detach())
-        return float(t.detach()) / v if v != 0 else None
+        v, tv = float(value.detach()), float(t.detach())
+        if math.isfinite(v) and math.isfinite(tv) and v != 0:
+            return tv / v
+        # a non-finite loss: read the constant off the graph node (loss / k, loss * k)
+        for name in ("_saved_other", "_saved_self"):
+            try:
+                c = getattr(node, name, None)
+            except RuntimeError:  # saved tensors freed by a backward already run
+                c = None
+            c = float(c) if isinstance(c, torch.Tensor) and c.numel() == 1 and not c.requires_grad else \
+                float(c) if isinstance(c, (int, float)) else None
+            if c is not None and math.isfinite(c) and c != 0:
+                return 1.0 / c if type(node).__name__.startswith("DivBackward") else c
+        return None
     return None
 
 
@@ -137,6 +149,7 @@ class Watch:
         self._ring: deque = deque(maxlen=max(self.ring_size, 0))
         self._current: dict = self._fresh()
         self._hooked: dict[int, list] = {}
+        self._seen: dict[int, bool] = {}
         self._handles: list = []
         self._recorder = None
         self._owns_recorder = False
@@ -233,9 +246,17 @@ class Watch:
         return {"calls": [], "losses": [], "backward": [], "rng": None}
 
     # -- recorder listener API --------------------------------------------------------------------
+    def _ours(self, module: nn.Module) -> bool:
+        """Is this top-level model call part of the watched model (itself, or a submodule called directly)?"""
+        seen = self._seen.get(id(module))
+        if seen is None:
+            seen = self.model is None or module is self.model or any(m is module for m in self.model.modules())
+            self._seen[id(module)] = seen
+        return seen
+
     def on_forward(self, rec, info, args) -> None:
         module = info.module
-        if id(module) not in self._hooked and (self.model is None or module is self.model):
+        if id(module) not in self._hooked and self._ours(module):
             self._hooked[id(module)] = [module.register_forward_pre_hook(self._model_pre, with_kwargs=True),
                                         module.register_forward_hook(self._model_post, always_call=True)]
             if torch.is_grad_enabled():  # this first call's arguments (its kwargs hook starts next call)
@@ -271,7 +292,31 @@ class Watch:
 
     def on_backward(self, rec, loss) -> None:
         if isinstance(loss, torch.Tensor) and len(self._current["backward"]) < MAX_PER_STEP:
-            self._current["backward"].append(loss)
+            try:
+                self._current["backward"].append(self._relate(loss))
+            except Exception:  # noqa: BLE001 - an odd graph: this step just cannot be re-executed
+                self._current["backward"].append(None)
+
+    def _relate(self, t: torch.Tensor) -> dict | None:
+        """How the tensor backward() runs on was made from this step's calls: a loss call (times a
+        constant) or a model output's own loss. Done before the backward frees the graph's saved values."""
+        cur = self._current
+        calls = cur["calls"]
+        for j, loss in enumerate(cur["losses"]):
+            scale = _scale_of(t, loss["value"])
+            if scale is not None:
+                return {"kind": "loss-call", "loss": j, "scale": scale}
+        for i, c in enumerate(calls):
+            if "out" not in c:
+                continue
+            path = _path_to(c["out"], t)
+            if path is not None and t.numel() == 1:
+                return {"kind": "output", "call": i, "path": path, "scale": 1.0}
+            for key, inner in _loss_slots(c["out"]):
+                scale = _scale_of(t, inner)
+                if scale is not None:
+                    return {"kind": "output", "call": i, "path": [key], "scale": scale}
+        return None
 
     def on_step_pre(self, rec, optimizer, step) -> None:
         if self._watched(optimizer):
@@ -397,7 +442,7 @@ class Watch:
         """The current step as replay needs it: model calls, loss calls, how the backward tensor was made."""
         cur = self._current
         key_of = {id(m): k for k, m in keyed.items()}
-        calls = [c for c in cur["calls"] if id(c["module"]) in key_of]
+        calls = cur["calls"]
         out = {"calls": [{"model": key_of[id(c["module"])], "args": to_cpu(c["args"]), "kwargs": to_cpu(c["kwargs"])}
                          for c in calls], "losses": [], "backward": []}
         for loss in cur["losses"]:
@@ -412,29 +457,7 @@ class Watch:
             out["losses"].append({"fn": loss["fn"], "input": source, "target": to_cpu(loss["target"]),
                                   "extra": to_cpu(loss["extra"]), "kwargs": to_cpu(loss["kwargs"]),
                                   "value": float(loss["value"].detach().float().mean())})
-        for t in cur["backward"]:
-            how = None
-            for j, loss in enumerate(cur["losses"]):
-                scale = _scale_of(t, loss["value"])
-                if scale is not None:
-                    how = {"kind": "loss-call", "loss": j, "scale": scale}
-                    break
-            if how is None:
-                for i, c in enumerate(calls):
-                    if "out" not in c:
-                        continue
-                    path = _path_to(c["out"], t)
-                    if path is not None and t.numel() == 1:
-                        how = {"kind": "output", "call": i, "path": path, "scale": 1.0}
-                        break
-                    for inner in _loss_slots(c["out"]):
-                        scale = _scale_of(t, inner[1])
-                        if scale is not None:
-                            how = {"kind": "output", "call": i, "path": [inner[0]], "scale": scale}
-                            break
-                    if how is not None:
-                        break
-            out["backward"].append(how)
+        out["backward"] = list(cur["backward"])
         if not out["backward"] or any(b is None for b in out["backward"]):
             out["replayable"] = False
             out["why_not"] = ("no backward() was seen in this step" if not out["backward"] else
@@ -448,6 +471,9 @@ class Watch:
 
     def _save(self, optimizer, anomaly: Anomaly, line: dict) -> Path | None:
         keyed, names = self._names(optimizer)
+        for c in self._current["calls"]:  # a model the step called without training it (a frozen encoder)
+            if all(c["module"] is not m for m in keyed.values()):
+                keyed[f"model{len(keyed)}"] = c["module"]
         folder = self.out / f"anomaly-step{anomaly.step}"
         try:
             step_data = self._step_data(keyed)
