@@ -1,5 +1,6 @@
-"""Broken (mildly): the validation DataLoader shuffles, so per-batch validation numbers and saved
-predictions come out in a different order on every evaluation."""
+"""Broken: the validation DataLoader shuffles, and evaluate looks at its first three batches only
+(a quick check during training): every evaluation scores a different random subset, so the
+validation numbers move even when the model does not."""
 
 import torch
 from torch import nn
@@ -23,3 +24,17 @@ def build_data():
 
 
 loss_fn = nn.CrossEntropyLoss()
+
+
+@torch.no_grad()
+def evaluate(model, loader, loss_fn, batches=3):
+    model.eval()
+    total, correct, n = 0.0, 0, 0
+    for i, (x, y) in enumerate(loader):
+        if i == batches:                   # fine on an ordered loader: always the same samples
+            break
+        out = model(x)
+        total += loss_fn(out, y).item() * len(y)
+        correct += (out.argmax(1) == y).sum().item()
+        n += len(y)
+    return {"loss": total / n, "accuracy": correct / n}

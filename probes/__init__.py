@@ -8,6 +8,8 @@ from nnwizard.probes.api import (  # noqa: F401
     ProbeResult,
     ProbeSpec,
     Table,
+    cannot_run,
+    could_not_run,
     failed,
     get,
     load_all,

@@ -98,8 +98,22 @@ def failed(outcome: str, summary: str, artifacts: list | None = None, **data: An
 
 
 def skipped(summary: str, outcome: str = "skipped", **data: Any) -> ProbeResult:
-    """The probe does not apply to this target (e.g. no user ``evaluate`` to audit)."""
+    """The probe does not apply to this target (e.g. no user ``evaluate`` to audit): no evidence is
+    missing, so it does not stop a verdict from being ``healthy``."""
     return ProbeResult("skipped", outcome, summary, data)
+
+
+def cannot_run(summary: str, outcome: str = "skipped", *, reason: str = "precondition", **data: Any) -> ProbeResult:
+    """The probe applies but could not measure (the user's code it needs raised, the data could not
+    be read, it does not fit the time budget: ``reason`` says which, e.g. ``"raised"``, ``"budget"``).
+    Status ``skipped``; it adds no evidence, and a session without findings is ``inconclusive``."""
+    return ProbeResult("skipped", outcome, summary, {**data, "cannot_run": reason})
+
+
+def could_not_run(result: ProbeResult) -> bool:
+    """True when ``result`` stands for a measurement that is missing: errored (raised or timed out)
+    or skipped by ``cannot_run``."""
+    return result.status == "errored" or (result.status == "skipped" and bool(result.data.get("cannot_run")))
 
 
 # ---------------------------------------------------------------------------------------- context
@@ -113,6 +127,9 @@ class ProbeContext:
     seed: int = 0
     deadline: float | None = None  # time.monotonic() value after which long loops should stop
     on_progress: Callable[[float, str], None] | None = None
+    budget: Any = None  # the session's nnwizard.budget.Budget (None: nothing measured, plan as asked)
+    allowance_s: float | None = None  # seconds this probe may plan its steps within (None: no limit)
+    plan: dict[str, Any] = field(default_factory=dict)  # what plan_steps decided, for the report
 
     @property
     def device(self):
@@ -123,6 +140,23 @@ class ProbeContext:
 
     def time_left(self) -> float:
         return float("inf") if self.deadline is None else self.deadline - time.monotonic()
+
+    def plan_steps(self, wanted: int, minimum: int = 1, cost: float = 1.0, runs: int = 1, fixed: float = 0.0) -> int:
+        """Steps per run that fit this probe's allowance: ``wanted`` when they fit (always when the
+        session measured no step time), fewer down to ``minimum``, 0 when even that does not fit.
+        ``cost`` is one step in plain training steps, ``runs`` how many runs of that length the probe
+        makes, ``fixed`` its other work in plain steps (evaluations, model copies)."""
+        from nnwizard.budget import plan_steps
+
+        steps = plan_steps(self.budget, self.allowance_s, wanted, minimum, cost, runs, fixed)
+        self.plan.update(wanted=wanted, planned=steps, runs=runs)
+        return steps
+
+    def unaffordable(self, minimum: int, what: str, **data: Any) -> "ProbeResult":
+        """The skipped result of a probe whose ``minimum`` steps do not fit its allowance."""
+        b = self.budget
+        return cannot_run(f"{self.allowance_s or 0:.1f} s of the session budget ({b.total_s:.0f} s; --budget gives more) "
+                       f"fit fewer than the {minimum} {what} at {b.step_s:.3g} s a step", **data, reason="budget")
 
     def progress(self, fraction: float, text: str = "") -> None:
         if self.on_progress is not None:
@@ -138,6 +172,8 @@ class ProbeSpec:
     outcomes: dict[str, str]  # outcome name -> what it means (the trees branch on these)
     timeout_s: float
     module: str
+    share: float = 0.0  # of the session budget, for probes that plan their steps from it (0: fixed cost)
+    cost: float = 1.0  # what the probe costs at its defaults, in plain training steps (sizes its limit)
 
     def __call__(self, ctx: ProbeContext) -> ProbeResult:
         return self.func(ctx)
@@ -148,13 +184,17 @@ _LOADED = False
 BUILTIN_OUTCOMES = {"errored": "the probe raised or timed out", "skipped": "the probe did not apply"}
 
 
-def probe(id: str, *, title: str, outcomes: dict[str, str], timeout_s: float = 60.0):
-    """Register a probe. ``outcomes`` lists every outcome it may return (``ok`` for quiet)."""
+def probe(id: str, *, title: str, outcomes: dict[str, str], timeout_s: float = 60.0, share: float = 0.0,
+          cost: float = 1.0):
+    """Register a probe. ``outcomes`` lists every outcome it may return (``ok`` for quiet). A probe
+    whose work grows with the steps it trains takes a ``share`` of the session budget and plans its
+    steps with ``ctx.plan_steps``; the others declare their ``cost`` in plain training steps."""
 
     def register(func: Callable[[ProbeContext], ProbeResult]) -> Callable[[ProbeContext], ProbeResult]:
         if id in _REGISTRY and _REGISTRY[id].func is not func:
             raise ValueError(f"probe {id!r} is registered twice ({_REGISTRY[id].module}, {func.__module__})")
-        _REGISTRY[id] = ProbeSpec(id, func, title, {**outcomes, **BUILTIN_OUTCOMES}, timeout_s, func.__module__)
+        _REGISTRY[id] = ProbeSpec(id, func, title, {**outcomes, **BUILTIN_OUTCOMES}, timeout_s, func.__module__,
+                                  share, cost)
         return func
 
     return register

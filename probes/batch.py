@@ -13,7 +13,7 @@ from torch import nn
 
 from nnwizard.probes._instrument import first_line, graph_nodes, shape_of
 from nnwizard.probes._optrace import OpTracer
-from nnwizard.probes.api import ProbeContext, Table, failed, passed, probe, skipped
+from nnwizard.probes.api import ProbeContext, Table, cannot_run, failed, passed, probe, skipped
 from nnwizard.target import user_source_files
 
 # In eval mode a per-sample model routes exactly zero gradient to other samples (a zero row of the
@@ -125,6 +125,7 @@ def _softmax_signature(out: torch.Tensor) -> dict | None:
         "mixes": "outputs depend on other samples' inputs (the batch axis is mixed by another op)",
     },
     timeout_s=60,
+    cost=4,
 )
 def batch_independence(ctx: ProbeContext):
     target = ctx.target
@@ -143,7 +144,7 @@ def batch_independence(ctx: ProbeContext):
         with torch.enable_grad():
             raw = model(x)
     except Exception as exc:  # the forward pass raising is forward-shape's finding, not ours
-        return skipped(f"the forward pass raised: {first_line(exc)}", error=first_line(exc))
+        return cannot_run(f"the forward pass raised: {first_line(exc)}", reason="raised", error=first_line(exc))
     finally:
         for h in handles:
             h.remove()

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from torch.utils.data import IterableDataset, TensorDataset, default_collate
 
-from nnwizard.probes.api import BarPlot, ImageGrid, ProbeContext, Table, failed, passed, probe, skipped
+from nnwizard.probes.api import BarPlot, ImageGrid, ProbeContext, Table, cannot_run, failed, passed, probe, skipped
 from nnwizard.target import BINARY_LOSSES, CLASSIFICATION_LOSSES, REGRESSION_LOSSES
 
 
@@ -134,6 +134,14 @@ def loss_kind(target) -> str:
     return {"classification": "class", "binary": "binary"}.get(target.task, "regression")
 
 
+def degenerate(y: torch.Tensor) -> str | None:
+    """Why targets carry nothing to learn (every value the same), or None. Audits that compare
+    predictions with targets skip on it: label-audit reports it as its own finding."""
+    if y.numel() >= 2 and float(y.float().max() - y.float().min()) == 0.0:
+        return f"every one of the {len(y)} targets read is {float(y.flatten()[0]):.4g} (majority-class rate 1.000)"
+    return None
+
+
 def _dtype(t: torch.Tensor) -> str:
     return str(t.dtype).replace("torch.", "")
 
@@ -153,6 +161,7 @@ CUDA_NOTE = ("on CUDA the same check is a device-side assert ('Assertion `t >= 0
         "out-of-range": "target values outside what the loss accepts (class ids outside [0, C), BCE targets outside [0, 1])",
         "shape-mismatch": "targets have a shape the loss cannot pair with the outputs",
         "imbalanced": "targets fit, but the smallest class has under a tenth of the largest one's samples",
+        "degenerate": "every target has the same value, or only one class occurs: nothing to learn",
     },
     timeout_s=30,
 )
@@ -160,12 +169,12 @@ def label_audit(ctx: ProbeContext):
     target = ctx.target
     samples = collect(target, "train", int(ctx.param("max_samples", 8192)), float(ctx.param("budget_s", 1.0)), ctx.seed, ctx)
     if samples is None:
-        return skipped("no training targets could be read")
+        return cannot_run("no training targets could be read", reason="unreadable")
     y = samples.y
     kind = loss_kind(target)
     loss_name = type(target.loss_fn).__name__
     out = output_shape(ctx)
-    n_classes = out[1] if (kind == "class" and out and len(out) >= 2) else target.num_classes
+    n_classes = target.num_classes or (out[1] if (kind == "class" and out and len(out) >= 2) else None)
     data = dict(loss=loss_name, dtype=_dtype(y), target_shape=[samples.n, *y.shape[1:]], output_shape=out,
                 num_classes=n_classes, read=samples.describe(), sampled=samples.sampled, n=samples.n)
     if y.numel():
@@ -214,6 +223,11 @@ def label_audit(ctx: ProbeContext):
                     missing_classes=[i for i, c in enumerate(counts) if c == 0])
         bars = [BarPlot("classes", "Class counts (training targets)", [str(i) for i in range(len(counts))],
                         [float(c) for c in counts], ylabel="samples")] if counts and len(counts) <= 100 else []
+        if len(present) == 1 and samples.n >= 2:
+            only = counts.index(present[0])
+            return failed("degenerate", f"{head}: every one of the {valid.numel()} targets is class {only} "
+                          f"(majority-class rate 1.000) although the model has {n_classes} outputs: a constant "
+                          f"prediction scores perfectly, so nothing about the inputs is learned", bars, **data)
         text = (f"{head}: class ids in [{data['min']:.0f}, {data['max']:.0f}] for {n_classes} outputs; "
                 f"largest/smallest class {ratio:.1f}x")
         # a 10x imbalance is where plain accuracy and an unweighted loss start to hide the rare class
@@ -235,6 +249,9 @@ def label_audit(ctx: ProbeContext):
                           f"{data['max']:.3g}]); {loss_name} needs probabilities in [0, 1], e.g. map {{-1, 1}} to {{0, 1}}", **data)
         pos = float((y > 0.5).float().mean())
         data["positive_fraction"] = round(pos, 4)
+        if samples.n >= 2 and float(yf.max() - yf.min()) == 0.0:
+            return failed("degenerate", f"{head}: every one of the {samples.n} targets is {data['min']:.3g} "
+                          f"(majority-class rate 1.000): a constant prediction scores perfectly", **data)
         text = f"{head}: values in [{data['min']:.3g}, {data['max']:.3g}], {pos:.1%} positive"
         if 0 < pos < 1 and max(pos, 1 - pos) / min(pos, 1 - pos) > 10:
             return passed(text, "imbalanced", **data)
@@ -247,6 +264,9 @@ def label_audit(ctx: ProbeContext):
     if out_per_sample is not None and per_sample != out_per_sample:
         return failed("shape-mismatch", f"{head}: per-sample target shape {per_sample} vs output "
                       f"{out_per_sample}: {loss_name} broadcasts them instead of pairing one prediction with one target", **data)
+    if samples.n >= 2 and y.numel() and float(y.float().max() - y.float().min()) == 0.0:
+        return failed("degenerate", f"{head}: every one of the {samples.n} targets is {data['min']:.4g} (variance 0): "
+                      f"a constant output reaches zero loss, so nothing about the inputs is learned", **data)
     return passed(f"{head}: range [{data.get('min', 0):.3g}, {data.get('max', 0):.3g}], shapes fit", **data)
 
 
@@ -290,7 +310,7 @@ RMS_LIMIT = 20.0
 def input_stats(ctx: ProbeContext):
     samples = collect(ctx.target, "train", int(ctx.param("max_samples", 4096)), float(ctx.param("budget_s", 1.0)), ctx.seed, ctx)
     if samples is None:
-        return skipped("no training inputs could be read")
+        return cannot_run("no training inputs could be read", reason="unreadable")
     x = samples.x
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():
         return skipped(f"inputs are {getattr(x, 'dtype', type(x).__name__)} (indices or tokens): scale does not apply",
@@ -354,7 +374,7 @@ def sample_dump(ctx: ProbeContext):
     count = int(ctx.param("count", 5))
     samples = collect(target, "train", 4096, 0.5, ctx.seed, ctx)
     if samples is None or samples.n == 0:
-        return skipped("no training samples could be read")
+        return cannot_run("no training samples could be read", reason="unreadable")
     rng = random.Random(ctx.seed)
     picks = sorted(rng.sample(range(samples.n), min(count, samples.n)))
     ids = [samples.indices[p] if samples.indices else p for p in picks]

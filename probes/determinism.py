@@ -28,7 +28,7 @@ import torch
 
 from nnwizard import reference
 from nnwizard.probes._instrument import first_line
-from nnwizard.probes.api import Table, failed, passed, probe, skipped
+from nnwizard.probes.api import Table, cannot_run, failed, passed, probe
 from nnwizard.target import DeviceLoader, _as_loader, user_source_files
 
 SEEDS_GLOBALS = re.compile(r"\b(random\.seed|np\.random\.seed|numpy\.random\.seed|seed_everything|set_seed|set_random_seed)\s*\(\s*[^)\s]")
@@ -111,7 +111,7 @@ def one_run(target, seed: int, steps: int, globals_too: bool) -> dict:
     optimizer = target.make_optimizer(model)
     scheduler = target.make_scheduler(optimizer)
     batches: list[str] = []
-    tapped = DeviceLoader(_Tap(loader, batches), target.device, steps)
+    tapped = DeviceLoader(_Tap(loader, batches), target.device, steps, target.sample_limit)
     losses: list[float] = []
     if target.user_train_epoch:
         losses.append(reference.as_float(target.user_train_epoch(model, tapped, target.loss_fn, optimizer, scheduler)))
@@ -214,10 +214,11 @@ def _cuda_report(target, seed: int) -> dict:
         "crashed": "the user's code raised during the runs",
     },
     timeout_s=60,
+    cost=12,
 )
 def determinism(ctx):
     target = ctx.target
-    steps = int(ctx.param("steps", 5))
+    steps = int(ctx.param("steps", 3 if target.sample_limit else 5))  # 3 when the session slices dear batches
     seed = ctx.seed
     files = user_source_files(target)
     unseeded, draws, seeds_globals = _scan(files)
@@ -227,7 +228,8 @@ def determinism(ctx):
         a = one_run(target, seed, steps, seeds_globals)
         b = one_run(target, seed, steps, seeds_globals)
     except Exception as exc:  # noqa: BLE001
-        return skipped(f"a short run of the user's loop raised: {first_line(exc)}", "crashed", error=first_line(exc))
+        return cannot_run(f"a short run of the user's loop raised: {first_line(exc)}", "crashed", reason="raised",
+                          error=first_line(exc), training_raised=True)
     loader = a["loader"]
     workers = int(getattr(loader, "num_workers", 0) or 0)
     data.update(workers=workers, worker_init_fn=getattr(loader, "worker_init_fn", None) is not None,

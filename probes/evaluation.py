@@ -5,21 +5,26 @@ training mode (as it is after a training epoch), over a few validation batches."
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from nnwizard import reference
 from nnwizard.probes._instrument import first_line
-from nnwizard.probes.api import ProbeContext, failed, passed, probe, skipped
+from nnwizard.probes.api import ProbeContext, cannot_run, failed, passed, probe, skipped
 
 BATCHES = 3
+MAX_BATCHES = 64  # metric-audit reads the whole validation set up to this many batches
 MODE_LAYERS = (nn.modules.dropout._DropoutNd, nn.modules.batchnorm._BatchNorm)
 
 
-def _val_loader(target):
-    return target.loader("val", BATCHES) or target.loader("train", BATCHES)
+def _val_loader(target, batches: int | None = BATCHES):
+    """A real DataLoader over the first validation batches (training when there is no validation set)
+    whose dataset is exactly what it iterates."""
+    return target.subset_loader("val", batches) or target.subset_loader("train", batches)
 
 
 def _bn_stats(model: nn.Module) -> list[torch.Tensor]:
@@ -34,6 +39,7 @@ def _bn_stats(model: nn.Module) -> list[torch.Tensor]:
               "train-mode": "Dropout/BatchNorm ran in training mode during evaluate",
               "no-mode-layers": "the model has no Dropout or BatchNorm, so its mode does not change its outputs"},
     timeout_s=60,
+    cost=3,
 )
 def eval_mode_audit(ctx: ProbeContext):
     target = ctx.target
@@ -51,7 +57,7 @@ def eval_mode_audit(ctx: ProbeContext):
     try:
         metrics = target.evaluate(model, _val_loader(target))
     except Exception as exc:
-        return skipped(f"evaluate raised: {first_line(exc)}", error=first_line(exc))
+        return cannot_run(f"evaluate raised: {first_line(exc)}", reason="raised", error=first_line(exc))
     finally:
         for h in handles:
             h.remove()
@@ -86,6 +92,7 @@ def eval_mode_audit(ctx: ProbeContext):
     title="Grad mode and autograd memory while the user's evaluate runs",
     outcomes={"ok": "evaluate runs under no_grad / inference_mode", "graph-built": "evaluate records an autograd graph"},
     timeout_s=60,
+    cost=3,
 )
 def no_grad_audit(ctx: ProbeContext):
     target = ctx.target
@@ -113,11 +120,11 @@ def no_grad_audit(ctx: ProbeContext):
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             target.evaluate(model, _val_loader(target))
     except Exception as exc:
-        return skipped(f"evaluate raised: {first_line(exc)}", error=first_line(exc))
+        return cannot_run(f"evaluate raised: {first_line(exc)}", reason="raised", error=first_line(exc))
     finally:
         handle.remove()
     if not calls:
-        return skipped("evaluate never called the model's forward")
+        return cannot_run("evaluate never called the model's forward", reason="precondition")
     enabled = sum(c[0] for c in calls)
     graphs = sum(c[1] for c in calls)
     grad_fn = next((c[2] for c in calls if c[2]), "")
@@ -129,3 +136,164 @@ def no_grad_audit(ctx: ProbeContext):
                       f"carried a graph ({grad_fn}) and autograd saved {saved['tensors']} tensors "
                       f"({per_batch / 2**20:.3g} MB per batch) for a backward that never comes", **data)
     return passed(f"evaluate ran {len(calls)} forward passes without recording a graph", **data)
+
+
+# ----------------------------------------------------------------------------------- metric-audit
+class _Reductions(TorchFunctionMode):
+    """Records argmax / max / topk calls and the size of the dimension they reduce."""
+
+    def __init__(self):
+        super().__init__()
+        self.single: list[tuple[str, list]] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        if name in ("argmax", "max", "topk") and args and isinstance(args[0], torch.Tensor):
+            x, dim = args[0], kwargs.get("dim", args[1] if len(args) > 1 and isinstance(args[1], int) else None)
+            if name == "topk":
+                dim = kwargs.get("dim", args[2] if len(args) > 2 else -1)
+            if isinstance(dim, int) and x.dim() and -x.dim() <= dim < x.dim() and x.shape[dim] == 1 and x.numel() > 1:
+                self.single.append((name, list(x.shape)))
+        return func(*args, **kwargs)
+
+
+def _accuracy_keys(metrics: dict) -> list[str]:
+    return [k for k in metrics if "acc" in k.lower()]
+
+
+def _reference_counts(model, loader, target, max_batches: int | None = None) -> dict[str, float]:
+    """Correct predictions, samples, batches and the per-sample mean loss, computed by the wizard on
+    exactly the batches the user's evaluate reads (the first ``max_batches`` when it stops early)."""
+    was = model.training
+    model.eval()
+    correct = samples = batches = 0
+    loss_sum = 0.0
+    scored = True
+    with torch.no_grad():
+        for x, y in loader:
+            if max_batches is not None and batches >= max_batches:
+                break
+            out = model(x)
+            acc = target.accuracy(out, y) if isinstance(out, torch.Tensor) else None
+            if acc is None:
+                scored = False
+            else:
+                correct += acc * len(y)
+            loss_sum += reference.as_float(target.loss_fn(out, y)) * len(y)
+            samples += len(y)
+            batches += 1
+    model.train(was)
+    return dict(correct=round(correct) if scored else None, samples=samples, batches=batches,
+                accuracy=correct / samples if scored and samples else None, loss=loss_sum / max(samples, 1))
+
+
+def _explain(value: float, correct: float, counts: dict[str, int]) -> str | None:
+    """Which count, divided into the correct predictions, gives the user's number."""
+    for what, d in counts.items():
+        if d and abs(correct / d - value) <= 0.005 * max(1.0, abs(value)):
+            return f"{correct:.0f} correct / {d} ({what}) = {correct / d:.4g}"
+    if abs(correct * 100 / counts["samples"] - value) <= 0.5:
+        return f"{correct:.0f} correct / {counts['samples']} samples x 100 = {correct * 100 / counts['samples']:.4g} (a percentage)"
+    return None
+
+
+@probe(
+    "metric-audit",
+    title="What the user's evaluate reports, against the same metrics computed on the same batches",
+    outcomes={"ok": "the reported metrics agree with the wizard's on the same batches",
+              "percent": "accuracy is reported in percent (consistent with the wizard's on that scale)",
+              "above-one": "an accuracy above 1 that is no percentage",
+              "argmax-single": "accuracy from an argmax over a dimension of size 1: fixed at one class",
+              "not-reset": "the same model evaluated twice reports different numbers: a running total is never reset",
+              "wrong-count": "an accuracy or loss divided by the wrong count",
+              "fixed": "the accuracy stays the same for models that predict differently"},
+    timeout_s=60,
+)
+def metric_audit(ctx: ProbeContext):
+    target = ctx.target
+    if not target.user_evaluate:
+        return skipped("no user evaluate: the wizard's reference evaluation computes its own metrics")
+    full = _val_loader(target, None)
+    if full is not None and len(full) > MAX_BATCHES:
+        full = _val_loader(target, MAX_BATCHES)
+    model = target.fresh_model(ctx.seed).eval()  # eval mode: two calls on one model must agree
+    other = target.fresh_model(ctx.seed + 1).eval()
+    modes: list[bool] = []  # one entry per forward call of the first evaluate
+    hook = model.register_forward_pre_hook(lambda m, a: modes.append(m.training))
+    tracer = _Reductions()
+    try:
+        with tracer:
+            first = target.evaluate(model, full)
+        hook.remove()
+        second = target.evaluate(model, full)
+        third = target.evaluate(other, full)
+    except Exception as exc:
+        return cannot_run(f"evaluate raised: {first_line(exc)}", reason="raised", error=first_line(exc))
+    finally:
+        hook.remove()
+    if any(modes) and any(isinstance(m, MODE_LAYERS) for m in model.modules()):
+        return cannot_run("evaluate switches the model to training mode (Dropout/BatchNorm), so its numbers are random "
+                          "draws that cannot be compared (see eval-mode-audit)", reason="precondition")
+    seen = len(modes) if 0 < len(modes) < len(full) else None  # evaluate stopped early: compare on what it read
+    ref, ref_other = _reference_counts(model, full, target, seen), _reference_counts(other, full, target, seen)
+    counts = {"samples": ref["samples"], "batches": ref["batches"],
+              "dataset": len(getattr(full, "dataset", [])) if hasattr(getattr(full, "dataset", None), "__len__") else 0,
+              "batch size": getattr(full, "batch_size", 0) or 0}
+    keys = _accuracy_keys(first)
+    data: dict[str, Any] = dict(reported=first, reported_again=second, reported_other_model=third, samples=ref["samples"],
+                                batches=ref["batches"], reference_accuracy=ref["accuracy"], reference_loss=ref["loss"],
+                                accuracy_keys=keys, percent=False)
+    on = f"{ref['samples']} samples in {ref['batches']} batches" + (f" (evaluate read only the first {seen} of {len(full)} batches)" if seen else "")
+    data["batches_read"] = len(modes)
+    changed = {k: (first[k], second[k]) for k in first if k in second and abs(first[k] - second[k]) > 1e-6 * max(1.0, abs(first[k]))}
+    if changed:
+        k, (a, b) = next(iter(changed.items()))
+        ratio = b / a if a else math.inf
+        data.update(key=k, first=a, second=b)
+        return failed("not-reset", f"evaluate reported {k} = {a:.4g}, then {b:.4g} for the same model on the same "
+                      f"{on} (x{ratio:.2f}): a running total kept between calls is never reset", **data)
+    if tracer.single and keys:
+        name, shape = tracer.single[0]
+        value = first[keys[0]]
+        data.update(key=keys[0], first=value, op=name, op_shape=shape)
+        return failed("argmax-single", f"evaluate takes {name} over a dimension of size 1 (input {shape}): every "
+                      f"prediction is class 0, so {keys[0]} = {value:.4g} is the share of class-0 targets whatever the "
+                      f"model learns", **data)
+    for k in keys:
+        value = first[k]
+        if ref["correct"] is None:
+            continue
+        arithmetic = _explain(value, ref["correct"], counts)
+        if value > 1:
+            if arithmetic and "percentage" in arithmetic:
+                data.update(percent=True, key=k, first=value)
+                return passed(f"evaluate reports {k} = {value:.4g} in percent: {arithmetic} on {on}; read as "
+                              f"{value / 100:.4f}", "percent", **data)
+            data.update(key=k, first=value, arithmetic=arithmetic or "")
+            how = f": {arithmetic}" if arithmetic else ""
+            return failed("above-one", f"evaluate reports {k} = {value:.4g}, above 1, on {on} where "
+                          f"{ref['correct']:.0f} predictions are right{how}, not {ref['correct']:.0f} / "
+                          f"{ref['samples']} = {ref['accuracy']:.4f}", **data)
+        if abs(value - ref["accuracy"]) > 0.02 + 1.0 / max(ref["samples"], 1):
+            data.update(key=k, first=value, arithmetic=arithmetic or "")
+            how = f" ({arithmetic})" if arithmetic else ""
+            return failed("wrong-count", f"evaluate reports {k} = {value:.4g} on {on}; the same model gets "
+                          f"{ref['correct']:.0f} / {ref['samples']} = {ref['accuracy']:.4f} right{how}", **data)
+        if (third.get(k) == value and ref_other["accuracy"] is not None
+                and abs(ref_other["accuracy"] - ref["accuracy"]) * ref["samples"] >= 3):
+            data.update(key=k, first=value, other_reference=ref_other["accuracy"])
+            return failed("fixed", f"evaluate reports {k} = {value:.4g} for two models whose predictions score "
+                          f"{ref['accuracy']:.4f} and {ref_other['accuracy']:.4f} on the same {on}", **data)
+    loss = first.get("loss")
+    if loss is not None and math.isfinite(loss) and ref["loss"] > 0 and target.user_evaluate:
+        ratio = loss / ref["loss"]
+        data["loss_ratio"] = round(ratio, 4)
+        for what, d in counts.items():
+            if d > 1 and abs(ratio - d) <= 0.02 * d:
+                data.update(key="loss", first=loss)
+                return failed("wrong-count", f"evaluate reports loss {loss:.4g} = {ratio:.2f}x the per-sample mean "
+                              f"{ref['loss']:.4g} on {on}: a sum over the {what} ({d}) where a mean was meant", **data)
+    shown = ", ".join(f"{k} {first[k]:.4g}" for k in list(first)[:3])
+    ref_text = f"; the wizard's accuracy {ref['accuracy']:.4f}" if ref["accuracy"] is not None else ""
+    return passed(f"evaluate on {on} reports {shown}{ref_text}; the same on a second call", **data)

@@ -21,7 +21,7 @@ from torch import nn
 
 from nnwizard import reference
 from nnwizard.probes._instrument import first_line, trace_modules
-from nnwizard.probes.api import BarPlot, Table, failed, passed, probe, skipped
+from nnwizard.probes.api import BarPlot, Table, cannot_run, failed, passed, probe, skipped
 
 AFFINE = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
 # modules that are themselves affine (or identity) at evaluation time: they do not break a linear stack
@@ -52,7 +52,7 @@ def linear_stack(ctx):
         try:
             model(inputs)
         except Exception as exc:  # noqa: BLE001
-            return skipped(f"forward raised: {first_line(exc)}")
+            return cannot_run(f"forward raised: {first_line(exc)}", reason="raised")
     leaves = [(c.path, trace.modules[c.path]) for c in trace.calls if c.path in trace.modules]
     affine = [(p, m) for p, m in leaves if isinstance(m, AFFINE)]
     pairs: list[str] = []
@@ -83,7 +83,7 @@ def linear_stack(ctx):
             lhs = f(a * x1 + (1 - a) * x2)
             rhs = a * f(x1) + (1 - a) * f(x2)
     except Exception as exc:  # noqa: BLE001
-        return skipped(f"forward on mixed inputs raised: {first_line(exc)}")
+        return cannot_run(f"forward on mixed inputs raised: {first_line(exc)}", reason="raised")
     finally:
         if head is not None:
             head.remove()
@@ -147,6 +147,9 @@ def _fit(target, model, optimizer, batches, steps: int, deadline: float) -> tupl
     return sum(losses) / len(losses), curve
 
 
+MIN_FIT_STEPS = 50
+
+
 def _opt_settings(optimizer) -> dict:
     group = optimizer.param_groups[0]
     return {"optimizer": type(optimizer).__name__, "lr": float(group.get("lr", math.nan)),
@@ -161,11 +164,16 @@ def _opt_settings(optimizer) -> dict:
               "optimizer-holds-back": "the user's model fits with a plain optimizer but not with the user's settings",
               "nothing-fits": "neither the user's model nor a wide MLP fits the subset"},
     timeout_s=60,
+    share=0.15,
 )
 def capacity_check(ctx):
     target = ctx.target
     n_batches = int(ctx.param("batches", 8))
-    steps = int(ctx.param("steps", 200))
+    wanted = int(ctx.param("steps", 200))
+    # three fits (the wide MLP costs little), each evaluated once over its batches
+    steps = ctx.plan_steps(wanted, minimum=MIN_FIT_STEPS, runs=2, fixed=2 * n_batches / 3 + 3)
+    if not steps:
+        return ctx.unaffordable(MIN_FIT_STEPS, "steps each of its fits needs", wanted=wanted)
     batches = target.batches(n_batches)
     if not batches or not isinstance(batches[0][0], torch.Tensor) or not batches[0][0].is_floating_point():
         return skipped("the inputs are not floating-point tensors; a reference MLP cannot read them")
@@ -213,6 +221,10 @@ def capacity_check(ctx):
     fits = lambda v: math.isfinite(v) and v < 0.3 * scale  # noqa: E731
     wide_better = math.isfinite(wide) and (not math.isfinite(plain) or (wide < 0.5 * plain and plain - wide > 0.1 * scale))
     data["wide_better"] = wide_better
+    if steps < wanted and not (fits(plain) and fits(own)):
+        # a fit the budget shortened that has not got there says nothing about capacity
+        data["wanted_steps"] = wanted
+        return cannot_run(f"inconclusive at this budget ({steps} of {wanted} steps per fit): " + text, **data, reason="budget")
     if not fits(plain) and wide_better:
         return failed("too-small", "the wide MLP does far better than your model: " + text, [plot], **data)
     if fits(plain) and not fits(own) and own > 2 * plain:

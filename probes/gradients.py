@@ -10,7 +10,7 @@ import torch
 
 from nnwizard.probes._instrument import first_line
 from nnwizard.probes._optrace import OpTracer
-from nnwizard.probes.api import BarPlot, ProbeContext, Table, failed, passed, probe, skipped
+from nnwizard.probes.api import BarPlot, ProbeContext, Table, cannot_run, failed, passed, probe
 
 # Thresholds (see the README): a gradient norm below 1e-9 is zero at float32 resolution for weights
 # of order 1e-2..1; above 1e3 no sane loss at chance level produces it (initial per-parameter norms
@@ -40,6 +40,7 @@ def _batches(target, n):
               "zero": "some parameters get an exactly zero gradient",
               "disconnected": "some trainable parameters get no gradient at all (not connected to the loss)"},
     timeout_s=60,
+    cost=7,
 )
 def grad_norms(ctx: ProbeContext):
     target = ctx.target
@@ -49,7 +50,7 @@ def grad_norms(ctx: ProbeContext):
         loss = target.loss_fn(model(inputs), targets)
         loss.backward()
     except Exception as exc:  # noqa: BLE001
-        return skipped(f"forward/backward raised: {first_line(exc)}", error=first_line(exc))
+        return cannot_run(f"forward/backward raised: {first_line(exc)}", reason="raised", error=first_line(exc))
     rows, names, norms, rels = [], [], [], []
     none, zero, huge = [], [], []
     weights = []  # (name, relative gradient) of weight matrices/kernels, in registration order
@@ -169,6 +170,7 @@ def _activation_stats(model, inputs, files) -> dict[str, dict]:
               "saturated": "over half of a sigmoid/tanh layer's outputs sit in the flat tails",
               "no-activations": "the model uses no ReLU/sigmoid/tanh"},
     timeout_s=60,
+    share=0.08,
 )
 def activation_stats(ctx: ProbeContext):
     from nnwizard.target import user_source_files
@@ -181,14 +183,15 @@ def activation_stats(ctx: ProbeContext):
     try:
         init = _activation_stats(model, inputs, files)
     except Exception as exc:  # noqa: BLE001
-        return skipped(f"forward raised: {first_line(exc)}", error=first_line(exc))
+        return cannot_run(f"forward raised: {first_line(exc)}", reason="raised", error=first_line(exc))
     if not init:
         return passed("the model uses no ReLU, sigmoid or tanh", "no-activations")
-    steps = int(ctx.param("steps", 20))
+    # the two traced forward passes cost about two steps; what is left trains (none: init only)
+    steps = ctx.plan_steps(int(ctx.param("steps", 20)), minimum=0, fixed=4)
     optimizer = target.make_optimizer(model)
     done = 0
     try:
-        batches = target.batches(min(steps, len(target.train_loader)))
+        batches = target.batches(max(1, min(steps, len(target.train_loader))))
         for i in range(steps):
             target.train_step(model, batches[i % len(batches)], optimizer)
             done += 1

@@ -25,10 +25,11 @@ import time
 
 import torch
 from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
 from nnwizard import reference
 from nnwizard.probes._instrument import first_line
-from nnwizard.probes.api import Table, failed, passed, probe, skipped
+from nnwizard.probes.api import Table, cannot_run, failed, passed, probe, skipped
 from nnwizard.probes.generalization import _wide_mlp
 
 # A rung "learns" when its eval-mode training accuracy ends 30 points above the majority class
@@ -37,6 +38,7 @@ from nnwizard.probes.generalization import _wide_mlp
 # started. The 100-sample rung is a memorisation test: 99% accuracy, or a fifth of its start. A healthy model on a learnable subset
 # passes both within a couple of hundred steps; a broken piece leaves the loss near its start.
 LEARN_RATIO, OVERFIT_RATIO = 0.5, 0.2
+MIN_RUNG_STEPS = 30
 
 
 def _mse_for(task: str, num_classes: int | None):
@@ -98,9 +100,16 @@ def _train(target, model, batches, loss_fn, optimizer, steps: int, deadline: flo
                 break
     else:
         for _ in range(max(1, steps // len(batches))):
-            target.user_train_epoch(model, batches, loss_fn, optimizer, reference.NoScheduler())
+            target.user_train_epoch(model, _as_loader(batches), loss_fn, optimizer, reference.NoScheduler())
             if time.monotonic() > deadline:
                 break
+
+
+def _as_loader(batches) -> DataLoader:
+    """The rung's batches as a real DataLoader (its ``dataset`` and ``len`` are what a user
+    ``train_epoch`` may read), in order, with the same batch size."""
+    xs, ys = torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches])
+    return DataLoader(TensorDataset(xs, ys), batch_size=len(batches[0][1]), shuffle=False)
 
 
 def _majority(batches) -> float | None:
@@ -121,10 +130,15 @@ def _majority(batches) -> float | None:
               "optimizer": "the user's setup learns once the optimizer is replaced by SGD(lr=0.01)",
               "loop": "nothing learns through the user's loop, not even a plain MLP or a known rule"},
     timeout_s=90,
+    share=0.2,
 )
 def simplify_ladder(ctx):
     target = ctx.target
-    steps = int(ctx.param("steps", 120))
+    wanted = int(ctx.param("steps", 120))
+    # six rungs, each evaluated before and after on its batches (about three steps' worth)
+    steps = ctx.plan_steps(wanted, minimum=MIN_RUNG_STEPS, runs=6, fixed=6 * 3)
+    if not steps:
+        return ctx.unaffordable(MIN_RUNG_STEPS, "steps each of its six rungs needs", wanted=wanted)
     batches = target.batches(int(ctx.param("batches", 4)))
     if not batches or not isinstance(batches[0][0], torch.Tensor):
         return skipped("the batches are not (tensor, tensor) pairs")
@@ -132,7 +146,10 @@ def simplify_ladder(ctx):
     task = target.task
     # a budget for all rungs together, the most telling rungs first: a rung that does not fit is
     # shown as "not run (time)"
-    deadline = time.monotonic() + min(ctx.time_left() - 1, float(ctx.param("budget_s", 3.0)))
+    budget_s = float(ctx.param("budget_s", 3.0))
+    if steps < wanted and ctx.allowance_s is not None:
+        budget_s = max(budget_s, 0.9 * ctx.allowance_s)
+    deadline = time.monotonic() + min(ctx.time_left() - 1, budget_s)
     rows, results = [], {}
     with torch.no_grad():
         out_shape = list(target.fresh_model(ctx.seed).eval()(batches[0][0]).shape)
@@ -193,6 +210,13 @@ def simplify_ladder(ctx):
     line = "; ".join(f"{r[0]}: {r[2]}" for r in rows)
     if learns("your setup"):
         return passed(f"your setup learns {sum(len(b[1]) for b in batches)} samples in {steps} steps: {line}", "ok", [table], **data)
+    unrun = [r[0] for r in rows if r[2] == "not run (time)"]
+    if steps < wanted or unrun:
+        # every outcome but "ok" rests on rungs that did not learn: with fewer steps than the rungs are
+        # calibrated for, or rungs left out, "does not learn" may only mean "not yet"
+        why = f"{steps} of {wanted} steps per rung (budget)" if steps < wanted else f"rungs not run: {', '.join(unrun)}"
+        data.update(wanted_steps=wanted, not_run=unrun)
+        return cannot_run(f"inconclusive at this budget ({why}): {line}", **data, reason="budget")
     if learns("MSE loss") and not learns("one-hidden-layer MLP"):
         return failed("loss", f"only replacing the loss makes it learn: {line}", [table], **data)
     if learns("SGD(lr=0.01)"):

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch.utils.data import RandomSampler, SequentialSampler, TensorDataset
 
 from nnwizard.probes.api import ImageGrid, ProbeContext, Table, failed, passed, probe, skipped
-from nnwizard.probes.data import Samples, _first_two, _indexable, collect, loss_kind
+from nnwizard.probes.data import Samples, _first_two, _indexable, collect, degenerate, loss_kind
 
 
 def _flat(x: torch.Tensor, max_dim: int = 1024) -> torch.Tensor:
@@ -267,6 +267,9 @@ def label_leak_audit(ctx: ProbeContext):
         return skipped("too few samples to score columns")
     kind = loss_kind(target)
     y_fit, y_test = fit.y, test.y
+    flat = degenerate(torch.cat([y_fit.reshape(-1), y_test.reshape(-1)]))
+    if flat:
+        return skipped(f"{flat}: no column can predict more than a constant does (see label-audit)", "no-targets")
     if y_fit.dim() > 1:
         if y_fit[0].numel() != 1:
             return skipped("multi-value targets: columns are not scored", "no-targets")
@@ -402,6 +405,29 @@ def _between_batch_share(batches: list[torch.Tensor], classes: bool) -> float | 
     return float(between / total)
 
 
+SHUFFLE_EFFECT = 1e-4  # relative change of a reported metric between two evaluations of one model
+SHUFFLE_MAX_BATCHES = 32
+
+
+def _shuffle_effect(target, ctx) -> dict:
+    """Evaluate one fresh model (eval mode) twice through the user's evaluate (else the reference)
+    on the real, shuffling validation loader: does the reported number change with the order?"""
+    loader = target.loader("val")
+    if loader is None or len(loader) > SHUFFLE_MAX_BATCHES:
+        return {}
+    model = target.fresh_model(ctx.seed).eval()
+    try:
+        first, second = target.evaluate(model, loader), target.evaluate(model, loader)
+    except Exception:  # noqa: BLE001 - evaluate raising is metric-audit's and training-crash's finding
+        return {}
+    keys = [k for k in first if k in second and math.isfinite(first[k]) and math.isfinite(second[k])]
+    if not keys:
+        return {}
+    change = {k: abs(first[k] - second[k]) / max(abs(first[k]), 1e-12) for k in keys}
+    key = max(keys, key=lambda k: change[k])
+    return dict(val_metric=key, val_first=first[key], val_second=second[key], val_shuffle_effect=round(change[key], 6))
+
+
 # Batches grouped by label: more than half of the targets' variance lies between batches (a random
 # batch of 32 puts about 1/32 there).
 GROUPED = 0.5
@@ -446,8 +472,19 @@ def pipeline_audit(ctx: ProbeContext):
         data["val_sampler"] = type(getattr(val, "sampler", None)).__name__
         if shuffles:
             data["val_shuffled"] = True
-            facts.append(f"the validation loader shuffles ({data['val_sampler']}): harmless for mean loss and accuracy, "
-                         f"but per-batch curves, saved predictions and anything order-aligned change from run to run")
+            effect = _shuffle_effect(target, ctx)
+            data.update(effect)
+            if effect.get("val_shuffle_effect", 0.0) > SHUFFLE_EFFECT:
+                facts.append(f"the validation loader shuffles ({data['val_sampler']}) and the same model evaluated twice "
+                             f"reports {effect['val_metric']} {effect['val_first']:.4g}, then {effect['val_second']:.4g}: "
+                             f"the reported metric depends on the order")
+            elif "val_first" in effect:
+                facts.append(f"the validation loader shuffles ({data['val_sampler']}); the same model evaluated twice "
+                             f"reports {effect['val_metric']} {effect['val_first']:.4g} both times, so aggregate metrics are "
+                             f"unaffected; per-batch curves and order-aligned outputs change from run to run")
+            else:
+                facts.append(f"the validation loader shuffles ({data['val_sampler']}): mean loss and accuracy do not "
+                             f"depend on the order; per-batch curves and order-aligned outputs change from run to run")
     train = target.train_loader
     tds = getattr(train, "dataset", None)
     if _indexable(tds) and len(tds):
@@ -527,6 +564,10 @@ def label_signal_audit(ctx: ProbeContext):
     if y_fit.shape[1] != 1:
         return skipped("multi-value targets: label signal is not measured", "no-targets")
     y_fit, y_test = y_fit[:, 0], y_test[:, 0]
+    flat = degenerate(torch.cat([y_fit, y_test]))
+    if flat:
+        return skipped(f"{flat}: permuting them changes nothing, so label signal cannot be measured (see label-audit)",
+                       "no-targets")
     ff, tf = _features(fit.x), _features(test.x)
     mu, sd = ff.mean(0), ff.std(0).clamp_min(1e-6)
     ff, tf = (ff - mu) / sd, (tf - mu) / sd

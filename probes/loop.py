@@ -30,7 +30,7 @@ from nnwizard import reference
 from torch import nn
 
 from nnwizard.probes._instrument import error_kind, first_line, trace_modules, user_frame
-from nnwizard.probes.api import ProbeContext, Table, failed, passed, probe, skipped
+from nnwizard.probes.api import ProbeContext, Table, cannot_run, failed, passed, probe, skipped
 from nnwizard.target import user_source_files
 
 STEP_CALLS = 3      # train_step calls: enough for two optimizer steps (the carry-over marker test)
@@ -298,7 +298,7 @@ def _loop_skip(ctx: ProbeContext):
 def _crash(audit: LoopAudit):
     exc = audit.error
     kind = error_kind(exc)
-    return dict(error=first_line(exc), kind=kind, where=audit.error_where or "?", fn=audit.fn,
+    return dict(error=first_line(exc), kind=kind, where=audit.error_where or "?", fn=audit.fn, training_raised=True,
                 reference_ok=audit.reference_error is None, reference_error=audit.reference_error or "",
                 trainable=audit.trainable)
 
@@ -317,6 +317,7 @@ def _crash(audit: LoopAudit):
         "manual-update": "parameters changed without optimizer.step() (a hand-written update)",
     },
     timeout_s=60,
+    cost=14,
 )
 def step_audit(ctx: ProbeContext):
     audit = run_loop_audit(ctx.target, ctx.seed)
@@ -388,6 +389,7 @@ def step_audit(ctx: ProbeContext):
               "sum-reduction": "the loss doubles when the batch is duplicated: it sums over samples",
               "scaled-gradient": "the user's step applies a multiple of the mean-reduced gradient"},
     timeout_s=60,
+    cost=14,
 )
 def loss_scale_audit(ctx: ProbeContext):
     target = ctx.target
@@ -400,7 +402,7 @@ def loss_scale_audit(ctx: ProbeContext):
             single = target.loss_fn(model(x), y)
             double = target.loss_fn(model(torch.cat([x, x])), torch.cat([y, y]))
     except Exception as exc:
-        return skipped(f"the loss could not be evaluated on a duplicated batch: {first_line(exc)}")
+        return cannot_run(f"the loss could not be evaluated on a duplicated batch: {first_line(exc)}", reason="raised")
     if not isinstance(single, torch.Tensor) or single.numel() != 1 or float(single) == 0:
         return skipped("the loss is not a non-zero scalar tensor")
     dup = float(double) / float(single)
@@ -437,6 +439,7 @@ def loss_scale_audit(ctx: ProbeContext):
     outcomes={"ok": "the user's gradient points where the reference gradient points",
               "wrong-direction": "the user's gradient is unrelated to the reference: a different loss or target"},
     timeout_s=60,
+    cost=14,
 )
 def loss_target_audit(ctx: ProbeContext):
     target = ctx.target
@@ -483,7 +486,7 @@ def optimizer_coverage(ctx: ProbeContext):
     try:
         optimizer = target.make_optimizer(model)
     except Exception as exc:
-        return skipped(f"build_optimizer raised: {first_line(exc)}")
+        return cannot_run(f"build_optimizer raised: {first_line(exc)}", reason="raised")
     held: dict[int, int] = {}
     for group in optimizer.param_groups:
         for p in group["params"]:
@@ -614,6 +617,7 @@ def _cuts_in_forward(model: nn.Module, files: list[Path]) -> list[str]:
               "disconnected": "some trainable parameters get no gradient (.grad stays None)",
               "no-graph": "the loss has no graph at all although parameters require grad"},
     timeout_s=30,
+    cost=2,
 )
 def disconnected_params(ctx: ProbeContext):
     target = ctx.target
@@ -631,7 +635,7 @@ def disconnected_params(ctx: ProbeContext):
                           f"graph cuts in forward: {data['cuts']}", **data)
         loss.float().mean().backward()
     except Exception as exc:
-        return skipped(f"forward/backward raised: {first_line(exc)}")
+        return cannot_run(f"forward/backward raised: {first_line(exc)}", reason="raised")
     dead = [(n, p) for n, p in named if p.grad is None]
     total = sum(p.numel() for _, p in named)
     n_dead = sum(p.numel() for _, p in dead)

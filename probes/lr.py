@@ -9,17 +9,34 @@ import math
 import torch
 
 from nnwizard.probes._instrument import first_line
-from nnwizard.probes.api import LinePlot, ProbeContext, Table, failed, passed, probe, skipped
+from nnwizard.probes.api import LinePlot, ProbeContext, Table, cannot_run, failed, passed, probe, skipped
 
 # A run "moves" the loss when it removes at least 10% of it; one setting is "clearly better" than
 # another when it ends a further 10% of the starting loss lower. Both are far above the evaluation
 # noise of a fixed 256-sample set, and below what any healthy example does in 40 steps.
 MOVES = 0.10
 BETTER = 0.10
+MIN_SWEEP = 10        # steps per learning rate below which a sweep compares noise
+MIN_OSCILLATION = 40  # steps below which noise against progress cannot be told apart
 
 
-def _eval_set(target, samples: int = 256):
+def _eval_samples(target) -> int:
+    """The fixed evaluation set's size: 256 samples, or 4 probe batches when the session slices them."""
+    return 4 * target.sample_limit if target.sample_limit else 256
+
+
+def _eval_cost(target, evals: int) -> float:
+    """``evals`` evaluations of the fixed set, in plain steps: a forward pass costs about a third of a
+    step, in proportion to its samples (batches below 32 are counted as 32: tiny batches are dominated
+    by per-call overhead, not by their samples)."""
+    batch = target.batch()
+    per = len(batch[1]) if batch is not None else 1
+    return evals * _eval_samples(target) / max(per, 32) / 3
+
+
+def _eval_set(target, samples: int | None = None):
     """Fixed training samples (inputs, targets) to measure the loss on, at least ``samples`` of them."""
+    samples = samples or _eval_samples(target)
     try:
         available = len(target.train_loader)
     except TypeError:
@@ -99,10 +116,15 @@ def _run(ctx, factor: float = 1.0, steps: int = 40, clip: float | None = None, m
               "too-high": "lr diverges or makes the loss worse while lr/10 does clearly better",
               "none-learns": "no setting of the learning rate moves the loss"},
     timeout_s=90,
+    share=0.2,
 )
 def lr_sweep(ctx: ProbeContext):
     target = ctx.target
-    steps = int(ctx.param("steps", 40))
+    wanted = int(ctx.param("steps", 40))
+    # up to 4 runs (lr*100 when nothing moves), each evaluated 11 times on the fixed set
+    steps = ctx.plan_steps(wanted, minimum=MIN_SWEEP, runs=4, fixed=4 * (_eval_cost(target, 11) + 1))
+    if not steps:
+        return ctx.unaffordable(MIN_SWEEP, "steps each learning rate needs", wanted=wanted)
     probe_opt = target.make_optimizer(target.fresh_model(ctx.seed))
     lr = probe_opt.param_groups[0].get("lr") if probe_opt.param_groups else None
     if lr is None:
@@ -114,7 +136,7 @@ def lr_sweep(ctx: ProbeContext):
             losses, curve, final = _run(ctx, factor, steps, eval_set=eval_set, every=max(1, steps // 10))
             runs[factor] = dict(losses=losses, curve=curve, final=final, start=curve[0][1])
     except Exception as exc:  # noqa: BLE001
-        return skipped(f"the training step raised: {first_line(exc)}", error=first_line(exc))
+        return cannot_run(f"the training step raised: {first_line(exc)}", reason="raised", error=first_line(exc))
     start = runs[1.0]["start"]
 
     def drop(f):
@@ -127,7 +149,7 @@ def lr_sweep(ctx: ProbeContext):
         losses, curve, final = _run(ctx, 100.0, steps, eval_set=eval_set, every=max(1, steps // 10))
         runs[100.0] = dict(losses=losses, curve=curve, final=final, start=curve[0][1])
         d[100.0] = drop(100.0)
-    data = dict(lr=lr, steps=steps, start_loss=start, loss_lr10=runs[0.1]["final"], loss_lr=runs[1.0]["final"],
+    data = dict(lr=lr, steps=steps, wanted_steps=wanted, start_loss=start, loss_lr10=runs[0.1]["final"], loss_lr=runs[1.0]["final"],
                 loss_lrx10=runs[10.0]["final"], drop_lr10=d[0.1], drop_lr=d[1.0], drop_lrx10=d[10.0],
                 lr_low=lr * 0.1, lr_high=lr * 10)
     up = max((f for f in d if f > 1 and math.isfinite(d[f])), key=lambda f: d[f], default=10.0)
@@ -158,6 +180,9 @@ def lr_sweep(ctx: ProbeContext):
     if math.isfinite(d[0.1]) and (not math.isfinite(d[1.0]) or d[0.1] >= d[1.0] + BETTER):
         return failed("too-high", text, arts, **data)
     if max(d.values()) < MOVES:
+        if steps < wanted:  # no setting moved it in the few steps the budget fits: not a finding
+            return cannot_run(f"{text}: no setting moved the loss within the {steps} steps the budget fits (of "
+                           f"{wanted}); too few to say none learns", **data, reason="budget")
         return failed("none-learns", text, arts, **data)
     return passed(text, artifacts=arts, **data)
 
@@ -185,10 +210,15 @@ def _noise(losses: list[float]) -> tuple[float, float]:
               "clip-helps": "gradient clipping ends clearly lower than the other remedies",
               "none-helps": "the loss is noisy and no remedy helps clearly"},
     timeout_s=120,
+    share=0.25,
 )
 def oscillation(ctx: ProbeContext):
     target = ctx.target
-    steps = int(ctx.param("steps", 200))
+    wanted = int(ctx.param("steps", 200))
+    # the run as configured and three remedies (one with a doubled batch), each evaluated 17 times
+    steps = ctx.plan_steps(wanted, minimum=MIN_OSCILLATION, runs=5, fixed=4 * (_eval_cost(target, 17) + 1))
+    if not steps:
+        return ctx.unaffordable(MIN_OSCILLATION, "steps each of its four runs needs", wanted=wanted)
     eval_set = _eval_set(target)
     every = max(1, steps // 16)
     try:
@@ -207,7 +237,7 @@ def oscillation(ctx: ProbeContext):
         clip = _run(ctx, 1.0, steps, clip=float(ctx.param("max_norm", 1.0)), eval_set=eval_set, every=every)
         batch2 = _run(ctx, 1.0, steps, merge=2, eval_set=eval_set, every=every)
     except Exception as exc:  # noqa: BLE001
-        return skipped(f"the training step raised: {first_line(exc)}", error=first_line(exc))
+        return cannot_run(f"the training step raised: {first_line(exc)}", reason="raised", error=first_line(exc))
     finals = {"lr/3": lr3[2], "clip": clip[2], "2x batch": batch2[2]}
     data = dict(steps=steps, noise=noise, progress=progress, noise_ratio=noise / progress if progress > 0 else math.inf,
                 start_loss=start, final=base[2], final_lr3=lr3[2], final_clip=clip[2], final_batch2=batch2[2],
@@ -230,6 +260,8 @@ def oscillation(ctx: ProbeContext):
     data["text"] = text
     finite = {k: v for k, v in finals.items() if math.isfinite(v)}
     ref = base[2] if math.isfinite(base[2]) else math.inf
+    if steps < wanted:
+        data["wanted_steps"] = wanted
     if not finite:
         return failed("none-helps", text, arts, **data)
     best = min(finite, key=finite.get)
@@ -238,5 +270,7 @@ def oscillation(ctx: ProbeContext):
     data.update(best=best, best_final=finite[best], gain=(1 - finite[best] / ref) if math.isfinite(ref) else 1.0)
     clearly = finite[best] < ref * (1 - BETTER) and all(finite[best] < v * (1 - BETTER / 2) for v in others)
     if not clearly:
+        if steps < wanted:  # no remedy clearly better within the few steps the budget fits: not a finding
+            return cannot_run(f"{text}; no remedy clearly better within the {steps} steps the budget fits (of {wanted})", **data, reason="budget")
         return failed("none-helps", text, arts, **data)
     return failed({"lr/3": "lr-helps", "clip": "clip-helps", "2x batch": "batch-helps"}[best], text, arts, **data)

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from nnwizard.probes._instrument import first_line, graph_nodes, user_frame
-from nnwizard.probes.api import LinePlot, ProbeContext, Table, failed, passed, probe, skipped
+from nnwizard.probes.api import LinePlot, ProbeContext, Table, cannot_run, failed, passed, probe, skipped
 from nnwizard.target import user_source_files
 
 _SKIP_TYPES = (type(sys), type, type(len), type(lambda: 0))
@@ -169,12 +169,14 @@ def _steadily_growing(series: list[int]) -> bool:
         "returns-graph": "the loop releases its graphs but returns a tensor still attached to the epoch's graph",
     },
     timeout_s=60,
+    cost=10,
 )
 def memory_growth(ctx: ProbeContext):
     target = ctx.target
     if not (target.user_train_epoch or target.user_train_step):
         return skipped("no user train_epoch or train_step: the reference loop keeps only numbers (loss.item())")
-    steps = int(ctx.param("steps", 8))
+    # 8 steps; 5 (still 4 increments to see a rise) when the session slices dear batches
+    steps = int(ctx.param("steps", 5 if target.sample_limit else 8))
     loader = target.loader("train", steps)
     steps = len(loader)
     if steps < 4:
@@ -219,9 +221,10 @@ def memory_growth(ctx: ProbeContext):
                 returned = target.user_train_step(model, batch, target.loss_fn, optimizer)
                 measure(step + 1)
     except Exception as exc:  # the user's loop raising is another probe's finding
-        return skipped(f"{fn} raised: {first_line(exc)} ({user_frame(exc, [Path(f) for f in files])})", error=first_line(exc))
+        return cannot_run(f"{fn} raised: {first_line(exc)} ({user_frame(exc, [Path(f) for f in files])})", reason="raised",
+                          error=first_line(exc))
     if len(points) < 3:
-        return skipped(f"{fn} completed fewer than 3 measured steps (did it iterate the loader?)")
+        return cannot_run(f"{fn} completed fewer than 3 measured steps (did it iterate the loader?)", reason="precondition")
     returned_nodes = _node_count(list(_tensors(returned)))
     series_steps = [p["step"] for p in points]
     labels = {label for p in points for label in p["roots"]}

@@ -10,7 +10,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.dropout import _DropoutNd
 
 from nnwizard.probes._instrument import first_line, user_frame
-from nnwizard.probes.api import ProbeContext, Table, failed, passed, probe, skipped
+from nnwizard.probes.api import ProbeContext, Table, cannot_run, failed, passed, probe, skipped
 from nnwizard.target import user_source_files
 
 MODE_TYPES = (_DropoutNd, nn.AlphaDropout, nn.FeatureAlphaDropout, _BatchNorm)
@@ -35,6 +35,7 @@ def _mode_layers(model: nn.Module) -> dict[str, nn.Module]:
         "no-mode-layers": "the model has no Dropout or BatchNorm, so train/eval mode changes nothing",
     },
     timeout_s=60,
+    cost=6,
 )
 def mode_after_eval(ctx: ProbeContext):
     target = ctx.target
@@ -64,14 +65,14 @@ def mode_after_eval(ctx: ProbeContext):
         for name in ("train-1", "evaluate", "train-2"):
             phase["name"] = name
             if name == "evaluate":
-                target.evaluate(model, target.loader("val", batches) or target.loader("train", batches))
+                target.evaluate(model, target.subset_loader("val", batches) or target.subset_loader("train", batches))
                 state["after_eval"] = model.training
                 state["layers_after_eval"] = sum(m.training for m in layers.values())
             else:
                 target.train_epoch(model, target.loader("train", batches), optimizer, scheduler)
     except Exception as exc:  # the user's loop raising is another probe's finding
-        return skipped(f"the {phase['name']} pass raised: {first_line(exc)} ({user_frame(exc, files)})",
-                       error=first_line(exc))
+        return cannot_run(f"the {phase['name']} pass raised: {first_line(exc)} ({user_frame(exc, files)})",
+                          reason="raised", error=first_line(exc))
     finally:
         for h in handles:
             h.remove()

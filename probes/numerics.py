@@ -25,10 +25,11 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from nnwizard.probes._instrument import error_kind, first_line, user_frame
 from nnwizard.probes._optrace import OpTracer
-from nnwizard.probes.api import LinePlot, ProbeContext, Table, failed, passed, probe, skipped
+from nnwizard.probes.api import LinePlot, ProbeContext, Table, cannot_run, failed, passed, probe, skipped
 from nnwizard.target import user_source_files
 
 FP16_MAX = 65504.0
+MIN_BISECT = 10
 # An argument this close to zero is zero at float32 resolution for any quantity of order 1 (float32
 # resolves ~1.2e-7 relative): log() of it is below -13.8 and 1/x above 1e6.
 NEAR_ZERO = 1e-6
@@ -222,10 +223,15 @@ def _run_until_nonfinite(ctx, model, optimizer, batches, steps, snapshot=True):
               "update": "gradients were finite; the optimizer step made the parameters non-finite",
               "unlocated": "the replay of the failing step stayed finite", "crashed": "the step raised"},
     timeout_s=90,
+    share=0.2,
 )
 def nan_bisect(ctx: ProbeContext):
     target = ctx.target
-    steps = int(ctx.param("steps", 150))
+    wanted = int(ctx.param("steps", 150))
+    # a snapshot before every step (a state copy) and the traced replay of the failing one
+    steps = ctx.plan_steps(wanted, minimum=MIN_BISECT, cost=1.2, fixed=6)
+    if not steps:
+        return ctx.unaffordable(MIN_BISECT, "steps a search for the first non-finite one needs", wanted=wanted)
     batches = _step_batches(target, int(ctx.param("batches", 16)))
     model = target.fresh_model(ctx.seed)
     optimizer = target.make_optimizer(model)
@@ -235,7 +241,7 @@ def nan_bisect(ctx: ProbeContext):
         losses, gnorms, pnorms, bad, snap, why = _run_until_nonfinite(ctx, model, optimizer, batches, steps)
     except Exception as exc:
         return failed("crashed", f"the training step raised: {first_line(exc)}", error=first_line(exc),
-                      kind=error_kind(exc), where=user_frame(exc, files))
+                      kind=error_kind(exc), where=user_frame(exc, files), training_raised=True)
     fn = "train_step" if target.user_train_step else "the reference step"
     data = dict(steps_run=len(losses), step_fn=fn, losses=losses, grad_norms=gnorms,
                 first_loss=losses[0] if losses else math.nan,
@@ -247,6 +253,10 @@ def nan_bisect(ctx: ProbeContext):
     if finite_g:
         plots.append(LinePlot("grad-norm", "Global gradient norm before each optimizer step", {"grad norm": gnorms},
                               ylabel="gradient norm", logy=True))
+    if bad is None and steps < wanted:
+        data["wanted_steps"] = wanted
+        return cannot_run(f"{len(losses)} steps of {fn} (of {wanted} wanted; the budget fits {steps}) stayed finite: "
+                       f"too few to rule out a later NaN/Inf", **data, reason="budget")
     if bad is None:
         return passed(f"{len(losses)} steps of {fn}: loss {losses[0]:.4g} -> {losses[-1]:.4g}, always finite; "
                       f"gradient norm {data['first_grad_norm']:.3g} -> {gnorms[-1]:.3g}", artifacts=plots, **data)
@@ -341,6 +351,7 @@ def nan_bisect(ctx: ProbeContext):
               "both-fix": "both stay finite", "neither": "both still go non-finite",
               "ok": "no non-finite step to repair"},
     timeout_s=90,
+    share=0.15,
 )
 def nan_repair(ctx: ProbeContext):
     target = ctx.target
@@ -357,6 +368,8 @@ def nan_repair(ctx: ProbeContext):
             return passed("the training stayed finite: nothing to repair", "ok")
     # the failing stretch, with headroom: a fix must hold well past the step that failed
     horizon = int(ctx.param("horizon", max(3 * (bad + 1), 30)))
+    if not ctx.plan_steps(horizon, minimum=horizon, runs=2):
+        return cannot_run(f"the budget does not fit two runs of {horizon} steps past the failing step {bad}", step=bad, reason="budget")
     max_norm = float(ctx.param("max_norm", 1.0))
     runs = {}
     for name in ("lr/10", "clip"):
@@ -498,6 +511,7 @@ def static_unsafe_calls(files: list[Path]) -> list[dict]:
               "near-zero": "an op in the user's code saw an argument at or near zero (or negative under log/sqrt)",
               "unguarded": "the source has log/sqrt/division calls with no epsilon or clamp (not near zero on these batches)"},
     timeout_s=60,
+    cost=4,
 )
 def epsilon_scan(ctx: ProbeContext):
     target = ctx.target
@@ -509,7 +523,7 @@ def epsilon_scan(ctx: ProbeContext):
             with OpTracer(model, files) as trace, torch.no_grad():
                 target.loss_fn(model(inputs), targets)
         except Exception as exc:  # noqa: BLE001
-            return skipped(f"forward or loss raised: {first_line(exc)}", error=first_line(exc))
+            return cannot_run(f"forward or loss raised: {first_line(exc)}", reason="raised", error=first_line(exc))
         for r in trace.unsafe:
             if not r.direct:
                 continue  # library functions (F.normalize, norms) guard their own denominators
@@ -595,6 +609,7 @@ def _module_outputs(model, inputs) -> list[tuple[str, str, float, bool]]:
     title="First module whose output leaves the fp16 range under autocast",
     outcomes={"ok": "every module output fits fp16", "overflow": "a module's output overflows fp16 (finite in fp32)"},
     timeout_s=60,
+    cost=2,
 )
 def amp_overflow(ctx: ProbeContext):
     target = ctx.target

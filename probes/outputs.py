@@ -15,10 +15,12 @@ import math
 import warnings
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from nnwizard.probes._losscall import LossCalls
 from nnwizard.probes._instrument import error_kind, expected_input, first_line, trace_modules, user_frame
-from nnwizard.probes.api import ProbeContext, Table, failed, passed, probe, skipped
+from nnwizard.probes.api import ProbeContext, Table, cannot_run, failed, passed, probe, skipped
 from nnwizard.target import user_source_files
 
 ELEMENTWISE = (nn.MSELoss, nn.L1Loss, nn.SmoothL1Loss, nn.HuberLoss, nn.BCELoss, nn.BCEWithLogitsLoss)
@@ -34,44 +36,103 @@ def _last_leaf(trace):
 
 
 # ----------------------------------------------------------------------------- loss-output-audit
+_NAMES = {"cross_entropy": "CrossEntropyLoss", "nll_loss": "NLLLoss", "binary_cross_entropy": "BCELoss",
+          "binary_cross_entropy_with_logits": "BCEWithLogitsLoss", "mse_loss": "MSELoss", "l1_loss": "L1Loss",
+          "smooth_l1_loss": "SmoothL1Loss", "huber_loss": "HuberLoss", "kl_div": "KLDivLoss"}
+
+
+def _capture(target, model, inputs, targets, files):
+    """Run one real step (the user's train_step when given, else loss_fn(model(x), y)) and return
+    (the first loss call, the model's output, the leaf-module trace, the exception or None)."""
+    box: dict = {}
+    hook = model.register_forward_hook(lambda m, a, o: box.setdefault("out", o))
+    error = None
+    with trace_modules(model, leaves_only=True) as trace, LossCalls(files, model) as calls:
+        try:
+            if target.user_train_step:
+                model.train()
+                target.train_step(model, (inputs, targets), target.make_optimizer(model))
+            else:
+                model.eval()
+                with torch.no_grad():
+                    target.loss_fn(model(inputs), targets)
+        except Exception as exc:  # noqa: BLE001 - what reached the loss before it raised still counts
+            error = exc
+    hook.remove()
+    return calls.first, box.get("out"), trace, error
+
+
 @probe(
     "loss-output-audit",
-    title="Model outputs against what the loss expects (logits, probabilities, log-probabilities)",
+    title="What really reaches the loss (logits, probabilities, log-probabilities, constants)",
     outcomes={
-        "ok": "outputs are what the loss expects",
+        "ok": "the loss gets what it expects",
         "double-softmax": "probabilities (rows summing to 1) go into a loss that applies softmax itself",
         "probs-to-nll": "NLLLoss gets probabilities instead of log-probabilities",
         "logits-to-nll": "NLLLoss gets raw logits instead of log-probabilities",
         "logits-to-bce": "BCELoss gets values outside [0, 1] (logits)",
-        "double-sigmoid": "BCEWithLogitsLoss gets probabilities from a Sigmoid",
+        "double-sigmoid": "BCEWithLogitsLoss gets probabilities (a sigmoid already applied)",
+        "logprobs-to-logits": "BCEWithLogitsLoss gets log-probabilities (logsigmoid / log_softmax output)",
         "squashed-logits": "a Sigmoid/Tanh bounds the logits of CrossEntropyLoss",
         "other-dim": "outputs are normalised (softmax / log_softmax) over a dimension other than the classes",
+        "softmax-size1": "a softmax / log_softmax over a dimension of size 1: every value is 1 (or 0)",
+        "single-class": "a class loss gets one score per sample: its value is 0 whatever the model does",
+        "constant": "every value reaching the loss is the same, across samples and outputs",
     },
     timeout_s=30,
 )
 def loss_output_audit(ctx: ProbeContext):
     target = ctx.target
-    loss = target.loss_fn
-    name = type(loss).__name__
-    model = target.fresh_model(ctx.seed).eval()
+    model = target.fresh_model(ctx.seed)
     inputs, targets = target.batch()
-    try:
-        with trace_modules(model, leaves_only=True) as trace, torch.no_grad():
-            out = model(inputs)
-    except Exception as exc:
-        return skipped(f"the forward pass raised: {first_line(exc)}")
-    if not isinstance(out, torch.Tensor) or not out.is_floating_point() or out.numel() == 0:
-        return skipped("the model's output is not one floating-point tensor")
+    files = user_source_files(target)
+    call, out, trace, error = _capture(target, model, inputs, targets, files)
+    if call is None:
+        if error is not None:
+            return cannot_run(f"the step raised before any loss was called: {first_line(error)}", reason="raised",
+                              error=first_line(error))
+        if not isinstance(out, torch.Tensor) or not out.is_floating_point() or out.numel() == 0:
+            return skipped("the model's output is not one floating-point tensor")
+        return passed(f"no built-in loss function was called ({type(target.loss_fn).__name__}): no output convention "
+                      f"to check", "ok", loss=type(target.loss_fn).__name__, output_shape=list(out.shape))
+    o = call.input.detach().float()
+    if o.numel() == 0:
+        return skipped("the loss got an empty tensor")
+    name = _NAMES.get(call.name, call.name)
     last, module = _last_leaf(trace)
     last_type = type(module).__name__ if module is not None else None
-    data = dict(loss=name, last_module=last.path if last else None, last_type=last_type, output_shape=list(out.shape),
-                out_min=float(out.min()), out_max=float(out.max()))
-    where = f"the model's last module call is {last_type} '{last.path}'" if last else "the model's output"
-    o = out.detach().float()
+    producer = call.producer
+    data = dict(loss=name, loss_function=call.name, loss_where=call.where, last_module=last.path if last else None,
+                last_type=last_type, output_shape=list(o.shape), out_min=float(o.min()), out_max=float(o.max()),
+                producer=producer.describe() if producer else None, via="train_step" if target.user_train_step else "loss_fn",
+                loss_raised=first_line(error) if error is not None else None)
+    if producer is not None:
+        where = f"the loss input comes from {producer.describe()}"
+    elif last is not None:
+        where = f"the model's last module call is {last_type} '{last.path}'"
+    else:
+        where = "the model's output"
+    normalised = producer.op if producer else ("softmax" if isinstance(module, nn.Softmax) else
+                                               "log_softmax" if isinstance(module, nn.LogSoftmax) else
+                                               "sigmoid" if isinstance(module, nn.Sigmoid) else None)
     in01 = bool(((o >= 0) & (o <= 1)).all())
     rows_sum_one = o.dim() >= 2 and o.shape[1] > 1 and in01 and bool(((o.sum(1) - 1).abs() < 1e-3).all())
     data["rows_sum_to_one"] = rows_sum_one
-    if o.dim() >= 2 and o.shape[1] > 1 and not rows_sum_one:
+    spread = float(o.max() - o.min())
+    # constants: a normalisation over a dimension of size 1, one class score, or one value everywhere
+    if producer is not None and producer.op in ("softmax", "log_softmax") and producer.size == 1:
+        value = 1.0 if producer.op == "softmax" else 0.0
+        return failed("softmax-size1", f"{where}: dimension {producer.dim} has size 1 (input shape "
+                      f"{list(o.shape)} at the loss), so every value is exactly {value:g} and {name} gets a constant "
+                      f"that carries no gradient back to the model", **data)
+    if call.kind == "class" and o.dim() >= 2 and o.shape[1] == 1:
+        return failed("single-class", f"{name} gets outputs {list(o.shape)}: one score per sample in the class "
+                      f"dimension (1), so log_softmax over it is 0 and the loss is 0 whatever the model predicts; "
+                      f"{where}", **data)
+    if o.numel() > 1 and spread == 0.0:
+        return failed("constant", f"every one of the {o.numel()} values reaching {name} is {float(o.flatten()[0]):.4g} "
+                      f"(shape {list(o.shape)}): the loss input does not depend on the sample or the output; {where}", **data)
+    if o.dim() >= 2 and o.shape[1] > 1 and not rows_sum_one and call.kind == "class":
         # normalised over another dimension (softmax(dim=0) written for a single sample): the columns,
         # not the rows, sum to one (or their logsumexp is zero)
         for dim in [d for d in range(o.dim()) if d != 1 and o.shape[d] > 1]:
@@ -82,28 +143,27 @@ def loss_output_audit(ctx: ProbeContext):
                 what = "softmax" if in01 else "log_softmax"
                 return failed("other-dim", f"the outputs {list(o.shape)} are a {what} over dimension {dim}, not over the "
                               f"classes (dimension 1): each class score is normalised across the samples of the batch", **data)
-    if isinstance(loss, nn.CrossEntropyLoss):
-        if rows_sum_one or isinstance(module, nn.Softmax):
+    if call.name == "cross_entropy":
+        if rows_sum_one or normalised == "softmax":
             c = o.shape[1]
             floor = math.log(1 + (c - 1) / math.e)  # CE of softmax(p) when p is one-hot: the best it can do
             data.update(classes=c, loss_floor=round(floor, 4))
-            # the gradient that reaches the logits, with and without the extra softmax
-            ratio = _softmax_grad_ratio(model, inputs, targets, loss, module if isinstance(module, nn.Softmax) else None)
+            ratio = _softmax_grad_ratio(o, call.target)
             if ratio is not None:
                 data["grad_ratio"] = round(ratio, 4)
             grad = f"; the gradient reaching the logits is {ratio:.2f}x what it would be" if ratio is not None else ""
             return failed("double-softmax", f"{where} and its outputs are probabilities (rows sum to 1, range "
                           f"[{data['out_min']:.3g}, {data['out_max']:.3g}]); {name} applies log_softmax again, so the loss "
                           f"cannot fall below ln(1 + {c - 1}/e) = {floor:.3f} even when every prediction is right{grad}", **data)
-        if isinstance(module, (nn.Sigmoid, nn.Tanh)):
+        if normalised in ("sigmoid", "tanh") or isinstance(module, (nn.Sigmoid, nn.Tanh)):
             return failed("squashed-logits", f"{where}: the logits are squashed into [{data['out_min']:.3g}, "
                           f"{data['out_max']:.3g}] before {name}, which needs unbounded logits", **data)
-        note = "; a final LogSoftmax is harmless here (log_softmax is idempotent)" if isinstance(module, nn.LogSoftmax) else ""
+        note = "; a log_softmax before it is harmless (log_softmax is idempotent)" if normalised == "log_softmax" else ""
         return passed(f"{where}; outputs in [{data['out_min']:.3g}, {data['out_max']:.3g}]: logits for {name}{note}", **data)
-    if isinstance(loss, nn.NLLLoss):
+    if call.name == "nll_loss":
         lse = torch.logsumexp(o, 1) if o.dim() >= 2 else o
         data["max_logsumexp"] = float(lse.abs().max())
-        if rows_sum_one or isinstance(module, nn.Softmax):
+        if rows_sum_one or normalised == "softmax":
             return failed("probs-to-nll", f"{where}: NLLLoss gets probabilities (rows sum to 1) but needs "
                           f"log-probabilities; it minimises -p[y], bounded at -1, with tiny gradients", **data)
         if float(lse.abs().max()) > 1e-3:
@@ -111,43 +171,39 @@ def loss_output_audit(ctx: ProbeContext):
                           f"logsumexp per row up to {data['max_logsumexp']:.3g} (log-probabilities give 0): NLLLoss on raw "
                           f"logits just pushes one logit up without bound (the loss goes negative)", **data)
         return passed(f"{where}: log-probabilities (logsumexp per row 0) for NLLLoss", **data)
-    if isinstance(loss, nn.BCELoss):
+    if call.name == "binary_cross_entropy":
         if not in01:
             outside = int(((o < 0) | (o > 1)).sum())
             data["outside"] = outside
-            return failed("logits-to-bce", f"{where}: {outside} of {o.numel()} outputs outside [0, 1] (range "
-                          f"[{data['out_min']:.3g}, {data['out_max']:.3g}]): BCELoss needs probabilities and raises "
+            kind = "log-probabilities" if float(o.max()) <= 0 else "logits"
+            return failed("logits-to-bce", f"{where}: {outside} of {o.numel()} values outside [0, 1] (range "
+                          f"[{data['out_min']:.3g}, {data['out_max']:.3g}]: {kind}): BCELoss needs probabilities and raises "
                           f"(or, on CUDA, hits a device-side assert); give logits to BCEWithLogitsLoss", **data)
         return passed(f"{where}: probabilities in [{data['out_min']:.3g}, {data['out_max']:.3g}] for BCELoss", **data)
-    if isinstance(loss, nn.BCEWithLogitsLoss):
-        if isinstance(module, nn.Sigmoid) or (in01 and o.numel() >= 16 and float(o.min()) > 0):
+    if call.name == "binary_cross_entropy_with_logits":
+        if normalised in ("logsigmoid", "log_softmax") or (float(o.max()) <= 0 and normalised is not None):
+            return failed("logprobs-to-logits", f"{where}: log-probabilities in [{data['out_min']:.3g}, "
+                          f"{data['out_max']:.3g}] go into BCEWithLogitsLoss, which reads them as logits: every "
+                          f"prediction is below 0.5", **data)
+        if normalised in ("sigmoid", "softmax") or (in01 and o.numel() >= 16 and float(o.min()) > 0):
             return failed("double-sigmoid", f"{where}: outputs already in [{data['out_min']:.3g}, {data['out_max']:.3g}] "
                           f"go into BCEWithLogitsLoss, which applies sigmoid again (predictions stuck between 0.5 and 0.73)", **data)
         return passed(f"{where}; logits in [{data['out_min']:.3g}, {data['out_max']:.3g}] for BCEWithLogitsLoss", **data)
     return passed(f"{where}; {name}: no output convention to check", **data)
 
 
-def _softmax_grad_ratio(model, inputs, targets, loss, softmax: nn.Module | None) -> float | None:
-    """Gradient norm at the logits through softmax + CE, over the norm through CE alone."""
+def _softmax_grad_ratio(probs: torch.Tensor, targets: torch.Tensor | None) -> float | None:
+    """Gradient norm at the logits through softmax + cross-entropy, over the norm through
+    cross-entropy alone, for the logits these probabilities imply (softmax(log p) = p)."""
+    if targets is None:
+        return None
     try:
-        if softmax is not None:
-            box = {}
-            handle = softmax.register_forward_hook(lambda m, a, o: box.setdefault("z", a[0]))
-            with torch.no_grad():
-                model(inputs)
-            handle.remove()
-            z = box["z"].detach().clone().requires_grad_(True)
-            probs = softmax(z)
-        else:
-            with torch.no_grad():
-                p = model(inputs).float()
-            z = p.clamp_min(1e-12).log().detach().requires_grad_(True)  # the logits these probabilities imply
-            probs = torch.softmax(z, 1)
-        g_double = torch.autograd.grad(loss(probs, targets), z)[0]
+        z = probs.float().clamp_min(1e-12).log().detach().requires_grad_(True)
+        g_double = torch.autograd.grad(F.cross_entropy(torch.softmax(z, 1), targets), z)[0]
         z2 = z.detach().clone().requires_grad_(True)
-        g_single = torch.autograd.grad(loss(z2, targets), z2)[0]
+        g_single = torch.autograd.grad(F.cross_entropy(z2, targets), z2)[0]
         return float(g_double.norm() / g_single.norm().clamp_min(1e-12))
-    except Exception:
+    except Exception:  # noqa: BLE001
         return None
 
 
@@ -289,7 +345,8 @@ def shape_audit(ctx: ProbeContext):
             if data["kind"] == "shape":
                 return failed("loss-shape", f"the loss raised on outputs {out_shape} and targets {tgt_shape}: {data['error']}",
                               [table], **data)
-            return passed(f"{len(rows)} layers fit; the loss raised for another reason ({data['error']})", artifacts=[table], **data)
+            return cannot_run(f"{len(rows)} layers fit; the loss raised ({data['error']}), so broadcasting in it could not be checked",
+                              reason="raised", **data)
     if caught:
         data["loss_warning"] = str(caught[0].message)[:200]
     if elementwise and out_shape != tgt_shape:

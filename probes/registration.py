@@ -90,6 +90,7 @@ def _global_names(namespace, wanted: set[int]) -> dict[int, str]:
         "held-unused": "modules or tensors requiring grad sit in plain containers but the loss does not use them",
     },
     timeout_s=60,
+    cost=2,
 )
 def parameter_registration(ctx: ProbeContext):
     target = ctx.target

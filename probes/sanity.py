@@ -9,9 +9,15 @@ import time
 
 import torch
 
+from nnwizard.probes._crash import classify_exception
 from nnwizard.probes._instrument import anomaly_origin, error_kind, expected_input, first_line, trace_modules, user_frame
-from nnwizard.probes.api import LinePlot, ProbeContext, Table, failed, passed, probe
+from nnwizard.probes.registration import _attribute_findings
+from nnwizard.probes.api import LinePlot, ProbeContext, Table, cannot_run, failed, passed, probe
 from nnwizard.target import user_source_files
+
+
+MIN_OVERFIT_STEPS = 20  # below this a healthy model rarely memorises 16 samples; the probe is skipped
+CLEAR_DROP = 0.02       # when the budget cuts the run: a loss below 2% of its start is a clear outcome
 
 
 def _count(params) -> int:
@@ -37,8 +43,13 @@ def model_summary(ctx: ProbeContext):
         rows.append([name, type(child).__name__, n, t])
     table = Table("modules", "Top-level modules", ["module", "type", "parameters", "trainable"], rows,
                   marked=[i for i, r in enumerate(rows) if r[2] and not r[3]])
+    modules = len(list(model.modules()))
     data = dict(total=total, trainable=trainable, frozen_modules=frozen, model=type(model).__name__,
-                modules=len(list(model.modules())), frozen_fraction=round(1 - trainable / total, 4) if total else 0.0)
+                modules=modules, modules_s="" if modules == 1 else "s",
+                frozen_fraction=round(1 - trainable / total, 4) if total else 0.0)
+    if total == 0:  # layers or tensors the model holds outside nn.Module's registries
+        held = _attribute_findings(model, set())
+        data.update(held_outside=len(held), held_names=", ".join(h["attribute"] for h in held[:4]) or "none")
     head = f"{type(model).__name__}: {total:,} parameters, {trainable:,} trainable"
     if total == 0:
         return failed("no-parameters", f"{type(model).__name__} registers no parameters at all", **data)
@@ -82,7 +93,7 @@ def forward_shape(ctx: ProbeContext):
     layers = Table("layers", "Layer input and output shapes", ["module", "type", "input", "output"], rows, marked)
     if error is not None:
         bad = trace.failing
-        data.update(error=first_line(error), kind=error_kind(error), where=user_frame(error, files))
+        data.update(error=first_line(error), kind=error_kind(error), where=user_frame(error, files), training_raised=True)
         if bad is not None:
             module = trace.modules.get(bad.path)
             expects = expected_input(module) if module is not None else None
@@ -99,7 +110,7 @@ def forward_shape(ctx: ProbeContext):
         loss = target.loss_fn(outputs, targets)
     except Exception as exc:
         kind = error_kind(exc)
-        data.update(error=first_line(exc), kind=kind, where=user_frame(exc, files))
+        data.update(error=first_line(exc), kind=kind, where=user_frame(exc, files), training_raised=True)
         outcome = {"dtype": "loss-dtype", "label-range": "label-range", "shape": "loss-shape"}.get(kind, "loss-error")
         return failed(outcome, f"the loss raised on outputs {out_shape} / targets {data['target_shape']} "
                       f"({data['target_dtype']}): {data['error']}", [layers], **data)
@@ -158,15 +169,31 @@ def initial_loss(ctx: ProbeContext):
 
 
 def _true_loss(target, model, batch) -> float:
-    """loss_fn(model(x), y) on the batch in eval mode: what a correct step drives down."""
+    return _as_stepped(target, model, batch)[0]
+
+
+def _as_stepped(target, model, batch) -> tuple[float, float | None]:
+    """loss_fn(model(x), y) and accuracy on the batch as the step computes them (train mode: BatchNorm normalises by
+    the batch's own statistics) but without Dropout's noise, and without touching the running
+    statistics: what a correct step drives down. (Eval mode would read BatchNorm running statistics
+    that lag far behind the weights after a few dozen steps of a large network.)"""
     was_training = model.training
-    model.eval()
+    buffers = {k: v.detach().clone() for k, v in model.named_buffers()}
+    model.train()
+    for m in model.modules():
+        if isinstance(m, torch.nn.modules.dropout._DropoutNd):
+            m.eval()
     try:
         with torch.no_grad():
-            return float(target.loss_fn(model(batch[0]), batch[1]).float().mean())
+            outputs = model(batch[0])
+            return float(target.loss_fn(outputs, batch[1]).float().mean()), target.accuracy(outputs, batch[1])
     except Exception:  # the step's own crash is reported by the caller
-        return math.nan
+        return math.nan, None
     finally:
+        with torch.no_grad():
+            for k, v in model.named_buffers():
+                if k in buffers:
+                    v.copy_(buffers[k])
         model.train(was_training)
 
 
@@ -179,10 +206,15 @@ def _true_loss(target, model, batch) -> float:
               "diverged": "loss becomes NaN/Inf", "crashed": "the step raised",
               "target-mismatch": "the step's loss approaches zero while the loss against the targets does not"},
     timeout_s=120,
+    share=0.2,
 )
 def overfit_one_batch(ctx: ProbeContext):
     target = ctx.target
-    size, steps = int(ctx.param("samples", 16)), int(ctx.param("steps", 200))
+    size, wanted = int(ctx.param("samples", 16)), int(ctx.param("steps", 200))
+    steps = ctx.plan_steps(wanted, minimum=MIN_OVERFIT_STEPS, fixed=3)
+    if not steps:
+        return ctx.unaffordable(MIN_OVERFIT_STEPS, "steps overfitting one batch needs", wanted=wanted)
+    cut = steps < wanted
     batch = target.batch(size=size)
     model = target.fresh_model(ctx.seed)
     optimizer = target.make_optimizer(model)
@@ -196,10 +228,14 @@ def overfit_one_batch(ctx: ProbeContext):
             losses.append(target.train_step(model, batch, optimizer))
             if not math.isfinite(losses[-1]) or losses[-1] < 1e-4 or ctx.time_left() < 1:
                 break
+            if cut and losses[-1] < CLEAR_DROP * losses[0]:  # a clear outcome: no need for the rest
+                break
             if step % 20 == 0:
                 ctx.progress(step / steps, f"step {step} loss {losses[-1]:.4g}")
     except Exception as exc:
-        data = dict(error=first_line(exc), kind=error_kind(exc), where=user_frame(exc, files), step=len(losses))
+        data = dict(error=first_line(exc), kind=error_kind(exc), where=user_frame(exc, files), step=len(losses),
+                    training_raised=True)
+        data["hypothesis"] = classify_exception(exc, model=model, loss_fn=target.loss_fn, files=files, targets=batch[1]).hypothesis
         if data["kind"] == "inplace":  # name the forward op whose saved output was overwritten
             replay = target.fresh_model(ctx.seed)
             data["origin"] = anomaly_origin(lambda: target.train_step(replay, batch, target.make_optimizer(replay)), files) or "?"
@@ -207,19 +243,17 @@ def overfit_one_batch(ctx: ProbeContext):
                       + (f" ({data['where']})" if data["where"] else "")
                       + (f"; autograd saved the result of {data['origin']}" if data.get("origin") else ""), **data)
     moved = max((float((p.detach() - b).abs().max()) for p, b in zip(model.parameters(), before)), default=0.0)
-    true_end = _true_loss(target, model, batch)
-    model.eval()
-    with torch.no_grad():
-        accuracy = target.accuracy(model(batch[0]), batch[1])
+    true_end, accuracy = _as_stepped(target, model, batch)
     first, last = losses[0], losses[-1]
     best = min((l for l in losses if math.isfinite(l)), default=math.nan)
     fn = "train_step" if target.user_train_step else "the reference step"
-    data = dict(samples=len(batch[1]), steps=len(losses), first_loss=first, final_loss=last, best_loss=best,
+    data = dict(samples=len(batch[1]), steps=len(losses), planned_steps=steps, wanted_steps=wanted, first_loss=first, final_loss=last, best_loss=best,
                 ratio=(last / first) if first else math.nan, accuracy=accuracy, max_param_change=moved,
                 step_fn=fn, seconds=round(time.monotonic() - started, 2), true_start=true_start, true_end=true_end)
     plot = LinePlot("curve", f"Overfitting {len(batch[1])} samples ({fn})", {"loss": losses}, logy=all(l > 0 for l in losses if math.isfinite(l)))
     acc = f", accuracy {accuracy:.0%}" if accuracy is not None else ""
-    text = f"{len(batch[1])} samples, {len(losses)} steps of {fn}: loss {first:.4g} -> {last:.4g}{acc}"
+    ran = f"{len(losses)} steps" if not cut else f"{len(losses)} steps (of {wanted} wanted; the budget fits {steps})"
+    text = f"{len(batch[1])} samples, {ran} of {fn}: loss {first:.4g} -> {last:.4g}{acc}"
     if not math.isfinite(last):
         bad = next(i for i, l in enumerate(losses) if not math.isfinite(l))
         data["nan_step"] = bad
@@ -234,6 +268,10 @@ def overfit_one_batch(ctx: ProbeContext):
                       f"{true_end:.4g}: the step minimises a different loss", [plot], **data)
     if learned:
         return passed(text, "learns", [plot], **data)
+    if cut and len(losses) < wanted and math.isfinite(last):
+        # fewer steps than the test is calibrated for: "slow" or "stuck" would be a wrong verdict
+        return cannot_run(f"{text}: not learnt within the {len(losses)} steps the budget fits, too few to call it slow "
+                       f"or stuck (--budget to give it more)", **data, reason="budget")
     if last < 0.7 * first:
         return failed("slow", text, [plot], **data)
     return failed("stuck", text, [plot], **data)

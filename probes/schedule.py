@@ -79,6 +79,7 @@ def _replay(target, seed: int, cadence: str, steps: int, per_epoch: int) -> list
               "never-stepped": "train_epoch never calls scheduler.step()",
               "crashed": "train_epoch raised"},
     timeout_s=60,
+    cost=10,
 )
 def scheduler_cadence(ctx: ProbeContext):
     target = ctx.target
@@ -123,7 +124,7 @@ def scheduler_cadence(ctx: ProbeContext):
                 per_epoch_opt.append(counts["opt"] - before["opt"])
     except Exception as exc:
         return failed("crashed", f"train_epoch raised with {name}: {first_line(exc)}", error=first_line(exc),
-                      scheduler=name)
+                      scheduler=name, training_raised=True)
     finally:
         handle.remove()
         del scheduler.step

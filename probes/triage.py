@@ -24,6 +24,9 @@ from nnwizard import reference
 from nnwizard.target import user_source_files
 
 
+MIN_STEPS = 12  # the fewest steps whose curve has a shape (the run's own floor)
+
+
 class LossRecorder:
     """Wraps the loss function handed to the user's loop and records every training-mode value, so a
     ``train_epoch`` that only returns an epoch mean still yields a per-step curve."""
@@ -57,12 +60,17 @@ def _metrics(result) -> tuple[float | None, float | None]:
         if loss is None:
             loss = next((v for k, v in result.items() if "loss" in str(k).lower()), None)
         acc = next((v for k, v in result.items() if str(k).lower() in ("accuracy", "acc", "val_accuracy", "val_acc")), None)
-        return (None if loss is None else float(loss)), (None if acc is None else float(acc))
+        acc = None if acc is None else float(acc)
+        if acc is not None and acc > 1:  # a percentage (metric-audit checks which); above 100 it is no accuracy
+            acc = acc / 100 if acc <= 100 else None
+        return (None if loss is None else float(loss)), acc
     return (None if result is None else float(result)), None
 
 
-def run_curves(ctx: ProbeContext, budget_s: float, max_epochs: int, max_steps: int, val_batches: int):
-    """Train a fresh model through the user's loop; returns a dict of series and bookkeeping."""
+def run_curves(ctx: ProbeContext, budget_s: float, max_epochs: int, max_steps: int, val_batches: int,
+               hard: bool = False):
+    """Train a fresh model through the user's loop; returns a dict of series and bookkeeping. With
+    ``hard`` the run also stops between steps once ``budget_s`` has passed (a budgeted session)."""
     target = ctx.target
     model = target.fresh_model(ctx.seed)
     optimizer = target.make_optimizer(model)
@@ -75,7 +83,7 @@ def run_curves(ctx: ProbeContext, budget_s: float, max_epochs: int, max_steps: i
            "error": None, "epochs": 0, "stopped": None}
 
     def validate(at_step: int) -> None:
-        loader = target.loader("val", max_batches=val_batches)
+        loader = target.subset_loader("val", val_batches)  # its dataset is what it iterates
         if loader is None:
             return
         try:
@@ -93,6 +101,8 @@ def run_curves(ctx: ProbeContext, budget_s: float, max_epochs: int, max_steps: i
     validate(0)
     model.train()
     batches_per_epoch = n_train
+    if hard and n_train * 6 > max_steps:  # planned: six epochs or more from the first one on
+        batches_per_epoch = max(2, max_steps // 6)
     epochs = max_epochs
     files = user_source_files(target)
     recorder = LossRecorder(target.loss_fn)
@@ -107,6 +117,8 @@ def run_curves(ctx: ProbeContext, budget_s: float, max_epochs: int, max_steps: i
             else:
                 values = []
                 for batch in loader:
+                    if hard and values and time.monotonic() - started > budget_s:
+                        break
                     before = len(recorder.values)
                     value = step_fn(model, batch, recorder, optimizer)
                     v = as_float(value) if value is not None else (recorder.values[-1] if len(recorder.values) > before else math.nan)
@@ -144,7 +156,7 @@ def run_curves(ctx: ProbeContext, budget_s: float, max_epochs: int, max_steps: i
             if n_train * 6 > steps:
                 batches_per_epoch = max(2, steps // 6)
             epochs = min(max_epochs, 1 + max(5, steps // max(batches_per_epoch, 1)))
-        if out["epochs"] >= epochs or ctx.time_left() < 2 or time.monotonic() - started > 1.5 * budget_s:
+        if out["epochs"] >= epochs or ctx.time_left() < 2 or time.monotonic() - started > (1.0 if hard else 1.5) * budget_s:
             break
         ctx.progress(out["epochs"] / epochs, f"epoch {out['epochs']} loss {mean:.4g}")
     out["seconds"] = round(time.monotonic() - started, 2)
@@ -168,17 +180,30 @@ def run_curves(ctx: ProbeContext, budget_s: float, max_epochs: int, max_steps: i
         "crashed": "the user's loop raised",
     },
     timeout_s=60,
+    share=0.3,
 )
 def triage_run(ctx: ProbeContext):
     target = ctx.target
     budget = float(ctx.param("budget_s", 5.0))
-    data = run_curves(ctx, budget, int(ctx.param("epochs", 40)), int(ctx.param("steps", 300)), int(ctx.param("val_batches", 8)))
+    wanted = int(ctx.param("steps", 300))
+    val_batches = int(ctx.param("val_batches", 8))
+    if target.sample_limit:  # sliced batches: fewer validation samples per pass, too
+        val_batches = min(val_batches, 4)
+    # seven validation passes (a forward costs about a third of a step) and two fresh models
+    planned = ctx.plan_steps(wanted, minimum=MIN_STEPS, fixed=3 + 7 * val_batches / 3)
+    if not planned:
+        return ctx.unaffordable(MIN_STEPS, "steps a curve needs (no symptom measured)", wanted=wanted)
+    cut = planned < wanted
+    if cut and ctx.allowance_s is not None:
+        budget = max(budget, 0.9 * ctx.allowance_s)
+    data = run_curves(ctx, budget, int(ctx.param("epochs", 40)), planned, val_batches, hard=cut)
     data.pop("model")  # the trained model is not part of the result
     train, val = data["train"], data["val"]
     batch = target.batch()
     expected = target.expected_initial_loss(batch[1]) if batch is not None else None
     reference_loss = expected[0] if expected else None
-    info = dict(loop=data["loop"], epochs=data["epochs"], steps=len(train), seconds=data["seconds"],
+    info = dict(loop=data["loop"], epochs=data["epochs"], steps=len(train), wanted_steps=wanted, planned_steps=planned,
+                seconds=data["seconds"],
                 batches_per_epoch=data["batches_per_epoch"], train=[round(v, 6) for v in train],
                 val=[round(v, 6) for v in val], val_steps=data["val_steps"],
                 val_accuracy=[a for a in data["val_acc"] if a is not None], reference=reference_loss,
@@ -201,7 +226,9 @@ def triage_run(ctx: ProbeContext):
     # "both stall high" symptom even while the curve still creeps down; the generalization tree then
     # decides with a controlled experiment (capacity-check) whether anything is actually wrong.
     still_high = False
-    if shape.shape in ("falling", "plateau") and reference_loss and train:
+    if cut:  # a run the budget shortened says nothing about where the loss would level off
+        info["level_note"] = f"{len(train)} of {wanted} steps (budget): too short to judge how high the loss levels off"
+    elif shape.shape in ("falling", "plateau") and reference_loss and train:
         level = shape.data.get("end", math.nan) / reference_loss
         vlevel = (val[-1] / reference_loss) if val else level
         if level > 0.5 and vlevel > 0.5:
@@ -220,7 +247,8 @@ def triage_run(ctx: ProbeContext):
         info.update(val_accuracy_first_epoch=data["val_acc"][1], first_epoch_steps=data["val_steps"][1])
     plots = [_plot(train, val, data["val_steps"], data["loop"], shape)]
     ref = f" (reference {reference_loss:.4g}: {info['reference_how']})" if reference_loss else ""
-    text = f"{len(train)} steps / {data['epochs']} epochs of {data['loop']} in {data['seconds']} s: {shape.title}: {shape.evidence}{ref}"
+    ran = f"{len(train)} steps" + (f" (of {wanted} wanted; the budget fits {planned})" if cut else "")
+    text = f"{ran} / {data['epochs']} epochs of {data['loop']} in {data['seconds']} s: {shape.title}: {shape.evidence}{ref}"
     if still_high:
         return failed("slow-high", f"{text}; after the whole run the loss is still at {info['level']:.0%} of the "
                       f"reference (validation {info['val_level']:.0%})", plots, **info)

@@ -119,11 +119,11 @@ def test_interrupt_writes_partial_report_and_exits_130(capsys, tmp_path, monkeyp
 
     real, calls = engine_module.run_probe, {"n": 0}
 
-    def interrupt_third(spec, ctx, timeout=None):
+    def interrupt_third(spec, ctx, timeout=None, *rest):
         calls["n"] += 1
         if calls["n"] == 3:
             raise KeyboardInterrupt
-        return real(spec, ctx, timeout)
+        return real(spec, ctx, timeout, *rest)
 
     monkeypatch.setattr(engine_module, "run_probe", interrupt_third)
     js, md = tmp_path / "p.json", tmp_path / "p.md"

@@ -40,6 +40,16 @@ def _hangs(ctx: ProbeContext):
     return passed("woke up")
 
 
+@probe("test-busy", title="test: computes forever in small native ops", outcomes={"ok": "never"})
+def _busy(ctx: ProbeContext):
+    a = torch.randn(64, 64)
+    while True:
+        try:
+            a = torch.tanh(a @ a)
+        except Exception:  # user code that swallows errors cannot swallow the cancellation
+            pass
+
+
 @probe("test-messy", title="test: disturbs global state", outcomes={"ok": "done"})
 def _messy(ctx: ProbeContext):
     torch.set_grad_enabled(False)
@@ -158,11 +168,11 @@ def test_interrupt_keeps_what_was_measured(target, tree, monkeypatch):
     real = engine_module.run_probe
     calls = {"n": 0}
 
-    def interrupt_second(spec, ctx, timeout=None):
+    def interrupt_second(spec, ctx, timeout=None, *rest):
         calls["n"] += 1
         if calls["n"] == 2:
             raise KeyboardInterrupt
-        return real(spec, ctx, timeout)
+        return real(spec, ctx, timeout, *rest)
 
     monkeypatch.setattr(engine_module, "run_probe", interrupt_second)
     diagnosis, _ = run(target, tree)
@@ -201,22 +211,38 @@ def test_confidence_maths():
     assert confidence(0.1, []) == pytest.approx(0.1)
 
 
-def test_after_a_time_out_later_probes_get_a_short_limit(target, tmp_path, monkeypatch):
+def test_a_time_out_does_not_shrink_later_limits_below_their_cost(target, tmp_path, monkeypatch):
+    import nnwizard.budget as budget_module
     import nnwizard.engine as engine_module
+    from nnwizard.budget import Budget
 
     limits = []
     real = engine_module.run_probe
 
-    def spy(spec, ctx, timeout=None):
+    def spy(spec, ctx, timeout=None, *rest):
         limits.append(timeout)
-        return real(spec, ctx, timeout)
+        return real(spec, ctx, timeout, *rest)
 
     monkeypatch.setattr(engine_module, "run_probe", spy)
-    monkeypatch.setattr(engine_module, "AFTER_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(budget_module, "LIMIT_FLOOR_S", 0.0)
     path = tmp_path / "h.yaml"
     path.write_text("id: h\ntitle: hang\nsymptoms: [flat]\nstart: a\nnodes:\n  a:\n    probe: test-hangs\n"
                     "    next: b\n  b:\n    probe: test-measure\n")
-    engine = Engine(target, {"h": load_tree(path)}, load_catalog(), ScriptedPrompter())
+    budget = Budget(total_s=20.0, step_s=0.1)
+    engine = Engine(target, {"h": load_tree(path)}, load_catalog(), ScriptedPrompter(), budget=budget)
     diagnosis = engine.run(["flat"])
-    assert limits == [None, 0.3]
     assert [r.status for r in diagnosis.results] == ["errored", "passed"]
+    assert "timed out" in diagnosis.results[0].summary and budget.timeouts == 1
+    # before the time-out: the probe's own limit or its measured cost, whichever is longer; after it
+    # its measured cost (3 x 1 step of 0.1 s), never one fixed short limit for everything that follows
+    assert limits == [0.5, pytest.approx(0.3)]
+
+
+def test_cancelled_probe_ends_at_its_next_python_instruction(target):
+    import threading
+
+    before = threading.active_count()
+    result = run_probe(get("test-busy"), ProbeContext(target), 0.3)
+    assert result.status == "errored" and "timed out" in result.summary and result.data["stopped"] is True
+    time.sleep(0.1)
+    assert threading.active_count() == before

@@ -3,6 +3,7 @@ that shows users one clear line (``--debug`` for the traceback) with the contrac
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 import traceback
@@ -64,7 +65,10 @@ def parse_fail_on(value: str | None) -> float | None:
 
 @app.command()
 def diagnose(
-    module: str = typer.Option(..., "--module", "-m", help="Training module: mypkg.train, path/to/train.py, optionally :attr."),
+    module: Optional[str] = typer.Option(None, "--module", "-m", help="Training module: mypkg.train, path/to/train.py, optionally :attr."),
+    script: Optional[str] = typer.Option(None, "--script", help="An unmodified training script (path or dotted name), run as `python train.py ARGS` would; ARGS go after `--`."),
+    max_steps: Optional[int] = typer.Option(None, "--max-steps", help="Script mode: stop the script after this many optimizer steps (default 60)."),
+    script_args: Optional[List[str]] = typer.Argument(None, help="Script mode: arguments for the script, after `--`."),
     symptom: Optional[List[str]] = typer.Option(None, "--symptom", "-s", help="What you see (repeatable): nan, flat, oscillating, overfitting, underfitting, val-suspicious, crash, not-reproducible, auto."),
     answers: Optional[Path] = typer.Option(None, "--answers", help="YAML/JSON file of answers (as saved by an interactive session)."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the JSON report here."),
@@ -74,18 +78,20 @@ def diagnose(
     fail_on: Optional[str] = typer.Option(None, "--fail-on", help="Exit 1 when a hypothesis reaches this confidence (0-1, or low/medium/high)."),
     non_interactive: bool = typer.Option(False, "--non-interactive", help="Never prompt: answers file, then defaults."),
     trees: Optional[Path] = typer.Option(None, "--trees", help="A folder of extra trees (and catalog.yaml) that add to or override the built-in ones."),
-    probe_timeout: Optional[float] = typer.Option(None, "--probe-timeout", help="Seconds before a probe is stopped (default: each probe's own limit)."),
+    probe_timeout: Optional[float] = typer.Option(None, "--probe-timeout", help="Seconds before a probe is stopped (default: sized by the measured step time)."),
+    budget: Optional[float] = typer.Option(None, "--budget", help="Seconds for the whole diagnosis; probes that train plan their steps from it (default: max(20 s, 40 plain steps) less a fifth, printed at the start)."),
     save_answers_path: Optional[Path] = typer.Option(None, "--save-answers", help="Where an interactive session saves its answers (default nnwizard-answers.yaml)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Only the final table."),
 ) -> None:
-    """Diagnose a training module: ask what you see, measure, and rank the hypotheses."""
+    """Diagnose a training module or script: ask what you see, measure, and rank the hypotheses."""
     from nnwizard.session import Options, run_session
 
     code = run_session(Options(
         module=module, symptoms=list(symptom or []), answers=answers, json_path=json_path, report_path=report_path,
         device=device, seed=seed, fail_on=parse_fail_on(fail_on),
         interactive=not non_interactive and sys.stdin.isatty(), trees_dir=trees, probe_timeout=probe_timeout,
-        save_answers=save_answers_path, quiet=quiet,
+        budget=budget, save_answers=save_answers_path, quiet=quiet, script=script, script_args=list(script_args or []),
+        max_steps=max_steps,
     ))
     raise typer.Exit(int(code))
 
@@ -237,4 +243,21 @@ def main(argv: list[str] | None = None) -> None:
         if _debug:
             traceback.print_exc()
         code = _crash(exc)
+    _exit(code, hard=argv is None)
+
+
+def _exit(code: int, hard: bool) -> None:
+    """Exit with ``code``. A probe worker still inside a native call (stopped at its time limit but
+    not yet back in Python) would make interpreter shutdown abort inside torch (SIGABRT, exit 134),
+    so the command (``hard``: not a call from Python with its own argv) then ends the process at
+    once, after flushing what it wrote; the reports are already written."""
+    from nnwizard.isolation import stragglers
+
+    if hard and stragglers():
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
     sys.exit(code)

@@ -10,15 +10,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
+from nnwizard.budget import Budget
 from nnwizard.catalog import Catalog
-from nnwizard.isolation import run_probe
-from nnwizard.probes.api import ProbeContext, ProbeResult, get
+from nnwizard.isolation import GRACE_S, run_probe
+from nnwizard.probes.api import ProbeContext, ProbeResult, cannot_run, could_not_run, get
 from nnwizard.ranking import Evidence, Ranked, rank
 from nnwizard.target import Target
 from nnwizard.tree import END, SYMPTOMS, Node, Tree
 
 MAX_TREES = 64
-AFTER_TIMEOUT_S = 15.0  # probe time limit once a probe has timed out (they take seconds when nothing hangs)
 
 
 @dataclass
@@ -38,7 +38,7 @@ class Prompter(Protocol):
 
 @dataclass
 class Event:
-    kind: str  # tree-start | question | answer | probe-start | probe-progress | probe-end | conclusion | tree-end
+    kind: str  # budget | tree-start | question | answer | probe-start | probe-progress | probe-end | conclusion | tree-end
     tree: str = ""
     node: str = ""
     data: dict[str, Any] = field(default_factory=dict)
@@ -56,6 +56,7 @@ class Diagnosis:
     trees: list[str] = field(default_factory=list)
     ranked: list[Ranked] = field(default_factory=list)
     interrupted: bool = False
+    budget: Budget | None = None
     started: float = field(default_factory=time.time)
     duration_s: float = 0.0
 
@@ -107,24 +108,28 @@ class Engine:
         seed: int = 0,
         probe_timeout: float | None = None,
         listener: Callable[[Event], None] | None = None,
+        budget: Budget | None = None,
     ):
         self.target, self.trees, self.catalog, self.prompter = target, trees, catalog, prompter
-        self.seed, self.probe_timeout = seed, probe_timeout
+        self.seed, self.probe_timeout, self.budget = seed, probe_timeout, budget
         self.listener = listener or (lambda event: None)
         self._cache: dict[tuple, ProbeResult] = {}
-        self._timed_out = False
+        self._reported: set[tuple] = set()  # cache keys whose result is in diagnosis.results
         self._latest: dict[str, ProbeResult] = {}
 
     # ------------------------------------------------------------------------------------ public
     def run(self, symptoms: list[str] | None = None, answers: dict[str, str] | None = None) -> Diagnosis:
         given = list(symptoms or [])
-        diagnosis = Diagnosis(self.target, self.seed, symptoms=[], given_symptoms=given, answers=dict(answers or {}))
+        diagnosis = Diagnosis(self.target, self.seed, symptoms=[], given_symptoms=given, answers=dict(answers or {}),
+                              budget=self.budget)
         try:
             if not given:
                 given = self.prompter.choose_symptoms(dict(SYMPTOMS)) or ["auto"]
                 diagnosis.given_symptoms = given
             diagnosis.symptoms = [s for s in given if s != "auto"]
             queue = self._trees_for(given)
+            if self.budget is not None:
+                self._cheap_first(queue)
             while queue and len(diagnosis.trees) < MAX_TREES:
                 tree = queue.pop(0)
                 if tree.id in diagnosis.trees:
@@ -136,9 +141,25 @@ class Engine:
                     queue += [t for t in self._trees_for([symptom]) if t.id not in diagnosis.trees and t not in queue]
         except KeyboardInterrupt:
             diagnosis.interrupted = True
+            # what was measured ahead of its tree walk still belongs in the partial report
+            diagnosis.results += [r for k, r in self._cache.items() if k not in self._reported]
         diagnosis.ranked = rank(diagnosis.evidence, self.catalog)
         diagnosis.duration_s = round(time.time() - diagnosis.started, 2)
         return diagnosis
+
+    # ---------------------------------------------------------------------------------- schedule
+    def _cheap_first(self, trees: list[Tree]) -> None:
+        """Run the fixed-cost probes of the session's first trees before any probe that trains for
+        many steps, so that the loop audits (a handful of steps each) are never starved by one slow
+        probe. Their results are cached; each enters the diagnosis when its tree walk reaches it."""
+        nodes = [(tree, name, node) for tree in trees for name, node in tree.nodes.items() if node.kind == "probe"]
+        cheap = [(t, n, node) for t, n, node in nodes if get(node.probe).share == 0]
+        if not cheap:
+            return
+        self.listener(Event("tree-start", "cheap-first", data={"title": "Cheap audits first (a few steps each)"}))
+        for tree, name, node in cheap:
+            self._run_cached(tree, name, node)
+        self.listener(Event("tree-end", "cheap-first"))
 
     # ----------------------------------------------------------------------------------- walking
     def _trees_for(self, symptoms: list[str]) -> list[Tree]:
@@ -171,6 +192,8 @@ class Engine:
             else:
                 for c in node.conclude or []:
                     source = self._latest.get(c.source) if c.source else last
+                    if any(r is not None and could_not_run(r) for r in (source, last)):
+                        continue  # a probe that could not measure adds no evidence, for or against (CONTRACT §4)
                     evidence = Evidence(c.hypothesis, c.weight, quote(c.evidence, source), tree.id, name,
                                         source.id if source else None)
                     diagnosis.evidence.append(evidence)
@@ -215,24 +238,43 @@ class Engine:
         return answer
 
     def _probe(self, tree: Tree, name: str, node: Node, diagnosis: Diagnosis) -> ProbeResult:
-        key = (node.probe, json.dumps(node.params, sort_keys=True, default=str))
+        key = self._key(node)
+        result = self._run_cached(tree, name, node)
+        if key not in self._reported:
+            self._reported.add(key)
+            diagnosis.results.append(result)
+        self._latest[node.probe] = result
+        return result
+
+    @staticmethod
+    def _key(node: Node) -> tuple:
+        return node.probe, json.dumps(node.params, sort_keys=True, default=str)
+
+    def _run_cached(self, tree: Tree, name: str, node: Node) -> ProbeResult:
+        key = self._key(node)
         if key in self._cache:
-            result = self._cache[key]
-            self._latest[node.probe] = result
-            return result
+            return self._cache[key]
         spec = get(node.probe)
         self.listener(Event("probe-start", tree.id, name, {"probe": spec.id, "title": spec.title}))
 
         def progress(fraction: float, text: str) -> None:
             self.listener(Event("probe-progress", tree.id, name, {"probe": spec.id, "fraction": fraction, "text": text}))
 
-        ctx = ProbeContext(self.target, dict(node.params), dict(self._latest), self.seed, on_progress=progress)
-        limit = self.probe_timeout
-        if self._timed_out:  # the user's code hung once: later probes calling it would hang too
-            limit = min(limit or spec.timeout_s, spec.timeout_s, AFTER_TIMEOUT_S)
-        result = run_probe(spec, ctx, limit)
-        self._timed_out = self._timed_out or "timeout_s" in result.data
-        self._cache[key] = self._latest[node.probe] = result
-        diagnosis.results.append(result)
+        ctx = ProbeContext(self.target, dict(node.params), dict(self._latest), self.seed, on_progress=progress,
+                           budget=self.budget)
+        limit, grace, reason = self.probe_timeout, GRACE_S, None
+        if self.budget is not None:
+            ctx.allowance_s, limit, reason = self.budget.allot(spec.share, spec.cost, spec.timeout_s, self.probe_timeout)
+            grace = self.budget.grace_s()
+            if ctx.allowance_s is not None:  # a safety net: the probe's planned steps fit its allowance
+                ctx.deadline = time.monotonic() + 1.25 * ctx.allowance_s + 3
+        if reason is not None:
+            result = cannot_run(reason, budget_s=round(self.budget.total_s, 1), reason="budget")
+            result.id, result.params = spec.id, dict(node.params)
+        else:
+            result = run_probe(spec, ctx, limit, grace)
+        if "timeout_s" in result.data and self.budget is not None:
+            self.budget.timeouts += 1
+        self._cache[key] = result
         self.listener(Event("probe-end", tree.id, name, {"result": result}))
         return result

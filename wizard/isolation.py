@@ -1,8 +1,17 @@
 """Run one probe so that nothing it does escapes: exceptions become ``errored`` results, a hang is
-stopped by a time limit, and global RNG state and grad mode are put back as they were."""
+stopped by a time limit, and global RNG state and grad mode are put back as they were.
+
+A probe past its time limit is cancelled, not abandoned: ``ProbeCancelled`` (a BaseException, so the
+user's ``except Exception`` cannot swallow it) is raised inside its worker thread, which then ends at
+the next Python instruction, after the native op it is in returns. A worker stuck in one native call
+longer than the grace period is left running, listed by ``stragglers()``; the CLI then ends the
+process with ``os._exit`` once the reports are written, instead of letting interpreter shutdown
+abort inside torch.
+"""
 
 from __future__ import annotations
 
+import ctypes
 import random
 import threading
 import warnings
@@ -40,10 +49,33 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def run_probe(spec: ProbeSpec, ctx: ProbeContext, timeout_s: float | None = None) -> ProbeResult:
-    """Run ``spec`` in a worker thread with a time limit; never raises (but KeyboardInterrupt)."""
+class ProbeCancelled(BaseException):
+    """Raised inside a probe's worker thread when its time limit has passed."""
+
+
+_STRAGGLERS: list[threading.Thread] = []
+GRACE_S = 1.0  # how long a cancelled worker may take to reach its next Python instruction (at least)
+
+
+def cancel(thread: threading.Thread) -> bool:
+    """Ask ``thread`` to raise ProbeCancelled at its next Python instruction."""
+    if thread.ident is None or not thread.is_alive():
+        return False
+    return ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(ProbeCancelled)) == 1
+
+
+def stragglers() -> list[threading.Thread]:
+    """Probe workers that were cancelled but are still inside a native call."""
+    _STRAGGLERS[:] = [t for t in _STRAGGLERS if t.is_alive()]
+    return list(_STRAGGLERS)
+
+
+def run_probe(spec: ProbeSpec, ctx: ProbeContext, timeout_s: float | None = None, grace_s: float = GRACE_S) -> ProbeResult:
+    """Run ``spec`` in a worker thread with a time limit; never raises (but KeyboardInterrupt).
+    Past the limit the worker is cancelled and given ``grace_s`` to end."""
     limit = timeout_s if timeout_s is not None else spec.timeout_s
-    ctx.deadline = time.monotonic() + 0.8 * limit  # probes that loop stop early, keeping headroom
+    if ctx.deadline is None or ctx.deadline > time.monotonic() + 0.8 * limit:
+        ctx.deadline = time.monotonic() + 0.8 * limit  # probes that loop stop early, keeping headroom
     box: dict = {}
 
     def work() -> None:
@@ -61,14 +93,24 @@ def run_probe(spec: ProbeSpec, ctx: ProbeContext, timeout_s: float | None = None
     with preserved_state():
         worker = threading.Thread(target=work, name=f"probe-{spec.id}", daemon=True)
         worker.start()
-        while worker.is_alive() and time.monotonic() - started < limit:
-            worker.join(0.05)  # short joins keep Ctrl-C responsive
+        try:
+            while worker.is_alive() and time.monotonic() - started < limit:
+                worker.join(0.05)  # short joins keep Ctrl-C responsive
+        except KeyboardInterrupt:
+            _stop(worker, grace_s, box)
+            raise
+        timed_out = worker.is_alive()
+        if timed_out:
+            _stop(worker, grace_s, box)
     duration = time.monotonic() - started
-    if worker.is_alive():
+    if timed_out or isinstance(box.get("error"), ProbeCancelled):
+        stuck = worker.is_alive()
         result = ProbeResult(
             "errored", "errored",
-            f"timed out after {limit:.0f} s (the user's code may be hanging; raise --probe-timeout if it is just slow)",
-            {"timeout_s": limit},
+            f"timed out after {limit:.0f} s and was stopped"
+            + (" (it was still inside one native call, left to finish on its own)" if stuck else "")
+            + "; the user's code may be hanging, or the probe needs more time (--probe-timeout, --budget)",
+            {"timeout_s": round(limit, 1), "stopped": not stuck},
         )
     elif "error" in box:
         exc = box["error"]
@@ -84,7 +126,22 @@ def run_probe(spec: ProbeSpec, ctx: ProbeContext, timeout_s: float | None = None
             result = ProbeResult("errored", "errored", f"probe returned {type(result).__name__}, not a ProbeResult")
         elif result.outcome not in spec.outcomes:
             result = ProbeResult("errored", "errored", f"probe returned undeclared outcome {result.outcome!r}", result.data)
+    if ctx.plan:
+        result.data.setdefault("plan", dict(ctx.plan))
     if box.get("warnings"):
         result.data.setdefault("warnings", box["warnings"])
     result.id, result.duration_s, result.params = spec.id, round(duration, 3), dict(ctx.params)
     return result
+
+
+def _stop(worker: threading.Thread, grace_s: float, box: dict) -> None:
+    """Cancel a worker and wait up to ``grace_s`` for it to end; a worker still alive is a straggler."""
+    cancel(worker)
+    ends, again = time.monotonic() + grace_s, time.monotonic() + 0.5
+    while worker.is_alive() and time.monotonic() < ends:
+        worker.join(0.05)
+        if worker.is_alive() and time.monotonic() > again and "error" not in box and "result" not in box:
+            cancel(worker)  # the user's code swallowed the first one (a bare except)
+            again = time.monotonic() + 0.5
+    if worker.is_alive():
+        _STRAGGLERS.append(worker)

@@ -39,12 +39,15 @@ def render_markdown(report: Report, diagnosis: Diagnosis, path: str | Path) -> P
     verdict_line = {
         "problems-found": f"**{len(findings)} problem{'s' if len(findings) != 1 else ''} found**",
         "healthy": "**Healthy**: no hypothesis reached 0.5 confidence",
-        "inconclusive": "**Inconclusive**: too little could be measured",
+        "inconclusive": (f"**Inconclusive**: no finding, but {len(report.not_run)} check{'s' if len(report.not_run) != 1 else ''} "
+                         "could not run (see *Not run*), so this is not a clean bill of health" if report.not_run
+                         else "**Inconclusive**: too little could be measured"),
     }[report.verdict]
     out += [
         f"Verdict: {verdict_line}. Symptoms: {', '.join(report.symptoms) or 'none measured'}"
         + (f" (given: {', '.join(report.given_symptoms)})" if report.given_symptoms != report.symptoms else "")
-        + f". Task: {report.task}. Seed {report.seed}, {report.duration_s:.1f} s.",
+        + f". Task: {report.task}" + (f" ({report.task_source})" if report.task_source else "")
+        + f". Seed {report.seed}, {report.duration_s:.1f} s.",
         "",
         "## Environment",
         "",
@@ -68,6 +71,13 @@ def render_markdown(report: Report, diagnosis: Diagnosis, path: str | Path) -> P
             out += ["", f"**Fix.** {h.fix}", ""]
             if h.snippet:
                 out += ["```python", h.snippet.rstrip(), "```", ""]
+    if report.not_run:
+        out += ["## Not run", "", "These probes could not measure; they add no evidence for or against anything.", "",
+                *_table(["probe", "status", "why", "reason"], [[f"`{n.probe}`", n.status, n.why, n.reason] for n in report.not_run]), ""]
+    if report.script:
+        from nnwizard.script_view import markdown_lines
+
+        out += markdown_lines(report.script)
     if report.answers:
         out += ["## Answers", "", *_table(["question", "answer"], [[k, v] for k, v in report.answers.items()]), ""]
     out += ["## Probes", ""]

@@ -5,7 +5,8 @@ combine as a noisy-OR on top of the catalog prior; opposing weights scale the re
 
     confidence = (1 - (1 - prior) * prod(1 - w_i for w_i > 0)) * prod(1 - |w_j| for w_j < 0)
 
-so two independent 0.6 observations give 0.84, and a 0.5 counter-observation halves it. The report
+so two independent 0.6 observations give 0.84, and a 0.5 counter-observation halves it. The same
+measurement (one probe's sentence) concluded by two trees counts once. The report
 lists every weight with the measured sentence behind it. A hypothesis with no supporting evidence is
 not listed. A finding is a hypothesis at 0.5 or above (CONTRACT §4).
 """
@@ -54,10 +55,22 @@ def confidence(prior: float, weights: list[float]) -> float:
     return round(max(0.0, min(1.0, value)), 3)
 
 
+def _distinct(items: list[Evidence]) -> list[Evidence]:
+    """One measurement counts once: the same sentence from the same probe, concluded by two trees
+    (a cached probe walked twice), keeps only its strongest weight of each sign."""
+    best: dict[tuple, Evidence] = {}
+    for e in items:
+        key = (e.probe, e.text, e.weight > 0)
+        if key not in best or abs(e.weight) > abs(best[key].weight):
+            best[key] = e
+    return list(best.values())
+
+
 def rank(evidence: list[Evidence], catalog: Catalog) -> list[Ranked]:
     by_id: dict[str, list[Evidence]] = {}
     for e in evidence:
         by_id.setdefault(e.hypothesis, []).append(e)
+    by_id = {hid: _distinct(items) for hid, items in by_id.items()}
     ranked = []
     for hid, items in by_id.items():
         if not any(e.weight > 0 for e in items):

@@ -75,7 +75,8 @@ LOSS_FUNCTIONS = (
     "multi_margin_loss", "triplet_margin_loss", "ctc_loss", "multilabel_margin_loss",
 )
 MODE_TYPES = (nn.modules.dropout._DropoutNd, nn.modules.batchnorm._BatchNorm)
-KEEP = 4  # batches / model inputs / loss calls copied to CPU in full mode
+KEEP = 4        # DataLoader batches copied to CPU in full mode
+KEEP_PAIRS = 16  # training model inputs and loss inputs/targets copied to CPU in full mode
 
 
 class StopRun(BaseException):
@@ -134,6 +135,7 @@ class StepRecord:
     update: float | None = None  # largest |change| of a parameter over this step (full mode)
     nonfinite_input: bool = False
     duration_s: float = 0.0      # wall time since the previous step
+    none_names: list[str] = field(default_factory=list)  # trainable params with .grad None (full mode, first steps)
 
 
 @dataclass
@@ -155,6 +157,7 @@ class LossCall:
     inputs: torch.Tensor | None = None   # CPU copies (first KEEP training calls, full mode)
     targets: Any = None
     eval: bool = True            # until a backward reaches its value
+    replay: Any = field(default=None, repr=False)  # (function, extra args, kwargs) to call it again
     node: Any = field(default=None, repr=False)
 
 
@@ -214,8 +217,8 @@ class Recording:
     loaders: list[LoaderInfo] = field(default_factory=list)
     batches: list[Any] = field(default_factory=list)        # CPU copies of the first DataLoader batches
     model_inputs: list[tuple] = field(default_factory=list)  # (model index, args) of the first training forwards
-    graph_kept: list[str] = field(default_factory=list)    # where a backwarded loss fed new graph ops
-    losses_alive: int = 0        # loss tensors (after backward) still referenced at the end
+    graph_kept: list[str] = field(default_factory=list)    # ops on a backwarded loss whose result outlived the step
+    alive_losses: list[int] = field(default_factory=list)  # per step: backwarded loss tensors still referenced
     backwards: int = 0
     zero_grads: int = 0
     error: RecordedError | None = None
@@ -279,7 +282,7 @@ class _GraphMode(TorchFunctionMode):
             for a in args[:2]:
                 if isinstance(a, torch.Tensor) and id(a) in spent and spent[id(a)]() is a:
                     if isinstance(out, torch.Tensor) and out.requires_grad:
-                        self.recorder._graph_op(func)
+                        self.recorder._graph_op(func, out)
                     break
         return out
 
@@ -324,6 +327,8 @@ class Recorder:
         self._batch_index = -1
         self._before_step: list[torch.Tensor] | None = None
         self._scaled: set[int] = set()
+        self._scales: dict[int, tuple] = {}   # GradScaler.scale outputs -> (weakref, scale)
+        self._kept: list[tuple[str, weakref.ref]] = []
         self._t0 = 0.0
         self._mode_obj: _GraphMode | None = None
         self._opt_ids: dict[int, OptimizerInfo] = {}
@@ -375,6 +380,18 @@ class Recorder:
             return zero_grad
 
         self._patch(torch.optim.Optimizer, "zero_grad", zero_grad_patch)
+
+        def init_patch(original):
+            @functools.wraps(original)
+            def __init__(this, *args, **kwargs):
+                original(this, *args, **kwargs)
+                try:
+                    rec._optimizer_info(this)
+                except Exception:  # noqa: BLE001 - recording must never break the user's optimizer
+                    pass
+            return __init__
+
+        self._patch(torch.optim.Optimizer, "__init__", init_patch)
         self._patch(nn.Module, "zero_grad", zero_grad_patch)
 
         def backward_patch(original):
@@ -420,6 +437,24 @@ class Recorder:
             return __iter__
 
         self._patch(DataLoader, "__iter__", iter_patch)
+
+        def scale_patch(original):
+            @functools.wraps(original)
+            def scale(this, outputs):
+                result = original(this, outputs)
+                if isinstance(result, torch.Tensor) and result is not outputs:
+                    try:
+                        rec._scales[id(result)] = (weakref.ref(result), float(this.get_scale()))
+                    except Exception:  # noqa: BLE001
+                        pass
+                return result
+            return scale
+
+        try:
+            from torch.amp import GradScaler
+            self._patch(GradScaler, "scale", scale_patch)
+        except ImportError:  # pragma: no cover
+            pass
 
         for name in LOSS_FUNCTIONS:
             if hasattr(F, name):
@@ -532,7 +567,7 @@ class Recorder:
         self._pending_forwards.append(event)
         if self.full:
             self.recording.forwards.append(event)
-            if grad and len(self.recording.model_inputs) < KEEP:
+            if grad and len(self.recording.model_inputs) < KEEP_PAIRS:
                 self.recording.model_inputs.append((index, cpu_copy(tuple(args))))
             for t in _tensors(args):
                 if t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all()):
@@ -571,7 +606,7 @@ class Recorder:
             finally:
                 rec._in_loss -= 1
             try:
-                rec._loss_called(name, args, kwargs, value)
+                rec._loss_called(name, args, kwargs, value, original)
             except StopRun:
                 raise
             except Exception:  # noqa: BLE001 - recording must never break the loss
@@ -602,7 +637,7 @@ class Recorder:
             stack.extend(fn for fn, _ in node.next_functions)
         return False, shape
 
-    def _loss_called(self, name: str, args, kwargs, value) -> None:
+    def _loss_called(self, name: str, args, kwargs, value, original=None) -> None:
         x = args[0] if args else kwargs.get("input")
         y = args[1] if len(args) > 1 else kwargs.get("target")
         if not isinstance(x, torch.Tensor):
@@ -622,7 +657,7 @@ class Recorder:
                 try:
                     if y.shape == x.shape and y.dtype == x.dtype and y is not x and not y.requires_grad and torch.equal(y, x.detach()):
                         same = True
-                    elif x.dim() == 2 and y.dim() == 1 and not y.is_floating_point() and len(y) == len(x) and x.shape[1] > 2 \
+                    elif x.dim() == 2 and y.dim() == 1 and not y.is_floating_point() and len(y) == len(x) and x.shape[1] >= 2 \
                             and torch.equal(y, x.detach().argmax(1)):
                         same = True
                 except RuntimeError:
@@ -632,8 +667,9 @@ class Recorder:
                         str(y.dtype).replace("torch.", "") if isinstance(y, torch.Tensor) else None, v, reduction,
                         torch.is_grad_enabled(), training, self.steps_taken, self.where() if self.full else None,
                         from_model, out_shape, same)
-        if self.full and torch.is_grad_enabled() and sum(c.inputs is not None for c in self.recording.loss_calls) < KEEP:
+        if self.full and torch.is_grad_enabled() and sum(c.inputs is not None for c in self.recording.loss_calls) < KEEP_PAIRS:
             call.inputs, call.targets = cpu_copy(x), cpu_copy(y)
+            call.replay = (original, tuple(args[2:]), {k: v for k, v in kwargs.items() if k not in ("input", "target")})
         if isinstance(value, torch.Tensor):
             call.node = value.grad_fn
         self.recording.loss_calls.append(call)
@@ -654,6 +690,11 @@ class Recorder:
         step.backwards += 1
         if loss is not None and loss.numel():
             value = float(loss.detach().float().mean()) if loss.numel() > 1 else float(loss.detach())
+            scaled = self._scales.pop(id(loss), None)
+            if scaled is not None and scaled[0]() is loss and scaled[1]:
+                value /= scaled[1]
+            if len(self._scales) > 16:
+                self._scales = {k: v for k, v in self._scales.items() if v[0]() is not None}
             step.losses.append(value)
             step.loss = value
             if self.full:
@@ -700,11 +741,23 @@ class Recorder:
         nonzero = sum(1 for n in norms if float(n) > 0)
         return nonzero / len(grads)
 
-    def _graph_op(self, func) -> None:
-        where = self.where()
-        if where and where not in self._graph_where and len(self._graph_where) < 8:
-            self._graph_where.add(where)
-            self.recording.graph_kept.append(f"{getattr(func, '__name__', str(func))} at {where}")
+    def _graph_op(self, func, out: torch.Tensor) -> None:
+        """An op on a loss whose backward ran made a graph-carrying tensor; it counts once it is still
+        alive at the next optimizer step (``total += loss``), not when it was a temporary."""
+        if len(self._kept) < 64:
+            where = self.where() or "?"
+            name = getattr(func, "__name__", str(func)).strip("_")
+            self._kept.append((f"{name} at {where}", weakref.ref(out)))
+
+    def _confirm_kept(self, count: bool = True) -> None:
+        rec = self.recording
+        for text, ref in self._kept:
+            if ref() is not None and text not in rec.graph_kept and len(rec.graph_kept) < 8:
+                rec.graph_kept.append(text)
+        self._kept = []
+        if self._spent_all and count:
+            alive = sum(1 for r in self._spent_all if r() is not None)
+            rec.alive_losses.append(alive)
 
     # -- optimizer steps --------------------------------------------------------------------------
     def _optimizer_info(self, optimizer) -> OptimizerInfo:
@@ -760,6 +813,10 @@ class Recorder:
         step.loss_calls = len(calls)
         values = [c.value for c in calls if c.value is not None]
         step.loss_call_mean = sum(values) / len(values) if values else None
+        if self.full and step.step <= 3 and step.grads_none:
+            names = {id(p): f"{m.name}.{n}" if len(self.recording.models) > 1 else n
+                     for m in self.recording.models for n, p in m.module.named_parameters()}
+            step.none_names = [names.get(id(p), "?") for p in trainable if p.grad is None][:40]
         if self.full and trainable and step.step <= 64:
             self._before_step = [p.detach().clone() for p in trainable]
         self._notify("on_step_pre", optimizer, step)
@@ -779,6 +836,8 @@ class Recorder:
         step.duration_s = now - self._last_step_t
         self._last_step_t = now
         self.recording.steps.append(step)
+        if self.full:
+            self._confirm_kept()
         self._zero_grad_since = False
         self._backward_since_step = 0
         for event in self._pending_forwards:
@@ -835,7 +894,7 @@ class Recorder:
         """Close what is still open (called on exit): pending forwards with no backward are evaluation."""
         rec = self.recording
         rec.seconds = round(self.now(), 3)
-        rec.losses_alive = sum(1 for r in self._spent_all if r() is not None)
+        self._confirm_kept(count=False)
         self._spent_all = []
         self._spent = {}
         for item in self._pending_forwards + self._pending_losses:

@@ -12,6 +12,7 @@ from pydantic import BaseModel
 import nnwizard
 from nnwizard.engine import Diagnosis
 from nnwizard.environment import collect
+from nnwizard.probes.api import could_not_run
 from nnwizard.ranking import FINDING
 
 Verdict = Literal["problems-found", "healthy", "inconclusive"]
@@ -49,6 +50,16 @@ class ProbeOut(BaseModel):
     artifacts: list[str] = []
 
 
+class NotRun(BaseModel):
+    """A probe whose evidence is missing (errored, timed out, or could not run), or a training crash
+    that no hypothesis explains: either keeps the verdict from being ``healthy``."""
+
+    probe: str
+    status: str
+    why: str  # errored | timed-out | raised | budget | precondition | ... | training-raised
+    reason: str
+
+
 class Report(BaseModel):
     nnwizard_version: str
     module: str
@@ -59,19 +70,40 @@ class Report(BaseModel):
     verdict: Verdict
     hypotheses: list[HypothesisOut]
     probes: list[ProbeOut]
+    not_run: list[NotRun] = []
     answers: dict[str, Any] = {}
     trees: list[str] = []
     task: str = ""
+    task_source: str = ""  # how the task was decided: TASK, the loss called, or a guess (then: set TASK)
     interrupted: bool = False
     duration_s: float = 0.0
     environment: dict[str, str] = {}
+    mode: str = "module"                 # "script" for --script (CONTRACT §6)
+    script: dict[str, Any] | None = None  # script mode: what the run did (models, optimizers, trace, output)
+    budget: dict[str, Any] = {}  # the cost model: step time measured, budget, plain steps used
 
 
-def verdict(diagnosis: Diagnosis) -> Verdict:
+def not_run(diagnosis: Diagnosis) -> list[NotRun]:
+    """What keeps a session without findings from being healthy: every probe the walked trees called
+    for that could not measure, and a training crash that no hypothesis explains."""
+    out = []
+    for r in diagnosis.results:
+        if could_not_run(r):
+            why = "timed-out" if "timeout_s" in r.data else "errored" if r.status == "errored" else str(r.data["cannot_run"])
+            out.append(NotRun(probe=r.id, status=r.status, why=why, reason=r.summary))
+        elif r.data.get("training_raised") and r.outcome == "unclassified":
+            out.append(NotRun(probe=r.id, status=r.status, why="training-raised", reason=r.summary))
+    return out
+
+
+def verdict(diagnosis: Diagnosis, missing: list[NotRun] | None = None) -> Verdict:
+    """CONTRACT §4: a finding makes ``problems-found``; ``healthy`` only when every probe the
+    symptoms called for completed and training did not raise; otherwise ``inconclusive``."""
     if any(h.confidence >= FINDING for h in diagnosis.ranked):
         return "problems-found"
     ran = [r for r in diagnosis.results if r.status in ("passed", "failed")]
-    if diagnosis.interrupted or not ran:
+    missing = not_run(diagnosis) if missing is None else missing
+    if diagnosis.interrupted or not ran or missing or getattr(diagnosis.target, "crashed", False) or any(r.data.get("training_raised") for r in diagnosis.results):
         return "inconclusive"
     return "healthy"
 
@@ -92,6 +124,7 @@ def _jsonable(value: Any) -> Any:
 
 
 def build(diagnosis: Diagnosis) -> Report:
+    missing = not_run(diagnosis)
     return Report(
         nnwizard_version=nnwizard.__version__,
         module=diagnosis.target.spec,
@@ -99,7 +132,8 @@ def build(diagnosis: Diagnosis) -> Report:
         seed=diagnosis.seed,
         symptoms=diagnosis.symptoms,
         given_symptoms=diagnosis.given_symptoms,
-        verdict=verdict(diagnosis),
+        verdict=verdict(diagnosis, missing),
+        not_run=missing,
         hypotheses=[
             HypothesisOut(
                 id=h.id, title=h.title, category=h.category, confidence=h.confidence,
@@ -118,9 +152,13 @@ def build(diagnosis: Diagnosis) -> Report:
         answers=diagnosis.answers,
         trees=diagnosis.trees,
         task=diagnosis.target.task,
+        task_source=getattr(diagnosis.target, "task_source", ""),
         interrupted=diagnosis.interrupted,
         duration_s=diagnosis.duration_s,
         environment=collect(diagnosis.target.device),
+        mode=getattr(diagnosis.target, "mode", "module"),
+        script=_jsonable(diagnosis.target.observed()) if getattr(diagnosis.target, "mode", "") == "script" else None,
+        budget=_jsonable(diagnosis.budget.as_dict()) if diagnosis.budget is not None else {},
     )
 
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nnwizard.budget import calibrate
 from nnwizard.catalog import load_catalog
-from nnwizard.engine import Diagnosis, Engine
+from nnwizard.engine import Diagnosis, Engine, Event
 from nnwizard.errors import ExitCode, UsageError
 from nnwizard.isolation import preserved_state, seed_everything
 from nnwizard.prompts import SYMPTOMS_KEY, QuestionaryPrompter, ScriptedPrompter, load_answers, save_answers
@@ -18,7 +19,7 @@ from nnwizard.tree import SYMPTOMS, load_trees, question_keys
 
 @dataclass
 class Options:
-    module: str
+    module: str | None = None
     symptoms: list[str] = field(default_factory=list)
     answers: Path | None = None
     json_path: Path | None = None
@@ -29,21 +30,62 @@ class Options:
     interactive: bool = False
     trees_dir: Path | None = None
     probe_timeout: float | None = None
+    budget: float | None = None  # seconds for the whole diagnosis (None: from the measured step time)
     save_answers: Path | None = None
     quiet: bool = False
+    script: str | None = None          # script mode (CONTRACT §6): the script path or dotted name
+    script_args: list[str] = field(default_factory=list)
+    max_steps: int | None = None
 
 
 def _check_outputs(opts: Options) -> None:
     for flag, path in (("--json", opts.json_path), ("--report", opts.report_path)):
         if path is not None and not Path(path).resolve().parent.is_dir():
             raise UsageError(f"{flag} {path}: the folder {Path(path).resolve().parent} does not exist")
+    if opts.budget is not None and not opts.budget > 0:
+        raise UsageError(f"--budget {opts.budget}: expected a positive number of seconds")
     unknown = [s for s in opts.symptoms if s not in SYMPTOMS]
     if unknown:
         raise UsageError(f"--symptom {unknown[0]!r}: unknown; choose from {', '.join(SYMPTOMS)}")
 
 
+def _check_target(opts: Options) -> None:
+    if bool(opts.module) == bool(opts.script):
+        raise UsageError("give either --module M (the training-module contract) or --script train.py (an unmodified script)")
+    if opts.module and opts.script_args:
+        raise UsageError(f"arguments after the options ({' '.join(opts.script_args)}) are passed to a --script; --module takes none")
+    if opts.max_steps is not None and opts.max_steps < 1:
+        raise UsageError(f"--max-steps {opts.max_steps}: expected at least 1")
+
+
+def _load_script_target(opts: Options, listener):
+    from nnwizard.engine import Event
+    from nnwizard.script_run import DEFAULT_MAX_STEPS, RunOptions, load_script, run_script
+    from nnwizard.script_target import ScriptTarget
+
+    script = load_script(opts.script)
+    steps = opts.max_steps or DEFAULT_MAX_STEPS
+    if listener is not None:
+        listener(Event("script-start", data={"script": str(script.path), "args": opts.script_args, "max_steps": steps}))
+    run = run_script(script, opts.script_args, RunOptions(max_steps=steps, seed=opts.seed))
+    target = ScriptTarget(run)
+    if listener is not None:
+        listener(Event("script-observed", data={"observed": target.observed()}))
+    return target
+
+
+def select_trees(trees: dict, target) -> dict:
+    """The trees for this kind of target (``modes`` in the tree files)."""
+    if getattr(target, "mode", "module") != "script":
+        wanted = {"module"}
+    else:
+        wanted = {"script"} | ({"script-model"} if target.capturable else set())
+    return {k: t for k, t in trees.items() if wanted & set(t.modes)}
+
+
 def diagnose(opts: Options, listener=None) -> Diagnosis:
     """Load everything, run the engine; raises NNWizardError on bad input. No files are written."""
+    _check_target(opts)
     _check_outputs(opts)
     trees = load_trees(opts.trees_dir)
     catalog = load_catalog(str(opts.trees_dir) if opts.trees_dir else None)
@@ -52,9 +94,21 @@ def diagnose(opts: Options, listener=None) -> Diagnosis:
         answers[SYMPTOMS_KEY] = list(opts.symptoms)
     with preserved_state():
         seed_everything(opts.seed)
-        target = load_target(opts.module, opts.device)
+        target = _load_script_target(opts, listener) if opts.script else load_target(opts.module, opts.device)
+        trees = select_trees(trees, target)
+        if opts.script:
+            from nnwizard.script_view import script_problem
+
+            if script_problem(target):  # nothing trained: one sentence (in the reports) and inconclusive
+                return Diagnosis(target, opts.seed, symptoms=[], given_symptoms=list(opts.symptoms),
+                                 answers={k: v for k, v in answers.items() if k != SYMPTOMS_KEY})
         prompter = QuestionaryPrompter(answers) if opts.interactive else ScriptedPrompter(answers)
-        engine = Engine(target, trees, catalog, prompter, seed=opts.seed, probe_timeout=opts.probe_timeout, listener=listener)
+        budget = calibrate(target, opts.budget, min(60.0, opts.probe_timeout or 60.0))
+        target.sample_limit = budget.batch
+        if listener is not None:
+            listener(Event("budget", data={"text": budget.describe(), "budget": budget}))
+        engine = Engine(target, trees, catalog, prompter, seed=opts.seed, probe_timeout=opts.probe_timeout,
+                        listener=listener, budget=budget)
         preset = {k: v for k, v in answers.items() if k != SYMPTOMS_KEY}
         return engine.run(answers.get(SYMPTOMS_KEY), preset)
 

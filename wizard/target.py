@@ -53,20 +53,29 @@ def to_device(obj: Any, device: torch.device) -> Any:
     return obj
 
 
+def cut(batch: Any, samples: int | None) -> Any:
+    """The first ``samples`` samples of a batch's tensors (all of it when None)."""
+    if samples is None or not isinstance(batch, (tuple, list)):
+        return batch
+    return type(batch)(b[:samples] if isinstance(b, torch.Tensor) and b.dim() else b for b in batch)
+
+
 class DeviceLoader:
-    """Iterates a DataLoader moving each batch to the device, optionally stopping after n batches.
+    """Iterates a DataLoader moving each batch to the device, optionally stopping after n batches
+    and cutting each batch to its first ``samples`` samples.
 
     Other attributes (``dataset``, ``batch_size``, ``sampler``...) are forwarded to the loader."""
 
-    def __init__(self, loader: DataLoader, device: torch.device, max_batches: int | None = None):
-        self.loader, self.device, self.max_batches = loader, device, max_batches
+    def __init__(self, loader: DataLoader, device: torch.device, max_batches: int | None = None,
+                 samples: int | None = None):
+        self.loader, self.device, self.max_batches, self.samples = loader, device, max_batches, samples
 
     def __iter__(self):
         batches = iter(self.loader)
         if self.max_batches is not None:
             batches = itertools.islice(batches, self.max_batches)
         for batch in batches:
-            yield to_device(batch, self.device)
+            yield to_device(cut(batch, self.samples), self.device)
 
     def __len__(self) -> int:
         n = len(self.loader)
@@ -95,6 +104,10 @@ class Target:
     loss_fn: Callable
     task: str
     num_classes: int | None = None
+    # samples per batch the probes train on, set by the session's cost model when the user's
+    # batch is too dear to step through a diagnosis (None: the user's batches as they are)
+    sample_limit: int | None = None
+    task_source: str = ""
     _batches: dict[str, list] = field(default_factory=dict, repr=False)
 
     # -- the user's optional functions ------------------------------------------------------------
@@ -133,7 +146,25 @@ class Target:
 
     def loader(self, split: str = "train", max_batches: int | None = None) -> DeviceLoader | None:
         base = self.train_loader if split == "train" else self.val_loader
-        return None if base is None else DeviceLoader(base, self.device, max_batches)
+        return None if base is None else DeviceLoader(base, self.device, max_batches, self.sample_limit)
+
+    def subset_loader(self, split: str = "val", max_batches: int | None = None) -> DeviceLoader | None:
+        """A real DataLoader over the first ``max_batches`` batches' worth of the split's samples, in
+        order, whose ``dataset`` is exactly what it iterates (so user code dividing by
+        ``len(loader.dataset)`` or ``len(loader)`` gets the right counts); the whole split when
+        ``max_batches`` is None. Falls back to the split's own loader, cut, when it has no indexable
+        dataset."""
+        base = self.train_loader if split == "train" else self.val_loader
+        if base is None:
+            return None
+        ds = getattr(base, "dataset", None)
+        size = getattr(base, "batch_size", None)
+        if ds is None or size is None or isinstance(ds, torch.utils.data.IterableDataset) or not hasattr(ds, "__len__"):
+            return DeviceLoader(base, self.device, max_batches)
+        n = len(ds) if max_batches is None else min(len(ds), max_batches * size)
+        subset = ds if n == len(ds) else torch.utils.data.Subset(ds, range(n))
+        loader = DataLoader(subset, batch_size=size, shuffle=False, collate_fn=base.collate_fn, drop_last=base.drop_last)
+        return DeviceLoader(loader, self.device)
 
     def batches(self, n: int, split: str = "train") -> list:
         """The first ``n`` batches of a split, fixed for the whole session, on the device."""
@@ -149,7 +180,7 @@ class Target:
                 cached[:] = [to_device(b, torch.device("cpu")) for b in itertools.islice(iter(base), n)]
             finally:
                 torch.random.set_rng_state(state)
-        return [to_device(b, self.device) for b in cached[:n]]
+        return [to_device(cut(b, self.sample_limit), self.device) for b in cached[:n]]
 
     def batch(self, split: str = "train", size: int | None = None):
         """One fixed batch (inputs, targets) on the device, cut to ``size`` samples if given."""
@@ -191,7 +222,7 @@ class Target:
         """What an untrained, maximally uncertain model should score, and how that was worked out."""
         import math
 
-        if self.task == "classification" and self.num_classes:
+        if self.task == "classification" and self.num_classes and self.num_classes >= 2:
             return math.log(self.num_classes), f"ln({self.num_classes}) for {self.num_classes} classes"
         if self.task == "binary":
             return math.log(2), "ln(2) for a binary target"
@@ -213,24 +244,52 @@ def _call(spec: str, name: str, fn: Callable, *args):
         ) from exc
 
 
-def _infer_task(ns: Any, loss_fn: Callable, outputs: torch.Tensor | None, targets: Any) -> str:
+def _called_loss(loss_fn: Callable, outputs: torch.Tensor | None, targets: Any):
+    """The built-in loss function ``loss_fn(outputs, targets)`` really calls (a lambda or a function
+    wrapping F.cross_entropy, a loss module), or None."""
+    if outputs is None or not isinstance(targets, torch.Tensor):
+        return None
+    from nnwizard.probes._losscall import LossCalls
+
+    import warnings
+
+    try:
+        with LossCalls() as calls, torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            loss_fn(outputs, targets)
+    except Exception:  # noqa: BLE001 - a loss that raises is the probes' finding
+        pass
+    return calls.first
+
+
+def _infer_task(ns: Any, loss_fn: Callable, outputs: torch.Tensor | None, targets: Any) -> tuple[str, str, int | None]:
+    """(task, how it was decided, class count) from TASK, else the loss actually called and the class
+    dimension of its input (dim 1 for cross-entropy / NLL), else the targets (then it says so)."""
     declared = getattr(ns, "TASK", None)
+    call = _called_loss(loss_fn, outputs, targets)
+    classes = None
+    if call is not None and call.kind == "class" and call.input.dim() >= 2:
+        classes = int(call.input.shape[1])
     if declared is not None:
         if declared not in TASKS:
             raise TargetError(f"TASK = {declared!r}: expected one of {', '.join(TASKS)}.")
-        return declared
+        return declared, "TASK", classes
+    if call is not None and call.kind in ("class", "binary", "regression"):
+        task = {"class": "classification", "binary": "binary", "regression": "regression"}[call.kind]
+        return task, f"the loss called: F.{call.name}" + (f" over {classes} classes (input dimension 1)" if classes else ""), classes
     if isinstance(loss_fn, CLASSIFICATION_LOSSES):
-        return "classification"
+        return "classification", type(loss_fn).__name__, None
     if isinstance(loss_fn, BINARY_LOSSES):
-        return "binary"
+        return "binary", type(loss_fn).__name__, None
     if isinstance(loss_fn, REGRESSION_LOSSES):
-        return "regression"
+        return "regression", type(loss_fn).__name__, None
+    hint = "; ambiguous: set TASK in the module to be sure"
     if isinstance(targets, torch.Tensor):
         if not targets.is_floating_point():
-            return "classification"
+            return "classification", f"guessed from {str(targets.dtype).replace('torch.', '')} targets{hint}", None
         if outputs is not None and outputs.shape[-1:] in ((1,), ()) and set(targets.unique().tolist()) <= {0.0, 1.0}:
-            return "binary"
-    return "regression"
+            return "binary", f"guessed from 0/1 float targets{hint}", None
+    return "regression", f"guessed: no known loss called, float targets{hint}", None
 
 
 def load_target(spec: str, device: str = "auto") -> Target:
@@ -273,19 +332,18 @@ def load_target(spec: str, device: str = "auto") -> Target:
                 outputs = model.to(resolved)(to_device(first[0], resolved))
         except Exception:
             pass  # a forward that raises is evidence for the probes, not a usage error
-        task = _infer_task(ns, loss_fn, outputs if isinstance(outputs, torch.Tensor) else None, first[1])
+        task, task_source, num_classes = _infer_task(ns, loss_fn, outputs if isinstance(outputs, torch.Tensor) else None, first[1])
     finally:
         torch.random.set_rng_state(rng)
-    num_classes = None
-    if task == "classification":
-        if isinstance(outputs, torch.Tensor) and outputs.dim() >= 2:
+    if task == "classification" and num_classes is None:
+        if isinstance(outputs, torch.Tensor) and outputs.dim() >= 2 and outputs.shape[1] > 1:
             num_classes = int(outputs.shape[1])
-        elif isinstance(first[1], torch.Tensor) and not first[1].is_floating_point():
+        elif isinstance(first[1], torch.Tensor) and not first[1].is_floating_point() and first[1].numel():
             num_classes = int(first[1].max().item()) + 1
     source = getattr(module, "__file__", None)
     return Target(
         spec=spec, namespace=ns, source=Path(source) if source else None, device=resolved,
-        train_loader=train, val_loader=val, loss_fn=loss_fn, task=task, num_classes=num_classes,
+        train_loader=train, val_loader=val, loss_fn=loss_fn, task=task, num_classes=num_classes, task_source=task_source,
     )
 
 

@@ -132,6 +132,9 @@ class Tree(BaseModel):
     description: str = ""
     symptoms: list[str]
     priority: int = 50  # trees of the same symptom are walked in (priority, id) order: cheap, broad ones first
+    # which targets the tree is for: "module" (the --module contract), "script" (the recording of a
+    # --script run), "script-model" (the model/batch/loss captured from a script run)
+    modes: list[Literal["module", "script", "script-model"]] = ["module"]
     start: str
     nodes: dict[str, Node]
     path: str = ""
@@ -177,17 +180,24 @@ def _check_graph(tree: Tree, path: Path, lines: dict, catalog: Catalog, probes: 
             if source != "answer" and source not in probes:
                 raise _fail(path, lines, at + ("when", i, "test"), f"unknown probe {source!r} in test {t.test!r}")
     # reachability and cycles (depth-first from start)
+    # (each node is expanded once: linear in the size of the graph, however many paths it has)
     seen: set[str] = set()
-    stack: list[tuple[str, list[str]]] = [(tree.start, [tree.start])]
-    while stack:
-        name, trail = stack.pop()
+    done: set[str] = set()
+    trail: list[str] = []
+
+    def visit(name: str) -> None:
         seen.add(name)
+        trail.append(name)
         for target in tree.nodes[name].targets():
-            if target == END:
+            if target == END or target in done:
                 continue
             if target in trail:
                 raise _fail(path, lines, ("nodes", name), f"cycle: {' -> '.join(trail + [target])}")
-            stack.append((target, trail + [target]))
+            visit(target)
+        trail.pop()
+        done.add(name)
+
+    visit(tree.start)
     unreachable = [n for n in tree.nodes if n not in seen]
     if unreachable:
         raise _fail(path, lines, ("nodes", unreachable[0]), f"node {unreachable[0]!r} is unreachable from start {tree.start!r}")

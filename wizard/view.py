@@ -26,7 +26,9 @@ class TerminalView:
         if self.quiet:
             return
         c = self.console
-        if event.kind == "tree-start":
+        if event.kind == "budget":
+            c.print(f"[dim]{event.data['text']}[/]", highlight=False)
+        elif event.kind == "tree-start":
             c.print(f"\n[bold cyan]▶ {event.data['title']}[/] [dim]({event.tree})[/]")
         elif event.kind == "probe-start":
             self._stop()
@@ -46,6 +48,15 @@ class TerminalView:
             c.print(f"    [{style}]{sign} {e.hypothesis}[/] [dim]{abs(e.weight):.2f}[/]", highlight=False)
         elif event.kind == "question":
             self._stop()
+        elif event.kind == "script-start":
+            self._stop()
+            d = event.data
+            c.print(f"[bold cyan]▶ Running {d['script']} {' '.join(d['args'])}[/] [dim](at most {d['max_steps']} optimizer "
+                    f"steps; its output and files are kept aside)[/]", highlight=False)
+        elif event.kind == "script-observed":
+            from nnwizard.script_view import print_observed
+
+            print_observed(c, event.data["observed"])
 
     def _stop(self) -> None:
         if self._status is not None:
@@ -75,8 +86,17 @@ class TerminalView:
         if weaker:
             c.print(f"[dim]{weaker} weaker hypothes{'is' if weaker == 1 else 'es'} (below {SHOWN}) "
                     f"{'is' if weaker == 1 else 'are'} listed in the reports.[/]")
+        if "ambiguous" in report.task_source:
+            c.print(f"[yellow]Task: {report.task} ({report.task_source}).[/]")
         verdict_style = {"problems-found": "bold red", "healthy": "bold green", "inconclusive": "bold yellow"}[report.verdict]
         c.print(f"Verdict: [{verdict_style}]{report.verdict}[/]" + (" (interrupted: partial)" if report.interrupted else ""))
+        if report.not_run:
+            head = "could not run, so the verdict cannot be healthy" if report.verdict == "inconclusive" else "could not run"
+            c.print(f"[yellow]{len(report.not_run)} probe{'s' if len(report.not_run) != 1 else ''} {head}:[/]")
+            for n in report.not_run[:8]:
+                c.print(f"  [yellow]! {n.probe:<22}[/] [dim]{n.why}[/] {n.reason}", highlight=False)
+            if len(report.not_run) > 8:
+                c.print(f"  [dim]... and {len(report.not_run) - 8} more, listed in the reports[/]")
         for f in files:
             c.print(f"[dim]wrote {f}[/]")
 

@@ -1,0 +1,685 @@
+"""Audits of a recorded run of the user's script (script mode, CONTRACT §6).
+
+Each probe reads the :class:`~nnwizard.recorder.Recording` of the real program, wherever the user
+wrote the loop (inline in ``main()``, a ``train()``/``test()`` pair, a trainer class, a notebook
+export), and measures one thing the module-mode loop audits measure on a ``train_step``: gradients
+cleared between steps, backward and step called, the optimizer over the trained parameters,
+evaluation in eval mode and without a graph, train mode restored, scheduler cadence, loss scale
+under accumulation, graphs kept across steps, the loss against the right tensor, the first
+non-finite step, the exception the script raised, and the curves of the run itself. On a module
+target (no recording) every one of them is skipped.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from nnwizard.curves import Curves, classify
+from nnwizard.probes._instrument import error_kind
+from nnwizard.probes.api import LinePlot, ProbeContext, Table, failed, passed, probe, skipped
+
+
+def _rec(ctx: ProbeContext):
+    return getattr(ctx.target, "recording", None)
+
+
+def _not_script():
+    return skipped("script mode only: this audit reads the recording of a script run")
+
+
+def _fmt(v, spec=".4g") -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    return format(v, spec)
+
+
+def trace_table(rec, limit: int = 14) -> Table:
+    """A compact per-step table of the recorded run (first steps, then the last few)."""
+    steps = rec.steps
+    chosen = steps if len(steps) <= limit else steps[: limit - 3] + steps[-3:]
+    rows, marked = [], []
+    names = {m.index: m.name for m in rec.models}
+    for i, s in enumerate(chosen):
+        modes = ", ".join(f"{names.get(k, k)}:{'train' if v else 'eval'}" for k, v in s.training.items()) or "-"
+        rows.append([s.step, f"{s.epoch}.{s.batch}" if s.batch >= 0 else "-", _fmt(s.loss), _fmt(s.grad_norm, ".3g"),
+                     ", ".join(_fmt(lr, ".3g") for lr in s.lrs[:3]), "yes" if s.zero_grad else "no",
+                     s.backwards, modes, _fmt(s.update, ".2g")])
+        bad = (s.loss is not None and not math.isfinite(s.loss)) or s.grads_nonfinite
+        if bad:
+            marked.append(i)
+    return Table("trace", f"Per-step trace of the script ({len(steps)} optimizer steps)",
+                 ["step", "epoch.batch", "loss", "grad norm", "lr", "zero_grad", "backward", "mode", "max |Δθ|"],
+                 rows, marked=marked)
+
+
+def _train_calls(rec):
+    return [c for c in rec.loss_calls if not c.eval]
+
+
+def eval_curve(rec) -> tuple[list[float], list[int]]:
+    """Mean loss of each evaluation phase (loss calls no backward reached), at the step it ran."""
+    by_step: dict[int, list[float]] = {}
+    for c in rec.loss_calls:
+        if c.eval and c.value is not None and math.isfinite(c.value):
+            by_step.setdefault(c.step, []).append(c.value)
+    steps = sorted(by_step)
+    return [sum(by_step[s]) / len(by_step[s]) for s in steps], steps
+
+
+# ------------------------------------------------------------------------------------ the run
+@probe(
+    "trace-run",
+    title="The script's own run: what it built, and the shape of its loss curves",
+    outcomes={
+        "ok": "the curves look normal (still falling, or fell and levelled off)",
+        "nan": "the loss became NaN/Inf without a healthy phase before it",
+        "diverged": "the loss trained well, then blew up at one step",
+        "flat": "the loss does not move",
+        "oscillating": "the loss jumps around without progress",
+        "overfitting": "train loss falls while validation loss rises",
+        "stalled-high": "train and validation losses both stall high",
+        "slow-high": "still falling, but both losses are above half the chance-level loss at the end",
+        "crashed": "the script raised",
+        "too-short": "too few optimizer steps were recorded to read a curve",
+    },
+    timeout_s=30,
+)
+def trace_run(ctx: ProbeContext):
+    rec = _rec(ctx)
+    if rec is None:
+        return _not_script()
+    target = ctx.target
+    train = [s.loss if s.loss is not None else (s.loss_call_mean if s.loss_call_mean is not None else math.nan)
+             for s in rec.steps]
+    val, val_steps = eval_curve(rec)
+    reference = None
+    how = None
+    if getattr(target, "capturable", False):
+        try:
+            expected = target.expected_initial_loss(target.batch()[1])
+        except Exception:  # noqa: BLE001 - no reference then
+            expected = None
+        if expected:
+            reference, how = expected
+    info: dict[str, Any] = dict(steps=len(train), train=[round(v, 6) for v in train], val=[round(v, 6) for v in val],
+                                val_steps=val_steps, seconds=rec.seconds, stopped=rec.stopped or "",
+                                models=len(rec.models), optimizers=len(rec.optimizers), reference=reference,
+                                reference_how=how, measured_step_s=getattr(target, "measured_step_s", None))
+    table = trace_table(rec)
+    if rec.error is not None:
+        err = rec.error
+        info.update(error=f"{err.type}: {err.message}", where=err.where or "?", step=err.step, symptoms=["crash"],
+                    shape="crashed")
+        plots = [LinePlot("curves", f"The script's loss before it raised ({len(train)} steps)", {"train": train})] if train else []
+        return failed("crashed", f"the script raised after {err.step} optimizer steps at {err.where or '?'}: "
+                      f"{err.type}: {err.message}", [table, *plots], **info)
+    if len(train) < 4:
+        return skipped(f"only {len(train)} optimizer steps were recorded: too few to read a curve", "too-short", **info)
+    shape = classify(Curves(train=train, val=val or None, val_steps=val_steps or None), reference)
+    symptoms = list(shape.symptoms)
+    info.update(shape=shape.shape, shape_title=shape.title, shape_evidence=shape.evidence,
+                intervention=shape.intervention, lr_advice=shape.lr, symptoms=symptoms,
+                **{k: v for k, v in shape.data.items() if k not in info})
+    if shape.step is not None:
+        info["event_step"] = shape.step
+    logy = all(v > 0 for v in train + val if math.isfinite(v))
+    plot = LinePlot("curves", f"The script's own run: {len(train)} optimizer steps ({shape.title})", {"train": train}, logy=logy)
+    if val:
+        stretched, j = [], 0
+        for i in range(len(train)):
+            while j + 1 < len(val_steps) and val_steps[j + 1] <= i:
+                j += 1
+            stretched.append(val[j])
+        plot.series["evaluation"] = stretched
+    ref = f" (reference {reference:.4g}: {how})" if reference else ""
+    text = f"{len(train)} optimizer steps of the script in {rec.seconds:.1f} s: {shape.title}: {shape.evidence}{ref}"
+    if shape.normal:
+        return passed(text, "ok", [table, plot], **info)
+    return failed(shape.shape, text, [table, plot], **info)
+
+
+# ------------------------------------------------------------------------------------ gradients
+@probe(
+    "trace-zero-grad",
+    title="Are gradients cleared between the script's optimizer steps?",
+    outcomes={"ok": "gradients are cleared (zero_grad, set to None or zeroed) before each step's backward",
+              "carry-over": "the gradients of the previous step are still there when the next backward runs",
+              "too-short": "fewer than two optimizer steps were recorded"},
+    timeout_s=10,
+)
+def trace_zero_grad(ctx: ProbeContext):
+    rec = _rec(ctx)
+    if rec is None:
+        return _not_script()
+    later = rec.steps[1:]
+    measured = [s.carried for s in later if s.carried is not None]
+    if not later or not measured:
+        return skipped(f"{len(rec.steps)} optimizer steps recorded: need two with a backward between", "too-short")
+    carried = sum(measured) / len(measured)
+    calls = sum(1 for s in later if s.zero_grad)
+    growth = (later[-1].grad_norm or 0.0) / max(rec.steps[0].grad_norm or 0.0, 1e-30)
+    data = dict(steps=len(rec.steps), carried=carried, zero_grad_steps=calls, zero_grad_calls=rec.zero_grads,
+                grad_growth=growth, checked=len(measured))
+    if carried > 0.5:
+        return failed("carry-over", f"at the first backward after each of {len(measured)} optimizer steps, {carried:.0%} of "
+                      f"the optimizer's gradients still held the previous step's values (zero_grad called before "
+                      f"{calls} of {len(later)} steps); the gradient norm grew {growth:.1f}x", **data)
+    return passed(f"gradients were cleared before the backward of {len(measured) - round(carried * len(measured))} of "
+                  f"{len(measured)} steps (zero_grad before {calls} of {len(later)})", **data)
+
+
+@probe(
+    "trace-backward-step",
+    title="Did the script call backward() and optimizer.step(), and did the parameters move?",
+    outcomes={"ok": "backward and step ran, the parameters moved",
+              "no-backward": "the loss was computed in grad mode but backward() never ran",
+              "no-step": "backward() ran but optimizer.step() never did",
+              "no-optimizer": "no optimizer ever stepped and the parameters never changed",
+              "manual-update": "the parameters changed without an optimizer (a hand-written update)",
+              "no-grad-at-step": "optimizer.step() ran but none of its parameters had a gradient",
+              "no-update": "optimizer.step() ran with gradients but no parameter changed",
+              "no-training": "no model and no loss in grad mode: nothing to audit"},
+    timeout_s=10,
+)
+def trace_backward_step(ctx: ProbeContext):
+    rec = _rec(ctx)
+    if rec is None:
+        return _not_script()
+    train_calls = [c for c in rec.loss_calls if c.grad_enabled]
+    trainable = sum(m.trainable for m in rec.models)
+    data: dict[str, Any] = dict(backwards=rec.backwards, steps=len(rec.steps), loss_calls=len(train_calls),
+                                optimizers=len(rec.optimizers), trainable=trainable)
+    if not rec.models:
+        return skipped("the script never called a model", "no-training", **data)
+    moved = _moved(rec)
+    data["moved"] = moved
+    if rec.backwards == 0:
+        if not train_calls and not rec.steps:
+            return skipped("no loss was computed in grad mode and no optimizer stepped", "no-training", **data)
+        return failed("no-backward", f"the script computed the loss {len(train_calls)} times in grad mode and called "
+                      f"optimizer.step() {len(rec.steps)} times, but never called backward(): every .grad stayed empty",
+                      **data)
+    if not rec.steps:
+        if moved:
+            return passed(f"backward() ran {rec.backwards} times and the parameters changed without optimizer.step() "
+                          f"(a hand-written update)", "manual-update", **data)
+        if not rec.optimizers and not _built_optimizer(ctx):
+            return failed("no-optimizer", f"backward() ran {rec.backwards} times but no optimizer ever stepped and no "
+                          f"parameter changed", **data)
+        return failed("no-step", f"backward() ran {rec.backwards} times but optimizer.step() was never called: every "
+                      f"parameter is exactly as it was", **data)
+    norms = [s.grad_norm or 0.0 for s in rec.steps]
+    data.update(grad_norm=max(norms), first_grad_norm=norms[0])
+    if max(norms) == 0 and all(s.grads_none == s.grads_total for s in rec.steps):
+        opt = rec.optimizers[rec.steps[0].optimizer] if rec.steps[0].optimizer >= 0 else None
+        data["foreign"] = opt.foreign if opt else 0
+        return failed("no-grad-at-step", f"optimizer.step() ran {len(rec.steps)} times but none of the optimizer's "
+                      f"{rec.steps[0].grads_total} parameter tensors ever had a gradient, although backward() ran "
+                      f"{rec.backwards} times", **data)
+    updates = [s.update for s in rec.steps if s.update is not None]
+    if updates and max(updates) == 0 and max(norms) > 0:
+        data["lrs"] = rec.steps[0].lrs
+        return failed("no-update", f"optimizer.step() ran {len(rec.steps)} times with gradient norm up to "
+                      f"{max(norms):.3g} but no parameter changed (lr {rec.steps[0].lrs})", **data)
+    return passed(f"{rec.backwards} backward() and {len(rec.steps)} optimizer.step() calls; gradient norm "
+                  f"{norms[0]:.3g} at the first step; largest parameter change {max(updates, default=0.0):.3g}", **data)
+
+
+def _built_optimizer(ctx) -> bool:
+    return bool(getattr(ctx.target, "recording", None) and ctx.target.recording.optimizers)
+
+
+def _moved(rec) -> bool:
+    """Did any model's parameters change from their initial copy?"""
+    import torch
+
+    for m in rec.models:
+        if m.initial is None:
+            continue
+        for p, q in zip(m.module.parameters(), m.initial.parameters()):
+            if p.shape == q.shape and not torch.equal(p.detach().cpu(), q.detach().cpu()):
+                return True
+    return False
+
+
+@probe(
+    "trace-optimizer",
+    title="Does the script's optimizer hold the parameters of the model it trains?",
+    outcomes={"ok": "every trainable parameter of the trained model is in an optimizer",
+              "missing": "some trainable parameters of the trained model are in no optimizer",
+              "foreign": "the optimizer holds none of the trained model's parameters (another instance)",
+              "no-optimizer": "no optimizer was used"},
+    timeout_s=10,
+)
+def trace_optimizer(ctx: ProbeContext):
+    rec = _rec(ctx)
+    if rec is None:
+        return _not_script()
+    if not rec.optimizers:
+        return skipped("the script never stepped an optimizer", "no-optimizer")
+    trained = {i for s in rec.steps for i in s.forwards} or {m.index for m in rec.models}
+    held = {id(p) for o in rec.optimizers for g in o.groups for p in g["params"]}
+    rows, missing, total = [], 0, 0
+    for m in rec.models:
+        if m.index not in trained:
+            continue
+        for name, p in m.module.named_parameters():
+            if not p.requires_grad:
+                continue
+            total += p.numel()
+            if id(p) not in held:
+                missing += p.numel()
+                rows.append([f"{m.name}.{name}", list(p.shape), p.numel()])
+    groups = sum(len(o.groups) for o in rec.optimizers)
+    data = dict(optimizers=", ".join(o.name for o in rec.optimizers), groups=groups, trainable=total,
+                missing_params=missing, missing_fraction=missing / total if total else 0.0,
+                missing_modules=", ".join(sorted({r[0].rsplit(".", 1)[0] for r in rows})[:6]),
+                foreign=sum(o.foreign for o in rec.optimizers))
+    table = [Table("missing", "Trainable parameters in no optimizer", ["parameter", "shape", "values"], rows[:40])] if rows else []
+    if total and missing == total and data["foreign"]:
+        return failed("foreign", f"the script's {data['optimizers']} holds {data['foreign']} tensors, none of them the "
+                      f"{total:,} trainable values of the model it trains: it was built over another model instance",
+                      table, **data)
+    if missing:
+        return failed("missing", f"{missing:,} of {total:,} trainable values ({data['missing_fraction']:.0%}; "
+                      f"{data['missing_modules']}) are in no param group of {data['optimizers']}: they get gradients "
+                      f"and never change", table, **data)
+    return passed(f"{data['optimizers']} ({groups} group(s)) holds all {total:,} trainable values of the trained model(s)", **data)
+
+
+@probe(
+    "trace-disconnected",
+    title="Trainable parameters in the optimizer that never received a gradient in the script",
+    outcomes={"ok": "every trainable parameter the optimizer holds got a gradient",
+              "disconnected": "some trainable parameters had .grad None at every recorded step"},
+    timeout_s=10,
+)
+def trace_disconnected(ctx: ProbeContext):
+    rec = _rec(ctx)
+    if rec is None:
+        return _not_script()
+    steps = [s for s in rec.steps[:3] if s.grads_total]
+    if not steps:
+        return skipped("no optimizer step with trainable parameters was recorded")
+    if all(s.grads_none == s.grads_total for s in steps):
+        return skipped("no parameter got a gradient at all (see trace-backward-step)")
+    always = set(steps[0].none_names)
+    for s in steps[1:]:
+        always &= set(s.none_names)
+    names = [n for n in steps[0].none_names if n in always]
+    data = dict(disconnected_tensors=len(names), modules=", ".join(sorted({n.rsplit(".", 1)[0] for n in names})[:6]),
+                tensors=steps[0].grads_total)
+    if names:
+        return failed("disconnected", f"{len(names)} of {steps[0].grads_total} trainable tensors in the optimizer "
+                      f"({', '.join(names[:5])}) had .grad None at each of the first {len(steps)} optimizer steps: the "
+                      f"loss does not depend on them", **data)
+    return passed(f"all {steps[0].grads_total} trainable tensors in the optimizer received a gradient", **data)
+
+
+# ------------------------------------------------------------------------------------ evaluation
+def _phases(rec) -> list[list]:
+    """Runs of consecutive model forwards that no backward reached (evaluation phases)."""
+    phases, current = [], []
+    for f in rec.forwards:
+        if f.trained:
+            if current:
+                phases.append(current)
+                current = []
+        else:
+            current.append(f)
+    if current:
+        phases.append(current)
+    return phases
+
+
+def _mode_models(rec) -> dict[int, Any]:
+    return {m.index: m for m in rec.models if m.mode_layers}
+
+
+@probe(
+    "trace-eval-mode",
+    title="Does the script evaluate with the model in eval mode?",
+    outcomes={"ok": "every evaluation forward ran with model.training False",
+              "train-mode-in-eval": "evaluation forwards ran with Dropout/BatchNorm in training mode",
+              "no-mode-layers": "the model has no Dropout or BatchNorm, so eval mode changes nothing",
+              "no-eval": "the script never evaluated (no forward without a backward)"},
+    timeout_s=10,
+)
+def trace_eval_mode(ctx: ProbeContext):
+    rec = _rec(ctx)
+    if rec is None:
+        return _not_script()
+    phases = _phases(rec)
+    if not phases:
+        return passed("the script never ran a forward without a backward: no evaluation to audit", "no-eval")
+    evals = [f for p in phases for f in p]
+    layered = _mode_models(rec)
+    if not any(f.model in layered for f in evals):
+        return passed("the evaluated model has no Dropout or BatchNorm layer: eval mode would change nothing", "no-mode-layers",
+                      phases=len(phases), forwards=len(evals))
+    bad = [f for f in evals if f.model in layered and f.training]
+    names = sorted({layered[f.model].name for f in bad})
+    data = dict(phases=len(phases), forwards=len(evals), train_mode_forwards=len(bad), models=", ".join(names),
+                layers=sum(layered[i].mode_layers for i in {f.model for f in bad}))
+    if bad:
+        return failed("train-mode-in-eval", f"{len(bad)} of {len(evals)} evaluation forwards ({len(phases)} phases) ran "
+                      f"{', '.join(names)} with training=True: its {data['layers']} Dropout/BatchNorm layers behaved as "
+                      f"in training (model.eval() missing)", **data)
+    return passed(f"all {len(evals)} evaluation forwards ({len(phases)} phases) ran in eval mode", **data)
+
+
+@probe(
+    "trace-eval-grad",
+    title="Does the script evaluate without building a graph (torch.no_grad / inference_mode)?",
+    outcomes={"ok": "every evaluation forward ran with grad mode off",
+              "grad-in-eval": "evaluation forwards ran with grad mode on (a graph per batch, never used)",
+              "no-eval": "the script never evaluated"},
+    timeout_s=10,
+)
+def trace_eval_grad(ctx: ProbeContext):
+    rec = _rec(ctx)
+    if rec is None:
+        return _not_script()
+    phases = _phases(rec)
+    evals = [f for p in phases for f in p if rec.models[f.model].trainable]
+    if not evals:
+        return passed("the script never ran a forward without a backward: no evaluation to audit", "no-eval")
+    bad = [f for f in evals if f.grad_enabled]
+    data = dict(phases=len(phases), forwards=len(evals), grad_forwards=len(bad))
+    if bad:
+        return failed("grad-in-eval", f"{len(bad)} of {len(evals)} evaluation forwards ({len(phases)} phases) ran with "
+                      f"grad mode on: each built an autograd graph nothing used (torch.no_grad() missing)", **data)
+    return passed(f"all {len(evals)} evaluation forwards ran with grad mode off", **data)
+
+
+@probe(
+    "trace-train-mode",
+    title="Is the model back in training mode when the script trains after evaluating?",
+    outcomes={"ok": "training forwards ran in training mode",
+              "stays-eval": "after an evaluation phase, training forwards ran in eval mode",
+              "eval-in-training": "training forwards ran in eval mode from the start",
+              "no-mode-layers": "the model has no Dropout or BatchNorm, so the mode changes nothing"},
+    timeout_s=10,
+)
+def trace_train_mode(ctx: ProbeContext):
+    rec = _rec(ctx)
+    if rec is None:
+        return _not_script()
+    layered = _mode_models(rec)
+    trained = [(i, f) for i, f in enumerate(rec.forwards) if f.trained and f.model in layered]
+    if not trained:
+        return passed("the trained model has no Dropout or BatchNorm layer: train/eval mode changes nothing", "no-mode-layers")
+    first_eval = next((i for i, f in enumerate(rec.forwards) if not f.trained), None)
+    before = [f for i, f in trained if first_eval is None or i < first_eval]
+    after = [f for i, f in trained if first_eval is not None and i > first_eval]
+    data = dict(before=len(before), after=len(after), eval_before=sum(not f.training for f in before),
+                eval_after=sum(not f.training for f in after))
+    if before and data["eval_before"] == len(before):
+        return failed("eval-in-training", f"all {len(before)} training forwards ran with training=False from the start",
+                      **data)
+    if after and data["eval_after"] > len(after) / 2:
+        return failed("stays-eval", f"after the first evaluation, {data['eval_after']} of {len(after)} training forwards "
+                      f"ran with training=False (model.train() is not called again after model.eval())", **data)
+    return passed(f"{len(before) + len(after)} training forwards ran in training mode"
+                  + (f" ({len(after)} after an evaluation)" if after else ""), **data)
+
+
+# ------------------------------------------------------------------------------------ schedule
+@probe(
+    "trace-scheduler",
+    title="How often the script steps its learning-rate scheduler",
+    outcomes={"ok": "the scheduler is stepped at the cadence it was designed for (or its intent is unknown)",
+              "per-epoch-for-per-step": "a per-iteration schedule is stepped once per epoch",
+              "per-step-for-per-epoch": "an epoch-based schedule is stepped every batch",
+              "never-stepped": "the script never calls scheduler.step()",
+              "no-scheduler": "the script builds no scheduler"},
+    timeout_s=10,
+)
+def trace_scheduler(ctx: ProbeContext):
+    from torch.optim import lr_scheduler as S
+
+    from nnwizard.probes.schedule import intended_cadence
+
+    rec = _rec(ctx)
+    if rec is None:
+        return _not_script()
+    if not rec.schedulers:
+        return passed("the script builds no learning-rate scheduler", "no-scheduler")
+    sched = rec.schedulers[0]
+    obj, name = sched["object"], sched["name"]
+    if isinstance(obj, S.ReduceLROnPlateau):
+        return passed(f"{name} steps on a metric, not on a clock", steps=sched["steps"])
+    train_loaders = [l for l in rec.loaders if any(b > 0 for b in l.backwards)]
+    loader = train_loaders[0] if train_loaders else None
+    epochs = sum(1 for b in loader.backwards if b > 0) if loader else 0
+    completed = max(epochs - 1, 0) if rec.stopped else epochs
+    loader_len = loader.length or 0 if loader else 0
+    opt_steps = len(rec.steps)
+    sched_steps = sched["steps"]
+    intent, why = intended_cadence(obj, loader_len)
+    if sched_steps == 0:
+        observed = "none"
+    elif opt_steps and sched_steps >= 0.8 * opt_steps:
+        observed = "batch"
+    elif sched_steps <= max(epochs, 1) + 1:
+        observed = "epoch"
+    else:
+        observed = "other"
+    lrs = [s.lrs[0] for s in rec.steps if s.lrs]
+    data = dict(scheduler=name, intended=intent or "unknown", observed=observed, why=why, epochs=epochs,
+                optimizer_steps=opt_steps, scheduler_steps=sched_steps, loader_batches=loader_len,
+                lr_first=lrs[0] if lrs else math.nan, lr_last=lrs[-1] if lrs else math.nan)
+    plot = [LinePlot("lr", f"{name}: learning rate at each optimizer.step() of the script", {"traced": lrs},
+                     xlabel="optimizer step", ylabel="learning rate")] if lrs else []
+    head = (f"the script stepped {name} {sched_steps} times over {opt_steps} optimizer steps in {epochs} epochs of "
+            f"its training loader ({loader_len} batches each); LR {_fmt(data['lr_first'], '.3g')} -> {_fmt(data['lr_last'], '.3g')}")
+    if observed == "none":
+        if completed >= 1:
+            return failed("never-stepped", f"{head}: scheduler.step() is never called", plot, **data)
+        return passed(f"{head}; no epoch finished within the budget, so a per-epoch step could not be seen yet", artifacts=plot, **data)
+    if intent == "batch" and observed == "epoch":
+        return failed("per-epoch-for-per-step", f"{head}; {why}", plot, **data)
+    if intent == "epoch" and observed == "batch":
+        return failed("per-step-for-per-epoch", f"{head}; {why}", plot, **data)
+    return passed(f"{head}; {why}", artifacts=plot, **data)
+
+
+# ------------------------------------------------------------------------------------ loss
+@probe(
+    "trace-loss-scale",
+    title="Gradient scale of the script's steps: the losses backward() saw against the loss values",
+    outcomes={"ok": "each optimizer step applies the gradient of one mean-reduced loss",
+              "accumulated-sum": "several losses are backpropagated per step without dividing: the step applies their sum",
+              "sum-reduction": "the loss sums over the samples (reduction='sum') and is not divided"},
+    timeout_s=10,
+)
+def trace_loss_scale(ctx: ProbeContext):
+    rec = _rec(ctx)
+    if rec is None:
+        return _not_script()
+    calls = [c for c in rec.loss_calls if not c.eval and c.value is not None and math.isfinite(c.value)]
+    if not rec.steps or not calls:
+        return skipped("no optimizer step with a recorded loss call")
+    ratios, windows = [], []
+    for s in rec.steps:
+        window = [c for c in calls if c.step == s.step - 1]
+        if not window or not s.losses or len({(c.fn, tuple(c.input_shape[1:])) for c in window}) != 1:
+            continue
+        mean = sum(c.value for c in window) / len(window)
+        if abs(mean) < 1e-12:
+            continue
+        ratios.append(sum(s.losses) / mean)
+        windows.append(len(window))
+    if not ratios:
+        return skipped("no step whose backward losses can be compared with its loss calls")
+    ratio = sorted(ratios)[len(ratios) // 2]
+    k = sorted(windows)[len(windows) // 2]
+    first = calls[0]
+    batch = first.input_shape[0] if first.input_shape else 0
+    data = dict(ratio=ratio, loss_calls_per_step=k, reduction=first.reduction, batch_size=batch, fn=first.fn)
+    if first.reduction == "sum" and 0.8 < ratio < 1.25 * max(k, 1) and batch > 1:
+        return failed("sum-reduction", f"{first.fn} is called with reduction='sum' over batches of {batch} and the "
+                      f"summed value is what backward() gets: gradients (and the effective learning rate) grow {batch}x "
+                      f"with the batch size", **data)
+    if ratio >= 1.8 and k >= 2:
+        return failed("accumulated-sum", f"each optimizer step backpropagates {ratio:.2f}x the mean of its {k} loss calls: "
+                      f"the {k} losses per step are summed, not averaged, so the step applies {ratio:.1f}x the "
+                      f"mean-reduced gradient", **data)
+    return passed(f"each optimizer step backpropagates {ratio:.2f}x the mean of its {k} loss call(s) ({first.fn}, "
+                  f"reduction {first.reduction})", **data)
+
+
+@probe(
+    "trace-loss-target",
+    title="Does the script's loss compare the model's output with the real targets?",
+    outcomes={"ok": "the loss input comes from the model and the target is not derived from it",
+              "target-from-output": "the loss target is the model's own output (detached, or its argmax)",
+              "not-from-model": "the loss input does not come from the model's output"},
+    timeout_s=10,
+)
+def trace_loss_target(ctx: ProbeContext):
+    rec = _rec(ctx)
+    if rec is None:
+        return _not_script()
+    calls = _train_calls(rec)
+    if not calls:
+        return skipped("no loss call reached by a backward was recorded")
+    own = [c for c in calls if c.target_is_output]
+    foreign = [c for c in calls if not c.from_model]
+    data = dict(calls=len(calls), target_from_output=len(own), not_from_model=len(foreign), fn=calls[0].fn,
+                where=(own or foreign or calls)[0].where or "?")
+    if len(own) > len(calls) / 2:
+        return failed("target-from-output", f"in {len(own)} of {len(calls)} training loss calls ({calls[0].fn} at "
+                      f"{data['where']}) the target equals the model's own output (detached or its argmax): the loss "
+                      f"pulls the model towards what it already predicts", **data)
+    if len(foreign) > len(calls) / 2:
+        return failed("not-from-model", f"in {len(foreign)} of {len(calls)} training loss calls ({calls[0].fn} at "
+                      f"{data['where']}) the input is not computed from the model's output", **data)
+    return passed(f"all {len(calls)} training loss calls ({calls[0].fn}) take the model's output and a separate target", **data)
+
+
+@probe(
+    "trace-graph",
+    title="Does the script keep loss tensors (and their graphs) alive across steps?",
+    outcomes={"ok": "no loss tensor outlives its step",
+              "kept": "arithmetic on a backpropagated loss made a graph that lives on (total += loss)",
+              "stored": "backpropagated loss tensors pile up (appended to a list instead of .item())"},
+    timeout_s=10,
+)
+def trace_graph(ctx: ProbeContext):
+    rec = _rec(ctx)
+    if rec is None:
+        return _not_script()
+    if rec.mode != "full" or not rec.steps:
+        return skipped("needs a full recording with optimizer steps")
+    alive = rec.alive_losses
+    data = dict(kept=", ".join(rec.graph_kept[:3]), alive_last=alive[-1] if alive else 0, steps=len(rec.steps))
+    if rec.graph_kept:
+        return failed("kept", f"a loss tensor whose backward already ran was used in arithmetic that keeps a graph "
+                      f"alive into the next step ({data['kept']}): accumulate loss.item() instead", **data)
+    streak, best, peak_at = 0, 0, 0
+    for i in range(1, len(alive)):
+        streak = streak + 1 if alive[i] > alive[i - 1] else 0
+        if streak > best:
+            best, peak_at = streak, i
+    if best >= 3 and max(alive) >= 3:
+        return failed("stored", f"{alive[peak_at]} loss tensors whose backward already ran were still referenced at step "
+                      f"{peak_at + 1}, one more after every step for {best} steps: they are kept (e.g. appended to a list "
+                      f"instead of loss.item()) with their graphs", **data)
+    return passed(f"no backpropagated loss outlived its step over {len(rec.steps)} steps", **data)
+
+
+# ------------------------------------------------------------------------------------ failures
+@probe(
+    "trace-nan",
+    title="The first non-finite loss or gradient in the script's run",
+    outcomes={"ok": "every recorded loss and gradient is finite",
+              "nan-input": "the model's input was already non-finite at that step",
+              "nan-after-growth": "the gradient norm grew over the steps before the loss turned non-finite",
+              "nan-at-start": "non-finite from the first step, before any update",
+              "nan": "non-finite at a later step without a growing gradient"},
+    timeout_s=10,
+)
+def trace_nan(ctx: ProbeContext):
+    rec = _rec(ctx)
+    if rec is None:
+        return _not_script()
+    if not rec.steps:
+        return skipped("no optimizer step was recorded")
+    bad = next((s for s in rec.steps if (s.loss is not None and not math.isfinite(s.loss)) or s.grads_nonfinite
+                or s.nonfinite_input), None)
+    if bad is None:
+        return passed(f"all {len(rec.steps)} recorded losses and gradient norms are finite")
+    k = bad.step
+    before = [s for s in rec.steps if s.step < k and s.grad_norm is not None and math.isfinite(s.grad_norm)]
+    growth = before[-1].grad_norm / max(before[0].grad_norm, 1e-30) if len(before) >= 2 else None
+    data = dict(step=k, epoch=bad.epoch, batch=bad.batch, loss=bad.loss, grad_norm=bad.grad_norm,
+                growth=growth, lr=bad.lrs[0] if bad.lrs else None, input_nonfinite=bad.nonfinite_input)
+    where = f"step {k} (epoch {bad.epoch}, batch {bad.batch})" if bad.batch >= 0 else f"step {k}"
+    if bad.nonfinite_input:
+        return failed("nan-input", f"at {where} the model's input already held NaN/Inf values", **data)
+    if k == 1:
+        return failed("nan-at-start", f"the loss/gradient was non-finite at the first step, before any update "
+                      f"(loss {_fmt(bad.loss)})", **data)
+    if growth is not None and growth > 10:
+        return failed("nan-after-growth", f"the loss turned non-finite at {where} after the gradient norm grew "
+                      f"{growth:.3g}x over the {len(before)} steps before (lr {_fmt(data['lr'], '.3g')})", **data)
+    return failed("nan", f"the loss turned non-finite at {where} (gradient norm before it {_fmt(before[-1].grad_norm if before else None, '.3g')})",
+                  **data)
+
+
+@probe(
+    "trace-crash",
+    title="The exception the script raised, where, and what kind",
+    outcomes={"ok": "the script did not raise",
+              "shape-in-layer": "a layer rejected the shape of its input",
+              "shape-in-loss": "the loss rejected the shapes of its input and target",
+              "shape": "a tensor operation raised on incompatible shapes",
+              "dtype": "an operation got a dtype it cannot take",
+              "label-range": "a class index outside the model's outputs",
+              "no-grad": "backward() on a tensor without a graph",
+              "inplace": "a tensor saved for backward was modified in place",
+              "other": "another exception"},
+    timeout_s=10,
+)
+def trace_crash(ctx: ProbeContext):
+    import traceback
+
+    rec = _rec(ctx)
+    if rec is None:
+        return _not_script()
+    err = rec.error
+    if err is None:
+        return passed("the script ran without raising")
+    exc = err.exception
+    kind = error_kind(exc) if exc is not None else "other"
+    frames = traceback.extract_tb(exc.__traceback__) if exc is not None else []
+    files = [f.filename for f in frames]
+    in_loss = any(f.endswith("torch/nn/functional.py") and fr.name in _LOSS_NAMES for f, fr in zip(files, frames)) or \
+        any("/torch/nn/modules/loss.py" in f for f in files)
+    in_layer = not in_loss and any("/torch/nn/modules/" in f for f in files)
+    frozen = all(m.trainable == 0 for m in rec.models) if rec.models else False
+    data = dict(error=f"{err.type}: {err.message}", where=err.where or "?", step=err.step, kind=kind,
+                in_loss=in_loss, in_layer=in_layer, all_frozen=frozen,
+                layer=_layer_of(frames) if in_layer else "")
+    text = f"the script raised at {data['where']} after {err.step} optimizer steps: {data['error']}"
+    if kind == "shape":
+        outcome = "shape-in-loss" if in_loss else "shape-in-layer" if in_layer else "shape"
+        return failed(outcome, text, **data)
+    if kind in ("dtype", "label-range", "no-grad", "inplace"):
+        return failed(kind, text, **data)
+    return failed("other", text, **data)
+
+
+_LOSS_NAMES = {"cross_entropy", "nll_loss", "mse_loss", "l1_loss", "binary_cross_entropy",
+               "binary_cross_entropy_with_logits", "smooth_l1_loss", "huber_loss", "kl_div"}
+
+
+def _layer_of(frames) -> str:
+    for fr in reversed(frames):
+        if "/torch/nn/modules/" in fr.filename:
+            return fr.filename.rsplit("/", 1)[-1].removesuffix(".py")
+    return ""

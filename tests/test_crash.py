@@ -1,0 +1,183 @@
+"""Crashes are diagnoses: the exception classifier (probes/_crash.py), the training-crash probe on the
+bundled crash examples, and the honest verdict (errored / could-not-run probes add no evidence and
+keep a session without findings from being healthy)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from nnwizard.catalog import load_catalog
+from nnwizard.engine import Diagnosis, Engine
+from nnwizard.probes import ProbeContext, cannot_run, passed, probe
+from nnwizard.probes._crash import classify_exception, shadowed_methods
+from nnwizard.prompts import ScriptedPrompter
+from nnwizard.report import build, verdict
+from nnwizard.tree import load_tree
+from tests.conftest import load_example, run_probe_on
+
+
+def classify(fn, **kw):
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001 - what is classified
+        return classify_exception(exc, **kw)
+    raise AssertionError("did not raise")
+
+
+def test_op_shape_names_op_operands_and_line():
+    a, b = torch.randn(4, 3), torch.randn(5, 2)
+    c = classify(lambda: torch.cat([a, b], dim=1))
+    assert c.hypothesis == "op-shape-mismatch" and c.op == "torch.cat"
+    assert [4, 3] in c.shapes and [5, 2] in c.shapes and "test_crash.py" in c.where
+    assert classify(lambda: torch.dot(a, b)).hypothesis == "op-shape-mismatch"
+    assert classify(lambda: a.view(7, 5)).hypothesis == "op-shape-mismatch"
+
+
+def test_dtype_device_and_labels():
+    assert classify(lambda: torch.arange(5).mean()).hypothesis == "dtype-mismatch"
+    layer = nn.Linear(3, 2)
+    c = classify(lambda: layer(torch.randn(4, 3, dtype=torch.float64)), model=layer)
+    assert c.hypothesis == "dtype-mismatch" and c.op.startswith("Linear")
+    x, meta = torch.randn(3), torch.zeros(3, device="meta")
+    c = classify(lambda: x + meta)
+    assert c.hypothesis == "device-mismatch" and c.devices == ["cpu", "meta"]
+    ce, logits = nn.CrossEntropyLoss(), torch.randn(4, 3)
+    column = torch.randint(0, 3, (4, 1))
+    c = classify(lambda: ce(logits, column), loss_fn=ce, targets=column)
+    assert c.hypothesis == "target-shape-mismatch" and c.op == "CrossEntropyLoss" and "[4, 1]" in c.sentence
+    floats = torch.rand(4)
+    assert classify(lambda: ce(logits, floats), loss_fn=ce, targets=floats).hypothesis == "labels-wrong-dtype"
+    assert classify(lambda: ce(logits, torch.tensor([0, 1, 7, 2])), loss_fn=ce).hypothesis == "labels-out-of-range"
+    assert classify(lambda: nn.BCELoss()(logits * 5, torch.rand(4, 3))).hypothesis == "loss-output-mismatch"
+
+
+def test_layer_shape_inside_a_layer_is_not_an_op_shape():
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(5, 2))
+    c = classify(lambda: model(torch.randn(4, 3)), model=model)
+    assert c.hypothesis == "layer-shape-mismatch" and c.op == "Linear '2'"
+
+
+def test_unexplained_exception_is_unclassified():
+    def boom():
+        raise KeyError("config")
+    c = classify(boom, model=nn.Linear(2, 2))
+    assert c.hypothesis is None and "KeyError" in c.sentence
+
+
+class _Shadowing(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 2)
+
+    def train(self, x, y):  # noqa: D401 - the bug under test
+        return None
+
+
+class _Overriding(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 2)
+
+    def train(self, mode: bool = True):
+        return super().train(mode)
+
+
+class _Misspelt(nn.Module):
+    def __int__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 2)
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+def test_shadowed_methods_static_and_from_the_exception():
+    [s] = shadowed_methods(_Shadowing())
+    assert s.name == "train" and s.cls == "_Shadowing" and "x, y" in s.signature
+    assert shadowed_methods(_Overriding()) == [] and shadowed_methods(nn.Sequential(nn.Linear(2, 2), nn.ReLU())) == []
+    model = _Shadowing()
+    assert classify(lambda: model.eval(), model=model).hypothesis == "module-method-shadowed"
+
+
+def test_no_parameters():
+    model = _Misspelt()
+    assert classify(lambda: torch.optim.Adam(model.parameters()), model=model).hypothesis == "no-parameters"
+    assert classify(lambda: model(torch.randn(2, 3)), model=model).hypothesis == "no-parameters"
+
+
+@pytest.mark.parametrize("name, outcome", [
+    ("broken_target_shape_mismatch", "target-shape-mismatch"),
+    ("broken_no_parameters", "no-parameters"),
+    ("broken_module_method_shadowed", "module-method-shadowed"),
+    ("broken_op_shape_mismatch", "op-shape-mismatch"),
+    ("broken_dtype_mismatch", "dtype-mismatch"),
+    ("broken_device_mismatch", "device-mismatch"),
+])
+def test_training_crash_probe_classifies_the_examples(name, outcome):
+    result = run_probe_on("training-crash", load_example(name))
+    assert result.status == "failed" and result.outcome == outcome, result.summary
+    if outcome != "module-method-shadowed":
+        assert result.data["training_raised"] and result.data["exception"]
+
+
+def test_training_crash_quiet_on_healthy_and_user_functions():
+    for name in ("healthy_mlp", "healthy_epoch_scheduler"):
+        result = run_probe_on("training-crash", load_example(name))
+        assert result.outcome == "ok", result.summary
+
+
+# ----------------------------------------------------------------------------- honest verdicts
+@probe("test-cannot-run", title="test: could not run", outcomes={"ok": "never"})
+def _cannot(ctx: ProbeContext):
+    return cannot_run("the user's forward raised", reason="raised")
+
+
+@probe("test-fine", title="test: fine", outcomes={"ok": "quiet"})
+def _fine(ctx: ProbeContext):
+    return passed("nothing wrong")
+
+
+TREE = """\
+id: honest
+title: Honest verdict test tree
+symptoms: [flat]
+start: first
+nodes:
+  first:
+    probe: test-fine
+    next: second
+  second:
+    probe: test-cannot-run
+    next: against
+  against:
+    conclude:
+      - {hypothesis: lr-too-high, weight: -0.8, evidence: "should not count"}
+      - {hypothesis: lr-too-low, weight: 0.9, evidence: "should not count either"}
+"""
+
+
+def test_could_not_run_adds_no_evidence_and_is_inconclusive(tmp_path):
+    path = tmp_path / "honest.yaml"
+    path.write_text(TREE)
+    tree = load_tree(path)
+    engine = Engine(load_example("healthy_mlp"), {"honest": tree}, load_catalog(), ScriptedPrompter({}))
+    diagnosis = engine.run(["flat"], {})
+    assert diagnosis.evidence == [] and diagnosis.ranked == []
+    report = build(diagnosis)
+    assert report.verdict == "inconclusive"
+    assert [(n.probe, n.why) for n in report.not_run] == [("test-cannot-run", "raised")]
+
+
+def test_errored_probe_or_unclassified_crash_is_never_healthy():
+    from nnwizard.probes.api import ProbeResult
+
+    target = load_example("healthy_mlp")
+    base = Diagnosis(target, 0, ["flat"], ["flat"], results=[ProbeResult("passed", "ok", "fine", id="a")])
+    assert verdict(base) == "healthy"
+    errored = Diagnosis(target, 0, ["flat"], ["flat"], results=[*base.results, ProbeResult("errored", "errored", "timed out", {"timeout_s": 5}, id="b")])
+    assert verdict(errored) == "inconclusive" and build(errored).not_run[0].why == "timed-out"
+    crash = Diagnosis(target, 0, ["crash"], ["crash"], results=[
+        *base.results, ProbeResult("failed", "unclassified", "train_step raised", {"training_raised": True}, id="training-crash")])
+    assert verdict(crash) == "inconclusive" and build(crash).not_run[0].why == "training-raised"

@@ -1,0 +1,157 @@
+"""The cost model (wizard/budget.py): step planning, limits, calibration, and probes cut by the
+budget saying so instead of concluding; a train_step stuck in native ops ends the CLI cleanly."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from nnwizard.budget import SLICE, Budget, calibrate, plan_steps
+from tests.conftest import ROOT, load_example, run_probe_on
+
+
+def test_plan_steps_keeps_the_wanted_steps_when_they_fit():
+    cheap = Budget(total_s=20.0, step_s=0.001)
+    assert plan_steps(cheap, 4.0, 200, minimum=20) == 200
+    assert plan_steps(None, None, 200) == 200  # nothing measured: as asked
+    dear = Budget(total_s=60.0, step_s=0.5)
+    assert plan_steps(dear, 10.0, 200, minimum=10) == 20
+    assert plan_steps(dear, 10.0, 200, minimum=10, runs=2, fixed=4) == 0  # 8 per run < minimum 10
+    assert plan_steps(dear, 0.0, 20, minimum=0) == 0
+
+
+def test_allot_shares_the_budget_and_sizes_fixed_probes_by_their_cost():
+    budget = Budget(total_s=100.0, step_s=2.0)
+    allowance, limit, reason = budget.allot(0.3, 1.0, 60.0)
+    assert reason is None and allowance == pytest.approx(30.0, abs=0.1) and limit >= 60.0
+    allowance, limit, reason = budget.allot(0.0, 14, 60.0)  # a fixed-cost audit: 14 steps of 2 s
+    assert allowance is None and limit == pytest.approx(3 * 14 * 2.0 + 10)
+    budget.timeouts = 1  # after a time-out: the cost, not the generous default
+    assert budget.allot(0.0, 1, 60.0)[1] == pytest.approx(16.0)
+    assert budget.allot(0.3, 1.0, 60.0, probe_timeout=5.0)[:2] == (4.0, 5.0)
+    budget.started -= 150.0  # spent: a share probe gets nothing; past the ceiling nothing runs
+    assert budget.allot(0.3, 1.0, 60.0)[0] == 0.0
+    budget.started -= 100.0
+    assert "past" in budget.allot(0.0, 1, 60.0)[2]
+
+
+def test_calibrate_uses_a_measured_step_time_and_slices_dear_batches():
+    target = load_example("healthy_mlp")
+    target.measured_step_s = 0.25
+    budget = calibrate(target)
+    assert budget.step_s == 0.25 and budget.total_s == pytest.approx(0.8 * max(20.0, 40 * 0.25))
+    assert budget.how == "measured in the real run" and budget.batch is None
+    del target.measured_step_s
+    timed = calibrate(target, total_s=0.05)  # so small a budget that the user's batch is too dear
+    assert timed.user_step_s > 0 and timed.how == "timed on the user's step" and timed.explicit
+    # sliced only where a 16-sample step is measurably cheaper than the user's 64-sample one
+    assert timed.batch in (None, SLICE) and "a plain step takes" in timed.describe()
+
+
+def test_sliced_target_hands_out_sliced_batches():
+    target = load_example("healthy_mlp")
+    full = target.batch()
+    target.sample_limit = 4
+    x, y = target.batch()
+    assert len(y) == 4 and torch.equal(x, full[0][:4])
+    assert all(len(b[1]) == 4 for b in target.batches(2))
+    assert all(len(b[1]) == 4 for b in target.loader("train", 2))
+
+
+def test_a_budget_cut_overfit_says_so_instead_of_calling_it_slow():
+    target = load_example("healthy_cnn")
+    from nnwizard.isolation import run_probe
+    from nnwizard.probes import ProbeContext, get
+
+    ctx = ProbeContext(target, {}, {}, 0, budget=Budget(total_s=10.0, step_s=0.01), allowance_s=0.3)
+    result = run_probe(get("overfit-one-batch"), ctx)
+    assert result.data["plan"]["planned"] < 200
+    assert result.outcome in ("learns", "skipped") and result.status in ("passed", "skipped")
+    if result.status == "skipped":
+        assert result.data["cannot_run"] == "budget" and "budget" in result.summary
+    nothing = ProbeContext(target, {}, {}, 0, budget=Budget(total_s=10.0, step_s=1.0), allowance_s=2.0)
+    skipped = run_probe(get("overfit-one-batch"), nothing)
+    assert skipped.status == "skipped" and skipped.data["cannot_run"] == "budget" and "fit fewer than" in skipped.summary
+
+
+def test_uncut_probes_run_as_before():
+    result = run_probe_on("overfit-one-batch", load_example("healthy_mlp"))
+    assert result.outcome == "learns" and result.data["plan"] == {"wanted": 200, "planned": 200, "runs": 1}
+
+
+NATIVE_HANG = '''
+import time
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+def build_model():
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+
+def build_data():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(256, 8, generator=g)
+    y = (x[:, 0] > 0).long()
+    return DataLoader(TensorDataset(x, y), batch_size=32, shuffle=True), DataLoader(TensorDataset(x, y), batch_size=32)
+
+loss_fn = nn.CrossEntropyLoss()
+
+def train_step(model, batch, loss_fn, optimizer):
+    # seconds inside native torch ops on every call (a stand-in for a model far too big for the machine)
+    a = torch.randn(384, 384)
+    started = time.monotonic()
+    while time.monotonic() - started < 6:
+        a = torch.tanh(a @ a)
+    x, y = batch
+    optimizer.zero_grad()
+    loss = loss_fn(model(x), y)
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+'''
+
+
+@pytest.mark.slow
+def test_native_hang_ends_cleanly_and_never_healthy(tmp_path):
+    module = tmp_path / "native_hang.py"
+    module.write_text(textwrap.dedent(NATIVE_HANG))
+    out = tmp_path / "report.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "nnwizard", "diagnose", "-m", str(module), "-s", "auto", "--non-interactive",
+         "--probe-timeout", "2", "--budget", "6", "--json", str(out), "-q"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode in (0, 1), proc.stderr[-2000:]
+    assert "terminate called" not in proc.stderr and "Traceback" not in proc.stderr
+    report = json.loads(out.read_text())
+    assert report["verdict"] != "healthy"
+    timed_out = [p for p in report["probes"] if "timeout_s" in p["data"]]
+    assert timed_out and all(p["status"] == "errored" and "timed out" in p["summary"] for p in timed_out)
+    # no evidence is drawn from a probe that timed out
+    ids = {p["id"] for p in timed_out}
+    for h in report["hypotheses"]:
+        assert not any(m.get("probe") in ids and m["weight"] > 0 for m in h["moves"]), h
+    assert report["budget"]["total_s"] == 6.0
+
+
+def test_cancellation_ends_a_worker_in_the_user_code(tmp_path):
+    """The stopped probe's worker is gone once run_probe returns: nothing keeps burning CPU."""
+    import threading
+
+    from nnwizard.isolation import run_probe
+    from nnwizard.probes import ProbeContext, get
+
+    module = tmp_path / "native_hang.py"
+    module.write_text(textwrap.dedent(NATIVE_HANG))
+    from nnwizard.target import load_target
+
+    target = load_target(str(module), "cpu")
+    before = threading.active_count()
+    result = run_probe(get("overfit-one-batch"), ProbeContext(target), 1.0)
+    assert result.status == "errored" and result.data["stopped"] is True
+    assert threading.active_count() == before

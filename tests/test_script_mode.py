@@ -1,0 +1,299 @@
+"""Script mode: the recorder, the runner (bounds, exits, sandbox) and each trace audit in both
+directions, on tiny scripts written into tmp_path."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from nnwizard.errors import UsageError
+from nnwizard.probes.api import ProbeContext, get
+from nnwizard.recorder import Recorder
+from nnwizard.script_run import RunOptions, load_script, run_script
+from nnwizard.script_target import ScriptTarget
+
+BASE = '''
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+torch.manual_seed(0)
+X = torch.randn(256, 8)
+Y = (X[:, 0] > 0).long()
+loader = DataLoader(TensorDataset(X, Y), batch_size=32, shuffle=True)
+model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 2))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+crit = nn.CrossEntropyLoss()
+
+
+def evaluate():
+    model.eval()
+    total = 0.0
+    with torch.no_grad():
+        for x, y in loader:
+            total += crit(model(x), y).item()
+    model.train()
+    return total / len(loader)
+
+
+def main():
+    for epoch in range(3):
+        model.train()
+        running = 0.0
+        for x, y in loader:
+            opt.zero_grad()
+            out = model(x)
+            loss = crit(out, y)
+            loss.backward()
+            opt.step()
+            running += loss.item()
+        print(f"epoch {epoch} train {running / len(loader):.4f} val {evaluate():.4f}")
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def write(tmp_path: Path, *edits: tuple[str, str], name: str = "train.py", text: str = BASE) -> Path:
+    for old, new in edits:
+        assert old in text, old
+        text = text.replace(old, new)
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def record(path: Path, args=(), **opts) -> ScriptTarget:
+    return ScriptTarget(run_script(load_script(str(path)), list(args), RunOptions(**{"max_steps": 30, **opts})))
+
+
+def outcome(target, probe_id: str) -> str:
+    result = get(probe_id)(ProbeContext(target))
+    return result.outcome
+
+
+# ------------------------------------------------------------------------------------ recorder
+def test_recorder_sees_models_optimizers_steps_and_restores_everything():
+    before = (torch.Tensor.backward, torch.optim.Optimizer.zero_grad, nn.Module.zero_grad,
+              torch.utils.data.DataLoader.__iter__, torch.nn.functional.cross_entropy, torch.autograd.backward)
+    model = nn.Sequential(nn.Linear(4, 3))
+    opt = torch.optim.Adam([{"params": model[0].weight}, {"params": model[0].bias, "lr": 0.1}], lr=1e-3)
+    x, y = torch.randn(16, 4), torch.randint(0, 3, (16,))
+    with Recorder(mode="full") as rec:
+        for _ in range(3):
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(model(x).view(-1, 3), y)
+            loss.backward()
+            opt.step()
+        with torch.no_grad():
+            model(x)
+    r = rec.recording
+    assert [m.name for m in r.models] == ["Sequential"] and r.models[0].params == 15
+    assert len(r.optimizers) == 1 and len(r.optimizers[0].groups) == 2
+    assert len(r.steps) == 3 and r.steps[0].lrs == [1e-3, 0.1] and all(s.zero_grad for s in r.steps)
+    assert r.steps[0].grad_norm > 0 and r.steps[0].loss == pytest.approx(r.loss_calls[0].value)
+    assert [c.eval for c in r.loss_calls] == [False, False, False]
+    assert [f.trained for f in r.forwards] == [True, True, True, False]
+    after = (torch.Tensor.backward, torch.optim.Optimizer.zero_grad, nn.Module.zero_grad,
+             torch.utils.data.DataLoader.__iter__, torch.nn.functional.cross_entropy, torch.autograd.backward)
+    assert before == after
+    assert not torch.nn.modules.module._global_forward_hooks
+
+
+def test_recorder_restores_on_exception_and_listeners_are_called():
+    calls = []
+
+    class Listener:
+        def on_step_post(self, rec, optimizer, step):
+            calls.append(step.step)
+
+    p = nn.Parameter(torch.ones(2))
+    opt = torch.optim.SGD([p], lr=0.1)
+    original = torch.Tensor.backward
+    with pytest.raises(RuntimeError):
+        with Recorder(mode="light", listeners=[Listener()]):
+            (p * 2).sum().backward()
+            opt.step()
+            raise RuntimeError("boom")
+    assert calls == [1] and torch.Tensor.backward is original
+
+
+# ------------------------------------------------------------------------------------ runner
+def test_runner_runs_as_main_with_argv_and_bounds_the_steps(tmp_path):
+    path = write(tmp_path, ("for epoch in range(3):", "import sys\n    assert sys.argv[1:] == ['--lr', '1']\n    for epoch in range(3):"))
+    target = record(path, ["--lr", "1"], max_steps=10)
+    assert target.run.exit == "stopped" and len(target.recording.steps) == 10
+    assert "10 optimizer steps" in target.recording.stopped
+
+
+def test_runner_caps_batches_per_epoch(tmp_path):
+    target = record(write(tmp_path), max_steps=100, limit_batches=3)
+    assert target.run.exit == "finished"
+    assert len(target.recording.steps) == 9  # 3 epochs x 3 batches
+    assert "epoch 2" in target.run.output[-1]
+
+
+def test_sandbox_keeps_existing_files_byte_identical(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "log.csv").write_text("old,content\n")
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "model.pt").write_bytes(b"original")
+    digest = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in tmp_path.rglob("*") if p.is_file()}
+    path = write(tmp_path, ("    main()\n", """    main()
+    import os, csv
+    from pathlib import Path
+    torch.save(model.state_dict(), "ckpt/model.pt")
+    assert torch.load("ckpt/model.pt")  # reads what it wrote
+    with open("log.csv", "a") as f:
+        csv.writer(f).writerow([1, 2])
+    os.makedirs("out/plots", exist_ok=True)
+    Path("out/plots/loss.txt").write_text("x")
+    open("train.py", "w").write("overwritten")
+"""))
+    digest[path] = hashlib.sha256(path.read_bytes()).hexdigest()
+    target = record(path, max_steps=1000)
+    assert target.run.exit == "finished", target.recording.error
+    after = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in tmp_path.rglob("*") if p.is_file()}
+    assert after == digest  # byte-identical, and nothing new in the user's folder
+    written = dict(target.run.written)
+    assert {"ckpt/model.pt", "log.csv", "out/plots/loss.txt", "train.py"} <= set(written)
+    assert Path(written["log.csv"]).read_text().startswith("old,content\n1,2")
+
+
+def test_sys_exit_raise_and_syntax_errors(tmp_path):
+    ok = record(write(tmp_path, ("    main()\n", "    main()\n    raise SystemExit(0)\n")), max_steps=1000)
+    assert ok.run.exit == "finished"
+    code = record(write(tmp_path, ("    main()\n", "    import sys; sys.exit(3)\n"), name="exit.py"))
+    assert code.run.exit == "exited" and code.run.exit_code == 3
+    raised = record(write(tmp_path, ("loss.backward()", "loss.backward(); raise ValueError('bad batch')"), name="raise.py"))
+    assert raised.run.exit == "raised" and raised.crashed
+    assert raised.recording.error.type == "ValueError" and raised.recording.error.where.startswith("raise.py:")
+    (tmp_path / "broken.py").write_text("def f(:\n")
+    with pytest.raises(UsageError, match="syntax error at line 1"):
+        load_script(str(tmp_path / "broken.py"))
+    with pytest.raises(UsageError, match="no such file"):
+        load_script(str(tmp_path / "missing.py"))
+
+
+def test_script_without_a_model_says_so(tmp_path):
+    from nnwizard.script_view import script_problem
+
+    target = record(write(tmp_path, text="print('hello')\n"))
+    assert target.run.output == ["hello"]
+    assert "without ever calling a torch.nn.Module" in script_problem(target)
+    assert not target.capturable
+
+
+# ------------------------------------------------------------------------------------ capture
+def test_captured_model_batch_and_loss_follow_the_users_reshaping(tmp_path):
+    path = write(tmp_path, ("nn.Linear(16, 2))", "nn.Linear(16, 2), nn.Unflatten(1, (1, 2)))"),
+                 ("loss = crit(out, y)", "loss = crit(out.view(-1, 2), y)"))
+    target = record(path)
+    assert target.capturable and target.task == "classification" and target.num_classes == 2
+    model = target.fresh_model()
+    x, y = target.batch()
+    assert model(x).shape == (32, 1, 2)
+    loss = target.loss_fn(model(x), y)
+    assert loss.shape == () and float(loss) > 0
+    first = target.recording.models[0].initial
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), first.parameters()))
+    opt = target.make_optimizer(model)
+    assert type(opt).__name__ == "SGD" and opt.param_groups[0]["lr"] == 0.1
+    assert target.measured_step_s > 0
+
+
+# ------------------------------------------------------------------------------------ audits
+@pytest.fixture(scope="module")
+def healthy(tmp_path_factory):
+    return record(write(tmp_path_factory.mktemp("healthy")))
+
+
+AUDITS = ["trace-zero-grad", "trace-backward-step", "trace-optimizer", "trace-disconnected", "trace-eval-mode",
+          "trace-eval-grad", "trace-train-mode", "trace-scheduler", "trace-loss-scale", "trace-loss-target",
+          "trace-graph", "trace-nan", "trace-crash"]
+
+
+@pytest.mark.parametrize("probe_id", AUDITS)
+def test_audits_stay_quiet_on_a_healthy_script(healthy, probe_id):
+    result = get(probe_id)(ProbeContext(healthy))
+    assert result.status == "passed", result.summary
+
+
+@pytest.mark.parametrize("probe_id", AUDITS + ["trace-run"])
+def test_audits_skip_module_targets(probe_id):
+    class Plain:
+        pass
+
+    assert get(probe_id)(ProbeContext(Plain())).status == "skipped"
+
+
+FAULTS = {
+    "missing-zero-grad": ([("opt.zero_grad()\n", "\n")], "trace-zero-grad", "carry-over"),
+    "missing-backward": ([("loss.backward()", "pass")], "trace-backward-step", "no-backward"),
+    "missing-step": ([("opt.step()", "pass")], "trace-backward-step", "no-step"),
+    "optimizer-partial": ([("SGD(model.parameters()", "SGD(model[3].parameters()")], "trace-optimizer", "missing"),
+    "optimizer-foreign": ([("opt = torch.optim.SGD(model.parameters()", "other = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 2))\nopt = torch.optim.SGD(other.parameters()")],
+                          "trace-optimizer", "foreign"),
+    "disconnected": ([("nn.Linear(16, 2))", "nn.Linear(16, 2), nn.Linear(3, 3))"),
+                      ("out = model(x)", "out = model[3](model[2](model[1](model[0](x))))")], "trace-disconnected", "disconnected"),
+    "eval-mode": ([("    model.eval()\n", "")], "trace-eval-mode", "train-mode-in-eval"),
+    "no-grad": ([("with torch.no_grad():", "if True:")], "trace-eval-grad", "grad-in-eval"),
+    "train-mode": ([("        model.train()\n        running", "        running"), ("    model.train()\n    return", "    return")],
+                   "trace-train-mode", "stays-eval"),
+    "scheduler-per-batch": ([("crit = nn", "sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)\ncrit = nn"),
+                             ("opt.step()", "opt.step(); sched.step()")], "trace-scheduler", "per-step-for-per-epoch"),
+    "scheduler-never": ([("crit = nn", "sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)\ncrit = nn")],
+                        "trace-scheduler", "never-stepped"),
+    "accumulation": ([("            opt.zero_grad()\n", ""), ("            opt.step()\n", "            if i % 4 == 3:\n                opt.step(); opt.zero_grad()\n"),
+                      ("for x, y in loader:\n            ", "for i, (x, y) in enumerate(loader):\n            ")], "trace-loss-scale", "accumulated-sum"),
+    "sum-reduction": ([("crit = nn.CrossEntropyLoss()", "crit = nn.CrossEntropyLoss(reduction='sum')")], "trace-loss-scale", "sum-reduction"),
+    "wrong-target": ([("loss = crit(out, y)", "loss = crit(out, out.argmax(1))")], "trace-loss-target", "target-from-output"),
+    "graph-kept": ([("running += loss.item()", "running += loss")], "trace-graph", "kept"),
+    "graph-stored": ([("running += loss.item()", "losses.append(loss)"), ("running = 0.0", "running = 0.0\n        losses = []"),
+                      ("{running / len(loader):.4f}", "{sum(l.item() for l in losses):.4f}")], "trace-graph", "stored"),
+    "nan-input": ([("Y = (X[:, 0] > 0).long()", "Y = (X[:, 0] > 0).long()\nX[7, 3] = float('nan')")], "trace-nan", "nan-input"),
+    "nan-growth": ([("lr=0.1", "lr=40.0"), ("nn.Linear(8, 16)", "nn.Linear(8, 256)"), ("nn.Linear(16, 2)", "nn.Linear(256, 2)"),
+                    ("X = torch.randn(256, 8)", "X = torch.randn(256, 8) * 30")], "trace-nan", None),
+    "crash-shape": ([("nn.Linear(8, 16)", "nn.Linear(9, 16)")], "trace-crash", "shape-in-layer"),
+    "crash-range": ([("nn.Linear(16, 2))", "nn.Linear(16, 2))\nY[3] = 5")], "trace-crash", "label-range"),
+}
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_audit_fires_on_its_fault(tmp_path, fault):
+    edits, probe_id, expected = FAULTS[fault]
+    target = record(write(tmp_path, *edits))
+    result = get(probe_id)(ProbeContext(target))
+    if expected is None:  # any non-finite outcome
+        assert result.status == "failed", result.summary
+    else:
+        assert result.outcome == expected, result.summary
+
+
+# ------------------------------------------------------------------------------------ end to end
+@pytest.mark.slow
+def test_cli_script_mode_end_to_end(tmp_path):
+    path = write(tmp_path, ("opt.zero_grad()\n", "\n"))
+    report = tmp_path / "r.json"
+    md = tmp_path / "r.md"
+    proc = subprocess.run([sys.executable, "-m", "nnwizard", "diagnose", "--script", str(path), "--non-interactive",
+                           "--symptom", "flat", "--json", str(report), "--report", str(md), "--max-steps", "20"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    import json
+
+    data = json.loads(report.read_text())
+    assert data["mode"] == "script" and data["module"] == str(path)
+    assert data["hypotheses"][0]["id"] == "missing-zero-grad" and data["verdict"] == "problems-found"
+    assert data["script"]["steps"] == 20 and data["script"]["models"][0]["name"] == "Sequential"
+    assert "Per-step trace" in md.read_text()
+    bad = subprocess.run([sys.executable, "-m", "nnwizard", "diagnose", "--script", str(tmp_path / "nope.py"),
+                          "--non-interactive"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1

@@ -1,0 +1,184 @@
+"""The session's cost model: what one plain training step of the user's model costs, and how much
+of the session's time each probe may spend.
+
+``calibrate`` times the user's own step (forward, backward, optimizer step; synchronised on CUDA) on
+a fresh model at the batch the probes will use, or takes ``measured_step_s`` from a target that ran
+the real program. When a step at the user's batch is too dear to afford the few hundred steps a
+diagnosis of a small model takes, the probes work on the first ``SLICE`` samples of each batch, and
+the step time of that slice is measured too.
+
+The session has one budget in seconds (``--budget``; by default ``max(20 s, 40 plain steps)`` less a
+fifth for loading and reporting). Fixed-cost probes (the loop audits: a handful of steps each) are not
+drawn from it: they run first and get a time limit sized by their own cost. Probes that train for
+many steps take a share of it, capped by what is left, and plan their step counts with
+``plan_steps``; one whose minimum does not fit is skipped and says so.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+SLICE = 16            # samples per batch for the probes when the user's batch is too dear
+DEFAULT_MIN_S = 20.0  # the default budget: max(DEFAULT_MIN_S, DEFAULT_STEPS plain steps) ...
+DEFAULT_STEPS = 40
+DEFAULT_SHARE = 0.8   # ... of which this part is for the probes (the rest: start-up, loading, reports)
+AFFORD_STEPS = 300    # a budget below this many plain steps at the user's batch makes the probes slice
+RESERVE = 0.05        # of the budget kept for the fixed-cost probes of trees queued later
+CEILING = 2.0         # past this multiple of the budget, nothing more runs the user's code
+LIMIT_MARGIN = 3.0    # a fixed-cost probe's time limit: this many times its cost in measured steps ...
+LIMIT_FLOOR_S = 10.0  # ... plus this (building models, reading batches)
+
+
+@dataclass
+class Budget:
+    total_s: float
+    step_s: float | None = None        # one plain step at the batch the probes use
+    user_step_s: float | None = None   # one plain step at the user's own batch
+    batch: int | None = None           # samples per batch the probes use (None: the user's batches)
+    user_batch: int | None = None
+    how: str = "not measured"
+    explicit: bool = False             # --budget was given
+    started: float = field(default_factory=time.monotonic)
+    timeouts: int = 0
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def remaining(self) -> float:
+        return self.total_s - self.elapsed()
+
+    def plain_steps(self, seconds: float) -> float | None:
+        """``seconds`` in plain steps of the user's batch."""
+        step = self.user_step_s or self.step_s
+        return seconds / step if step else None
+
+    def allot(self, share: float, cost: float, timeout_s: float, probe_timeout: float | None = None
+              ) -> tuple[float | None, float, str | None]:
+        """(allowance in seconds or None, time limit, reason to skip or None) for one probe."""
+        step = self.step_s or 0.0
+        if self.elapsed() > CEILING * self.total_s:
+            return None, 0.0, (f"the session is past {CEILING:.0f}x its budget of {self.total_s:.0f} s "
+                               f"({self.elapsed():.0f} s spent): not run")
+        if share > 0:
+            # what is left may be nothing: the probe then plans 0 steps and says what it could not do
+            allowance = max(0.0, min(share * self.total_s, self.remaining() - RESERVE * self.total_s))
+            limit = max(timeout_s, 2 * allowance + LIMIT_FLOOR_S + 6 * step)
+        else:
+            allowance = None
+            # sized by the probe's own cost; after a time-out no more than that (no generous floor),
+            # so that user code that hangs costs each later probe its own need, not the default limit
+            need = LIMIT_MARGIN * cost * step + LIMIT_FLOOR_S
+            limit = need if self.timeouts else max(timeout_s, need)
+        if probe_timeout is not None:
+            limit = probe_timeout
+            allowance = None if allowance is None else min(allowance, 0.8 * probe_timeout)
+        return allowance, limit, None
+
+    def grace_s(self) -> float:
+        """How long a cancelled probe may take to leave the native op it is in."""
+        return min(30.0, max(1.0, 2 * (self.step_s or 0.0)))
+
+    def describe(self) -> str:
+        if self.step_s is None:
+            return f"budget {self.total_s:.0f} s (step time {self.how})"
+        text = f"budget {self.total_s:.0f} s; a plain step takes {_s(self.user_step_s or self.step_s)}"
+        if self.user_batch:
+            text += f" at batch {self.user_batch}"
+        if self.batch and self.batch != self.user_batch:
+            text += f", probes use {self.batch}-sample slices ({_s(self.step_s)} a step)"
+        return f"{text} ({self.how})"
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(total_s=round(self.total_s, 2), step_s=_r(self.step_s), user_step_s=_r(self.user_step_s),
+                    batch=self.batch, user_batch=self.user_batch, how=self.how, explicit=self.explicit,
+                    elapsed_s=round(self.elapsed(), 2),
+                    plain_steps_used=_r(self.plain_steps(self.elapsed())), timeouts=self.timeouts)
+
+
+def _s(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    return f"{seconds * 1000:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
+def _r(value: float | None) -> float | None:
+    return None if value is None else round(value, 5)
+
+
+def plan_steps(budget: Budget | None, allowance: float | None, wanted: int, minimum: int = 1, cost: float = 1.0,
+               runs: int = 1, fixed: float = 0.0) -> int:
+    """Steps per run that fit ``allowance`` seconds (see ProbeContext.plan_steps)."""
+    if budget is None or not budget.step_s or allowance is None:
+        return wanted
+    affordable = math.floor((allowance / budget.step_s - fixed) / max(cost * runs, 1e-9))
+    if affordable >= wanted:
+        return wanted
+    return affordable if affordable >= minimum else 0
+
+
+def default_total(user_step_s: float | None) -> float:
+    return DEFAULT_SHARE * max(DEFAULT_MIN_S, DEFAULT_STEPS * (user_step_s or 0.0))
+
+
+def _timed_steps(target, batch, n: int, give_up_s: float) -> float:
+    """Seconds of the fastest of up to ``n`` plain steps on a fresh model (the first warms up)."""
+    model = target.fresh_model(0)
+    optimizer = target.make_optimizer(model)
+    cuda = target.device.type == "cuda"
+    best = math.inf
+    for _ in range(n):
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        target.train_step(model, batch, optimizer)
+        if cuda:
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t0)
+        if best > give_up_s:
+            break
+    return best
+
+
+def calibrate(target, total_s: float | None = None, limit_s: float = 60.0) -> Budget:
+    """The session's Budget, from ``target.measured_step_s`` or by timing the user's step (isolated:
+    a step that raises or hangs leaves the step time unmeasured or a lower bound)."""
+    from nnwizard.isolation import run_probe
+    from nnwizard.probes.api import BUILTIN_OUTCOMES, ProbeContext, ProbeResult, ProbeSpec
+
+    budget = Budget(total_s=total_s or 0.0, explicit=total_s is not None)
+    batch = target.batch()
+    budget.user_batch = len(batch[1]) if batch is not None and hasattr(batch[1], "__len__") else None
+    measured = getattr(target, "measured_step_s", None)
+    if measured:
+        budget.user_step_s = budget.step_s = float(measured)
+        budget.how = "measured in the real run"
+    elif batch is not None:
+        def work(ctx):
+            out = {"user": _timed_steps(target, batch, 2, limit_s / 4)}
+            total = total_s or default_total(out["user"])
+            if budget.user_batch and budget.user_batch > SLICE and out["user"] * AFFORD_STEPS > total:
+                small = (batch[0][:SLICE], batch[1][:SLICE])
+                out["slice"] = _timed_steps(target, small, 2, limit_s / 8)
+            return ProbeResult("passed", "ok", "timed", out)
+
+        spec = ProbeSpec("step-cost", work, "time one plain step", {"ok": "timed", **BUILTIN_OUTCOMES}, limit_s, __name__)
+        result = run_probe(spec, ProbeContext(target), limit_s)
+        if result.status == "passed":
+            budget.user_step_s = budget.step_s = result.data["user"]
+            budget.how = "timed on the user's step"
+            small = result.data.get("slice")
+            if small is not None and small < 0.8 * budget.user_step_s:
+                budget.step_s, budget.batch = small, SLICE
+        elif "timeout_s" in result.data:
+            budget.user_step_s = budget.step_s = limit_s / 2  # a lower bound: two steps did not fit
+            budget.how = f"the user's step did not finish two calls in {limit_s:.0f} s"
+        else:
+            budget.how = f"the user's step raised ({result.summary[:120]})"
+    if total_s is None:
+        budget.total_s = default_total(budget.user_step_s)
+    return budget

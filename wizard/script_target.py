@@ -1,0 +1,301 @@
+"""What a Target answers, from a recorded run of the user's script (CONTRACT §6).
+
+``ScriptTarget`` is a :class:`~nnwizard.target.Target` built from a :class:`~nnwizard.script_run.RunResult`:
+
+- ``fresh_model()``: a deep copy of the trained model taken before its first forward (its initial state);
+- ``batches(n)`` / ``batch()``: the real pairs the script fed its model and its loss, in order: the
+  model's inputs as the model received them, the targets as the loss received them;
+- ``loss_fn(outputs, targets)``: the user's loss function called as the script called it, after the
+  same reshape/cast the script applied between the model's output and the loss;
+- ``make_optimizer(model)``: the script's optimizer class and param groups rebuilt over ``model``;
+- ``measured_step_s``: the median wall time of one optimizer step in the real run;
+- ``recording`` / ``run``: the trace itself, for the loop audits (probes/trace.py);
+- ``rerun(...)``: the script run again under an intervention (the same first batch every step, a
+  scaled learning rate, a fixed seed), returning another RunResult.
+
+When the script gives no capturable model (none built, several trained together, a forward taking
+more than one tensor), ``capture_problem`` says why and the model-level probes are skipped with it.
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from nnwizard.recorder import LossCall, ModelInfo, Recording
+from nnwizard.script_run import RunOptions, RunResult, Script, run_script
+from nnwizard.target import Target
+
+CLASSIFICATION_FNS = ("cross_entropy", "nll_loss", "multi_margin_loss")
+BINARY_FNS = ("binary_cross_entropy", "binary_cross_entropy_with_logits", "soft_margin_loss")
+
+
+class NotCapturable(Exception):
+    """The recording holds no model/batch/loss that model-level probes could use."""
+
+
+def main_model(rec: Recording) -> ModelInfo | None:
+    """The model the training loop trained: most forward calls reached by a backward, trainable first."""
+    trained: dict[int, int] = {}
+    for step in rec.steps:
+        for index, n in step.forwards.items():
+            trained[index] = trained.get(index, 0) + n
+    if not rec.models:
+        return None
+    return max(rec.models, key=lambda m: (trained.get(m.index, 0), m.trainable, m.forwards))
+
+
+def training_models(rec: Recording) -> list[ModelInfo]:
+    used = {i for s in rec.steps for i in s.forwards}
+    return [m for m in rec.models if m.index in used]
+
+
+def first_training_call(rec: Recording) -> LossCall | None:
+    return next((c for c in rec.loss_calls if c.inputs is not None and not c.eval), None) or \
+        next((c for c in rec.loss_calls if c.inputs is not None), None)
+
+
+class ScriptLoss:
+    """The user's loss as the script called it: the same function and options, after the same
+    reshape and cast between the model's output and the loss input."""
+
+    def __init__(self, call: LossCall, output_shape: list | None):
+        self.call = call
+        self.fn, self.extra, self.kwargs = call.replay
+        self.name = call.fn
+        self.input_shape, self.output_shape = call.input_shape, output_shape
+        self.dtype = getattr(torch, call.input_dtype, None)
+        self.reduction = call.reduction
+        self.__name__ = call.fn
+
+    def adapt(self, outputs: torch.Tensor) -> torch.Tensor:
+        if not isinstance(outputs, torch.Tensor):
+            outputs = next((o for o in outputs if isinstance(o, torch.Tensor)), outputs) if isinstance(outputs, (tuple, list)) else outputs
+        shape = self.input_shape
+        if self.output_shape is not None and list(self.output_shape) != list(shape) and isinstance(outputs, torch.Tensor):
+            tail = shape[1:]
+            per = 1
+            for d in tail:
+                per *= d
+            if per and outputs.numel() % per == 0:
+                outputs = outputs.reshape(-1, *tail) if tail else outputs.reshape(-1)
+        if self.dtype is not None and isinstance(outputs, torch.Tensor) and outputs.dtype != self.dtype \
+                and outputs.is_floating_point() and self.dtype.is_floating_point:
+            outputs = outputs.to(self.dtype)
+        return outputs
+
+    def __call__(self, outputs, targets):
+        return self.fn(self.adapt(outputs), targets, *self.extra, **self.kwargs)
+
+    def __repr__(self) -> str:
+        return f"{self.name}(reduction={self.reduction!r})"
+
+
+def _task(call: LossCall | None) -> str:
+    if call is None:
+        return "regression"
+    if call.fn in CLASSIFICATION_FNS:
+        return "classification"
+    if call.fn in BINARY_FNS:
+        return "binary"
+    return "regression"
+
+
+class ScriptTarget(Target):
+    """See the module docstring."""
+
+    mode = "script"
+
+    def __init__(self, run: RunResult, device: torch.device | None = None):
+        self.run = run
+        self.recording = run.recording
+        self.script: Script = run.script
+        self.capture_problem: str | None = None
+        rec = run.recording
+        info = main_model(rec)
+        self.model_info = info
+        call = first_training_call(rec)
+        self.loss_call = call
+        pairs = self._pairs(info, call)
+        self.pairs = pairs
+        loss_fn = ScriptLoss(call, call.model_output_shape) if call is not None and call.replay else _NoLoss()
+        params = next(iter(info.module.parameters()), None) if info else None
+        resolved = device or (params.device if params is not None else torch.device("cpu"))
+        train_loader = self._loader(pairs)
+        task = _task(call)
+        num_classes = None
+        if task == "classification" and call is not None and len(call.input_shape) >= 2:
+            num_classes = int(call.input_shape[1])
+        super().__init__(spec=str(self.script.spec), namespace=SimpleNamespace(), source=self.script.path,
+                         device=resolved, train_loader=train_loader, val_loader=None, loss_fn=loss_fn, task=task,
+                         num_classes=num_classes)
+
+    # -- capture ----------------------------------------------------------------------------------
+    def _pairs(self, info: ModelInfo | None, call: LossCall | None) -> list[tuple]:
+        rec = self.recording
+        if info is None:
+            self.capture_problem = "the script never called a model (no nn.Module forward was recorded)"
+            return []
+        if len(training_models(rec)) > 1:
+            names = ", ".join(m.name for m in training_models(rec))
+            self.capture_problem = f"the script trains several models together ({names}); model-level probes need one"
+            return []
+        if info.initial is None:
+            self.capture_problem = f"{info.name} could not be copied at its initial state"
+            return []
+        if call is None or call.replay is None:
+            self.capture_problem = "no training loss call through torch.nn.functional / nn.*Loss was recorded"
+            return []
+        inputs = [args for index, args in rec.model_inputs if index == info.index]
+        targets = [c.targets for c in rec.loss_calls if c.inputs is not None and not c.eval] or \
+            [c.targets for c in rec.loss_calls if c.inputs is not None]
+        if not inputs or any(len(a) != 1 or not isinstance(a[0], torch.Tensor) for a in inputs):
+            self.capture_problem = f"{info.name}.forward takes more than one tensor (or none); model-level probes need one input"
+            return []
+        pairs = [(a[0], t) for a, t in zip(inputs, targets) if isinstance(t, torch.Tensor)]
+        if not pairs:
+            self.capture_problem = "the loss received no target tensor"
+        return pairs
+
+    @staticmethod
+    def _loader(pairs: list[tuple]) -> DataLoader:
+        if pairs:
+            size = len(pairs[0][0])
+            shapes_x = {tuple(x.shape[1:]) for x, _ in pairs}
+            shapes_y = {tuple(y.shape[1:]) for _, y in pairs}
+            same = len(shapes_x) == 1 and len(shapes_y) == 1 and all(len(x) == len(y) for x, y in pairs)
+            if same and size > 0:
+                xs = torch.cat([x for x, _ in pairs])
+                ys = torch.cat([y for _, y in pairs])
+                return DataLoader(TensorDataset(xs, ys), batch_size=size, shuffle=False)
+        return DataLoader(_PairList(pairs), batch_size=None, shuffle=False)
+
+    @property
+    def capturable(self) -> bool:
+        return self.capture_problem is None and bool(self.pairs)
+
+    def require_capture(self) -> None:
+        if not self.capturable:
+            raise NotCapturable(self.capture_problem or "nothing was captured")
+
+    # -- what a Target answers --------------------------------------------------------------------
+    def fresh_model(self, seed: int | None = None) -> nn.Module:
+        self.require_capture()
+        if seed is not None:
+            torch.manual_seed(seed)
+        return copy.deepcopy(self.model_info.initial).to(self.device)
+
+    def make_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        rec = self.recording
+        info = self.model_info
+        opt = next((o for o in rec.optimizers if info is not None and info.index in o.models), None)
+        if opt is None or info is None:
+            return torch.optim.Adam(model.parameters(), lr=1e-3)
+        position = {id(p): i for i, p in enumerate(info.module.parameters())}
+        new = list(model.parameters())
+        lrs = rec.steps[0].lrs if rec.steps and rec.steps[0].optimizer == opt.index else []
+        groups = []
+        for gi, (g, original) in enumerate(zip(opt.groups, opt.optimizer.param_groups)):
+            params = [new[position[id(p)]] for p in g["params"] if id(p) in position and position[id(p)] < len(new)]
+            if not params:
+                continue
+            group = {k: copy.deepcopy(v) for k, v in original.items() if k not in ("params", "initial_lr")}
+            group["lr"] = lrs[gi] if gi < len(lrs) else g["lr"]
+            groups.append({"params": params, **group})
+        try:
+            return type(opt.optimizer)(groups)
+        except Exception:  # noqa: BLE001 - an optimizer we cannot rebuild: its class with its first lr
+            return type(opt.optimizer)(model.parameters(), lr=groups[0]["lr"] if groups else 1e-3)
+
+    def make_scheduler(self, optimizer):
+        return None
+
+    def batches(self, n: int, split: str = "train") -> list:
+        from nnwizard.target import cut, to_device
+
+        if split != "train" or not self.capturable:
+            return []
+        pairs = self.pairs
+        out = [pairs[i % len(pairs)] for i in range(n)]
+        return [to_device(cut(b, self.sample_limit), self.device) for b in out]
+
+    @property
+    def crashed(self) -> bool:
+        """The script raised: never healthy (CONTRACT §4)."""
+        return self.recording.error is not None
+
+    @property
+    def measured_step_s(self) -> float | None:
+        times = [s.duration_s for s in self.recording.steps[1:] if s.duration_s > 0]
+        return statistics.median(times) if times else None
+
+    # -- interventions ----------------------------------------------------------------------------
+    def rerun(self, *, same_batch: bool = False, lr_scale: float | None = None, seed: int | None = 0,
+              max_steps: int | None = None, time_limit_s: float | None = None) -> RunResult:
+        """The script again, sandboxed, under an intervention."""
+        replace = _SameBatch() if same_batch else None
+        opts = RunOptions(max_steps=max_steps or len(self.recording.steps) or 40, seed=seed,
+                          time_limit_s=time_limit_s or 30.0, replace_batch=replace, lr_scale=lr_scale,
+                          scratch=(self.run.scratch / f"rerun-{_count()}") if self.run.scratch else None)
+        return run_script(self.script, self.run.args, opts)
+
+    # -- what was observed ------------------------------------------------------------------------
+    def observed(self) -> dict[str, Any]:
+        from nnwizard.script_view import observed
+        return observed(self)
+
+
+class _NoLoss:
+    def __call__(self, *args, **kwargs):
+        raise NotCapturable("no loss call was recorded")
+
+
+class _PairList(torch.utils.data.Dataset):
+    def __init__(self, pairs):
+        self.pairs = pairs
+
+    def __len__(self):
+        return len(self.pairs)
+
+    def __getitem__(self, i):
+        return self.pairs[i]
+
+
+class _SameBatch:
+    """replace_batch for the recorder: every DataLoader batch becomes the first one (overfit one batch
+    through the user's own code path, reshaping included)."""
+
+    def __init__(self):
+        self.first = None
+
+    def __call__(self, batch, index):
+        if self.first is None:
+            self.first = batch
+        return self.first
+
+
+_RERUNS = [0]
+
+
+def _count() -> int:
+    _RERUNS[0] += 1
+    return _RERUNS[0]
+
+
+def load_script_target(spec: str, args: list[str], options: RunOptions, device: str = "auto") -> ScriptTarget:
+    from nnwizard.script_run import load_script
+
+    script = load_script(spec)
+    result = run_script(script, args, options)
+    return ScriptTarget(result)
+
+
+def script_files(target) -> list[Path]:
+    return [target.script.path] if getattr(target, "script", None) and target.script.path else []

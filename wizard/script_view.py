@@ -1,0 +1,153 @@
+"""What was observed in a script run, as plain data (the JSON report's ``script`` section) and as
+terminal / markdown blocks: models and parameter counts, optimizers and their groups, the steps run
+and why the run ended, a compact per-step trace, the files the script wrote, its last printed lines."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+TRACE_ROWS = 12
+OUTPUT_TAIL = 12
+
+
+def _num(v: float | None) -> Any:
+    if v is None:
+        return None
+    return v if math.isfinite(v) else str(v)
+
+
+def observed(target) -> dict[str, Any]:
+    run, rec = target.run, target.recording
+    models = [{"name": m.name, "params": m.params, "trainable": m.trainable, "forwards": m.forwards,
+               "mode_layers": m.mode_layers} for m in rec.models]
+    optimizers = [{"name": o.name, "steps": o.steps, "models": [rec.models[i].name for i in o.models],
+                   "groups": [{"lr": g["lr"], "tensors": g["tensors"], "values": g["values"]} for g in o.groups]}
+                  for o in rec.optimizers]
+    steps = rec.steps
+    chosen = steps if len(steps) <= TRACE_ROWS else steps[: TRACE_ROWS - 3] + steps[-3:]
+    trace = [{"step": s.step, "epoch": s.epoch, "batch": s.batch, "loss": _num(s.loss), "grad_norm": _num(s.grad_norm),
+              "lr": s.lrs[0] if s.lrs else None, "zero_grad": s.zero_grad, "backwards": s.backwards,
+              "training": all(s.training.values()) if s.training else None} for s in chosen]
+    evals = sum(1 for c in rec.loss_calls if c.eval)
+    note = script_problem(target)
+    return {
+        "script": str(run.script.path), "args": run.args, "exit": run.exit, "exit_code": run.exit_code,
+        "seconds": run.seconds, "stopped": rec.stopped, "steps": len(steps), "backwards": rec.backwards,
+        "models": models, "optimizers": optimizers,
+        "schedulers": [{"name": s["name"], "steps": s["steps"]} for s in rec.schedulers],
+        "loaders": [{"batch_size": l.batch_size, "batches": l.length, "dataset": l.dataset_len, "shuffle": l.shuffle,
+                     "iterations": l.iterations} for l in rec.loaders],
+        "loss": (f"{target.loss_call.fn} (input {target.loss_call.input_shape} {target.loss_call.input_dtype}, target "
+                 f"{target.loss_call.target_shape} {target.loss_call.target_dtype})") if target.loss_call else None,
+        "eval_loss_calls": evals, "measured_step_s": target.measured_step_s,
+        "error": ({"type": rec.error.type, "message": rec.error.message, "where": rec.error.where, "step": rec.error.step}
+                  if rec.error else None),
+        "capture": target.capture_problem or "ok",
+        "trace": trace, "written": [{"path": a, "saved_as": b} for a, b in run.written],
+        "scratch": str(run.scratch) if run.scratch else None,
+        "output_tail": run.output[-OUTPUT_TAIL:], "warnings": run.warnings, "note": note,
+    }
+
+
+def script_problem(target) -> str | None:
+    """One sentence when the run gives nothing to diagnose (then the verdict is inconclusive)."""
+    rec, run = target.recording, target.run
+    if rec.error is not None:
+        return None
+    if not rec.models:
+        how = {"finished": "ran to its end", "exited": f"exited with code {run.exit_code}", "stopped": "was stopped"}.get(run.exit, run.exit)
+        return (f"The script {how} in {run.seconds:.1f} s without ever calling a torch.nn.Module, so there is no "
+                f"training to diagnose (does it need arguments after `--`, or a `if __name__ == '__main__'` entry?).")
+    if not rec.steps and not rec.backwards and not any(c.grad_enabled for c in rec.loss_calls):
+        return (f"The script called {', '.join(sorted({m.name for m in rec.models}))} but never computed a loss in grad "
+                f"mode, called backward() or took an optimizer step, so there is no training to diagnose.")
+    return None
+
+
+def _models_line(obs: dict) -> str:
+    return "; ".join(f"{m['name']} ({m['params']:,} parameters, {m['trainable']:,} trainable, {m['forwards']} forwards)"
+                     for m in obs["models"]) or "none"
+
+
+def _optimizers_line(obs: dict) -> str:
+    parts = []
+    for o in obs["optimizers"]:
+        groups = ", ".join(f"lr {g['lr']:.3g} over {g['tensors']} tensors" for g in o["groups"])
+        parts.append(f"{o['name']} ({len(o['groups'])} group(s): {groups}; {o['steps']} steps)")
+    return "; ".join(parts) or "none"
+
+
+def _ended(obs: dict) -> str:
+    if obs["error"]:
+        e = obs["error"]
+        return f"raised {e['type']} at {e['where'] or '?'} after {e['step']} steps"
+    if obs["stopped"]:
+        return f"stopped by nnwizard: {obs['stopped']}"
+    return {"finished": "ran to its end", "exited": f"exited with code {obs['exit_code']}"}.get(obs["exit"], obs["exit"])
+
+
+def print_observed(console, obs: dict) -> None:
+    from rich.table import Table
+
+    c = console
+    c.print(f"\n[bold cyan]▶ Observed run of {obs['script']}[/] [dim]({obs['seconds']:.1f} s, {_ended(obs)})[/]",
+            highlight=False)
+    c.print(f"  models: {_models_line(obs)}", highlight=False)
+    c.print(f"  optimizers: {_optimizers_line(obs)}", highlight=False)
+    if obs["schedulers"]:
+        c.print("  schedulers: " + ", ".join(f"{s['name']} ({s['steps']} steps)" for s in obs["schedulers"]), highlight=False)
+    c.print(f"  loss: {obs['loss'] or 'no loss call recorded'}; {obs['steps']} optimizer steps, {obs['backwards']} "
+            f"backward calls, {obs['eval_loss_calls']} evaluation loss calls", highlight=False)
+    if obs["trace"]:
+        table = Table("step", "epoch.batch", "loss", "grad norm", "lr", "zero_grad", "bwd", "mode", box=None, padding=(0, 1))
+        for s in obs["trace"]:
+            table.add_row(str(s["step"]), f"{s['epoch']}.{s['batch']}" if s["batch"] >= 0 else "-", _short(s["loss"]),
+                          _short(s["grad_norm"]), _short(s["lr"]), "yes" if s["zero_grad"] else "no", str(s["backwards"]),
+                          "-" if s["training"] is None else ("train" if s["training"] else "eval"))
+        c.print(table)
+    if obs["written"]:
+        c.print(f"  the script wrote {len(obs['written'])} file(s), kept in {obs['scratch']}: "
+                + ", ".join(w["path"] for w in obs["written"][:6]), highlight=False)
+    if obs["output_tail"]:
+        c.print("  [dim]last lines it printed:[/]")
+        for line in obs["output_tail"][-6:]:
+            c.print(f"  [dim]│ {line}[/]", highlight=False, markup=False)
+    if obs["note"]:
+        c.print(f"[bold yellow]{obs['note']}[/]", highlight=False)
+
+
+def _short(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, str):
+        return v
+    return f"{v:.4g}"
+
+
+def markdown_lines(obs: dict) -> list[str]:
+    from nnwizard.markdown import _table
+
+    out = ["## What the script did (observed)", ""]
+    if obs["note"]:
+        out += [f"> {obs['note']}", ""]
+    out += [f"- Script: `{obs['script']}` {' '.join(obs['args'])} ({obs['seconds']:.1f} s; {_ended(obs)})",
+            f"- Models: {_models_line(obs)}", f"- Optimizers: {_optimizers_line(obs)}"]
+    if obs["schedulers"]:
+        out.append("- Schedulers: " + ", ".join(f"{s['name']} ({s['steps']} steps)" for s in obs["schedulers"]))
+    out += [f"- Loss: {obs['loss'] or 'no loss call recorded'}", f"- {obs['steps']} optimizer steps, {obs['backwards']} "
+            f"backward calls, {obs['eval_loss_calls']} evaluation loss calls; measured step time "
+            f"{_short(obs['measured_step_s'])} s", ""]
+    if obs["trace"]:
+        out += ["### Per-step trace", ""]
+        out += _table(["step", "epoch.batch", "loss", "grad norm", "lr", "zero_grad", "backward", "mode"],
+                      [[s["step"], f"{s['epoch']}.{s['batch']}" if s["batch"] >= 0 else "-", _short(s["loss"]),
+                        _short(s["grad_norm"]), _short(s["lr"]), "yes" if s["zero_grad"] else "no", s["backwards"],
+                        "-" if s["training"] is None else ("train" if s["training"] else "eval")] for s in obs["trace"]])
+        out.append("")
+    if obs["written"]:
+        out += ["### Files the script wrote (kept out of your folders)", ""]
+        out += _table(["path the script used", "saved as"], [[w["path"], w["saved_as"]] for w in obs["written"]]) + [""]
+    if obs["output_tail"]:
+        out += ["### The script's last printed lines", "", "```", *obs["output_tail"], "```", ""]
+    return out
