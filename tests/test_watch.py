@@ -169,3 +169,11 @@ def test_replay_calls_an_extreme_batch_a_bad_batch(tmp_path):
     batch = next(p for p in data["probes"] if p["id"] == "replay-batch")
     assert batch["outcome"] == "extreme" and batch["data"]["rows"] == [4]
     assert data["hypotheses"][0]["id"] == "bad-batch"
+
+
+def test_curve_reads_the_watch_log(tmp_path):
+    from nnwizard.curve_cmd import analyse
+
+    _loop(tmp_path / "w", bad_step=70, steps=100, every=5)
+    curves, shape = analyse(tmp_path / "w" / "watch.jsonl")
+    assert shape.shape == "diverged" and shape.step == 70

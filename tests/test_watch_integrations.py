@@ -83,3 +83,20 @@ def test_hf_script_watched_without_code_change(monkeypatch, tmp_path):
     assert code == 0 and _bundles(tmp_path / "w") == []
     lines = [json.loads(l) for l in (tmp_path / "w" / "watch.jsonl").read_text().splitlines()]
     assert [l["step"] for l in lines] == [1, 5, 10]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script,lib", [("lightning_train.py", "lightning"), ("hf_train.py", "transformers")])
+def test_diagnose_script_observes_the_trainers_steps(script, lib, monkeypatch, tmp_path):
+    """`nnwizard diagnose --script` on Trainer.fit / Trainer.train: the recorder sees the optimizer steps."""
+    pytest.importorskip(lib)
+    from nnwizard.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_:
+        main(["diagnose", "--script", str(WATCH / script), "--non-interactive", "--json", str(tmp_path / "r.json"), "-q"])
+    assert exit_.value.code == 0
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["mode"] == "script" and report["verdict"] != "inconclusive"
+    observed = report.get("observed") or report.get("script") or {}
+    assert observed["steps"] >= 10 and observed["exit"] in ("finished", "stopped")

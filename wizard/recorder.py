@@ -809,7 +809,13 @@ class Recorder:
             step.grads_nonfinite = not math.isfinite(total)
         else:
             step.grad_norm = 0.0
-        calls = [c for c in self.recording.loss_calls if c.step == self.steps_taken and c.grad_enabled]
+        calls = []  # this step's loss calls sit at the end of the list: scan back (O(1) per step, not O(steps))
+        for c in reversed(self.recording.loss_calls):
+            if c.step != self.steps_taken:
+                break
+            if c.grad_enabled:
+                calls.append(c)
+        calls.reverse()
         step.loss_calls = len(calls)
         values = [c.value for c in calls if c.value is not None]
         step.loss_call_mean = sum(values) / len(values) if values else None

@@ -374,10 +374,11 @@ class Watch:
         self._checked.add(id(optimizer))
         step_rec = self._pending.get(id(optimizer))
         self.steps = int(getattr(step_rec, "step", self.steps + 1))
-        grads = [p.grad.detach() for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
         if closure_result is not None or step_rec is None or step_rec.grad_norm is None:  # after a closure: recount
+            grads = [p.grad.detach() for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
             norm = float(torch.linalg.vector_norm(torch.stack([n.float() for n in torch._foreach_norm(grads)]))) if grads else 0.0
-        else:
+        else:  # the recorder measured it already (one _foreach_norm per step, not two)
+            grads = step_rec.grads_total > step_rec.grads_none
             norm = float(step_rec.grad_norm)
         loss = getattr(step_rec, "loss", None)
         if isinstance(closure_result, torch.Tensor) and closure_result.numel() == 1:
