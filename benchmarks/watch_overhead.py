@@ -5,8 +5,9 @@ and how many steps a replay re-executes to localise the bundled examples' anomal
 
     python benchmarks/watch_overhead.py [--steps 300] [--repeats 5] [--every 10] [--markdown]
 
-Plain and watched runs alternate (``--repeats`` rounds each) on fresh copies of the same model and
-batches, and the median step time of each is compared, so a machine busy with other work slows both.
+Plain, bare-recorder and watched blocks of ``--steps`` steps alternate (``--repeats`` rounds), each
+mode on its own copy of the model, and the median step times are compared, so a machine busy with
+other work slows all three alike.
 Step time is wall time of forward, loss, backward and optimizer.step on CPU, batches prepared ahead.
 """
 
@@ -53,27 +54,38 @@ def _loop(model, optimizer, batches, loss_fn) -> list[float]:
 
 
 def measure(name: str, steps: int, repeats: int, every: int) -> dict:
+    """Median step time plain, under the bare recorder (light mode) and under watch, in alternating
+    blocks of ``steps`` steps (``repeats`` rounds), each on its own copy of the model."""
     import nnwizard
+    from nnwizard.recorder import Recorder
 
     torch.manual_seed(0)
     base, features, batch = MODELS[name]()
     params = sum(p.numel() for p in base.parameters())
     batches = [(torch.randn(batch, features), torch.randint(0, 10, (batch,))) for _ in range(steps)]
     loss_fn = nn.CrossEntropyLoss()
-    plain, watched = [], []
-    for r in range(repeats):
-        for mode in ("plain", "watch"):
-            model = copy.deepcopy(base)
-            optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
-            _loop(model, optimizer, batches[:5], loss_fn)  # warm-up
+    runs = {}
+    for mode in ("plain", "recorder", "watch"):
+        model = copy.deepcopy(base)
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+        _loop(model, optimizer, batches[:3], loss_fn)  # warm-up
+        runs[mode] = (model, optimizer)
+    times: dict[str, list[float]] = {m: [] for m in runs}
+    for _ in range(repeats):
+        for mode, (model, optimizer) in runs.items():
             if mode == "plain":
-                plain += _loop(model, optimizer, batches, loss_fn)[5:]
+                times[mode] += _loop(model, optimizer, batches, loss_fn)
+            elif mode == "recorder":
+                with Recorder("light"):
+                    times[mode] += _loop(model, optimizer, batches, loss_fn)
             else:
                 with tempfile.TemporaryDirectory() as out, \
                         nnwizard.watch(model, optimizer, out=out, every=every, tensorboard=False, quiet=True):
-                    watched += _loop(model, optimizer, batches, loss_fn)[5:]
-    p, w = statistics.median(plain), statistics.median(watched)
-    return {"model": name, "params": params, "plain_ms": p * 1e3, "watch_ms": w * 1e3, "ratio": w / p}
+                    times[mode] += _loop(model, optimizer, batches, loss_fn)
+    med = {m: statistics.median(t) for m, t in times.items()}
+    return {"model": name, "params": params, "plain_ms": med["plain"] * 1e3, "recorder_ms": med["recorder"] * 1e3,
+            "watch_ms": med["watch"] * 1e3, "recorder_ratio": med["recorder"] / med["plain"],
+            "ratio": med["watch"] / med["plain"], "steps": len(times["plain"])}
 
 
 def bundle_time(repeats: int = 3) -> dict:
@@ -143,20 +155,21 @@ def replay_steps() -> list[dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=50, help="steps per block")
+    parser.add_argument("--repeats", type=int, default=20, help="alternating rounds of blocks")
     parser.add_argument("--every", type=int, default=10)
     parser.add_argument("--markdown", action="store_true", help="print the README tables")
     args = parser.parse_args()
     torch.set_num_threads(min(2, torch.get_num_threads()))
-    results = [measure(name, args.steps if name == "small MLP" else max(args.steps // 3, 30), args.repeats, args.every)
+    results = [measure(name, args.steps if name == "small MLP" else max(args.steps // 5, 10), args.repeats, args.every)
                for name in MODELS]
     bundle = bundle_time()
     replays = replay_steps()
     if args.markdown:
-        print("| model | parameters | plain step | watched step | overhead |\n|---|---|---|---|---|")
+        print("| model | parameters | plain step | recorder alone (light) | watched step | watch overhead |\n|---|---|---|---|---|---|")
         for r in results:
-            print(f"| {r['model']} | {r['params'] / 1e6:.2f}M | {r['plain_ms']:.3f} ms | {r['watch_ms']:.3f} ms | {r['ratio']:.3f}x |")
+            print(f"| {r['model']} | {r['params'] / 1e6:.2f}M | {r['plain_ms']:.3f} ms | {r['recorder_ms']:.3f} ms "
+                  f"({r['recorder_ratio']:.3f}x) | {r['watch_ms']:.3f} ms | {r['ratio']:.3f}x |")
         print(f"\nBundle of the ~10M model ({bundle['bundle_mb']:.0f} MB) saved inside its step in {bundle['bundle_s']:.2f} s.\n")
         print("| example | caught at | trigger | replay's top hypothesis | steps re-executed to localise | replay wall |\n|---|---|---|---|---|---|")
         for r in replays:

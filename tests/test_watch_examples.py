@@ -54,3 +54,35 @@ def test_warmup_mistake_caught_and_blamed_on_the_lr(monkeypatch, tmp_path):
     data = report_dict(*replay(bundles[0]))
     assert data["hypotheses"][0]["id"] == "lr-too-high" and data["verdict"] == "problems-found"
     assert not any(h["id"] in ("nan-in-inputs", "bad-batch") and h["confidence"] >= 0.5 for h in data["hypotheses"])
+
+
+@pytest.mark.slow
+def test_cli_watch_stop_then_replay(tmp_path):
+    """The real commands: `nnwizard watch --script ... --on-anomaly stop`, then `nnwizard replay`."""
+    import subprocess
+
+    watch = subprocess.run([sys.executable, "-m", "nnwizard", "watch", "--script", str(WATCH / "bad_batch.py"),
+                            "--out", str(tmp_path / "w"), "--on-anomaly", "stop"],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert watch.returncode == 1, watch.stderr
+    assert "replay bundle: " in watch.stderr and "stopped at step 301" in watch.stderr
+    assert "step 400" not in watch.stdout  # the run ended at the anomaly
+    bundle = tmp_path / "w" / "anomaly-step301"
+    replayed = subprocess.run([sys.executable, "-m", "nnwizard", "replay", str(bundle), "--json", str(tmp_path / "r.json"),
+                               "--report", str(tmp_path / "r.md"), "-q"], cwd=tmp_path, capture_output=True, text=True,
+                              timeout=300)
+    assert replayed.returncode == 0, replayed.stderr
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["mode"] == "replay" and data["step"] == 301 and data["hypotheses"][0]["id"] == "nan-in-inputs"
+    assert "Localised:" in (tmp_path / "r.md").read_text() and "bad_batch.py:" in (tmp_path / "r.md").read_text()
+
+
+def test_replay_of_a_missing_folder_is_a_usage_error(tmp_path):
+    from nnwizard.errors import UsageError
+    from nnwizard.replay import load_replay_target
+
+    with pytest.raises(UsageError):
+        load_replay_target(tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UsageError):
+        load_replay_target(tmp_path / "empty")
