@@ -177,3 +177,20 @@ def test_curve_reads_the_watch_log(tmp_path):
     _loop(tmp_path / "w", bad_step=70, steps=100, every=5)
     curves, shape = analyse(tmp_path / "w" / "watch.jsonl")
     assert shape.shape == "diverged" and shape.step == 70
+
+
+def test_tensorboard_scalars_when_installed(tmp_path):
+    pytest.importorskip("tensorboard")
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), 0.1)
+    with nnwizard.watch(model, opt, out=tmp_path / "w", every=2, tensorboard=True, quiet=True):
+        for _ in range(6):
+            loss = nn.functional.cross_entropy(model(torch.randn(8, 8)), torch.randint(0, 3, (8,)))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    from nnwizard.curves import read_log
+
+    curves = read_log(tmp_path / "w" / "tensorboard")
+    assert len(curves.train) == 4  # steps 1, 2, 4, 6
