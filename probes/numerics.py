@@ -35,8 +35,16 @@ MIN_BISECT = 10
 NEAR_ZERO = 1e-6
 
 
+def _first_bad(t):
+    """The first floating tensor holding NaN/Inf in ``t`` (a tensor, or nested lists/tuples/dicts of them)."""
+    if isinstance(t, torch.Tensor):
+        return t if t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all()) else None
+    items = t.values() if isinstance(t, dict) else t if isinstance(t, (list, tuple)) else ()
+    return next((b for b in (_first_bad(x) for x in items) if b is not None), None)
+
+
 def _finite(t) -> bool:
-    return not (isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all()))
+    return _first_bad(t) is None
 
 
 def _grad_norm(model) -> float | None:
@@ -260,7 +268,7 @@ def nan_bisect(ctx: ProbeContext):
     inputs, targets_ = batches[bad % len(batches)][0], batches[bad % len(batches)][1]
     if not _finite(inputs) or not _finite(targets_):
         which = "inputs" if not _finite(inputs) else "targets"
-        t = inputs if which == "inputs" else targets_
+        t = _first_bad(inputs if which == "inputs" else targets_)
         rows = torch.nonzero((~torch.isfinite(t)).reshape(len(t), -1).any(1)).flatten().tolist()
         data.update(phase="inputs", tensor=which, rows=rows[:8], bad_values=int((~torch.isfinite(t)).sum()), replays=0)
         return failed("inputs", f"step {bad}: the batch's {which} already hold {data['bad_values']} NaN/Inf values "

@@ -160,6 +160,35 @@ def curve(
     raise typer.Exit(run(file, json_path, report_path, reference))
 
 
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def watch(
+    ctx: typer.Context,
+    script: str = typer.Option(..., "--script", help="The training script (path or dotted module), run as python would."),
+    out: Path = typer.Option(Path("nnwizard-watch"), "--out", help="Folder for watch.jsonl and the replay bundles."),
+    on_anomaly: str = typer.Option("continue", "--on-anomaly", help="continue (default) or stop at the first anomaly."),
+    every: int = typer.Option(10, "--every", help="Steps between JSON lines (the triggers check every step)."),
+) -> None:
+    """Watch the real run: log per-step health to DIR/watch.jsonl, save a replay bundle at each anomaly."""
+    from nnwizard.watch_cmd import run
+
+    raise typer.Exit(run(script, list(ctx.args), out, on_anomaly, every))
+
+
+@app.command()
+def replay(
+    bundle: Path = typer.Argument(..., help="A bundle folder saved by watch: DIR/anomaly-step<N>."),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the JSON report here."),
+    report_path: Optional[Path] = typer.Option(None, "--report", help="Write the markdown report here."),
+    device: str = typer.Option("cpu", "--device", help="cpu, cuda or auto."),
+    seed: int = typer.Option(0, "--seed", help="Seed for the probes."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Only the final table."),
+) -> None:
+    """Diagnose exactly the step a watch bundle saved: the op and line, the batch, lr/10 and clipping."""
+    from nnwizard.replay import run
+
+    raise typer.Exit(run(bundle, json_path, report_path, device, seed, quiet))
+
+
 @probes_app.command("list")
 def probes_list() -> None:
     """Every registered probe with its outcomes."""

@@ -40,8 +40,8 @@ def render(artifact, folder: Path, prefix: str) -> Path | None:
                 ax.axvline(x, color="red", linestyle="--", linewidth=1)
                 ax.annotate(label, (x, 1), xycoords=("data", "axes fraction"), fontsize=8, color="red",
                             va="top", ha="left")
-            if artifact.logy:
-                ax.set_yscale("log")
+            if artifact.logy and any(v > 0 for vs in artifact.series.values() for v in _finite(vs)):
+                ax.set_yscale("log")  # (a log axis with nothing positive to show makes matplotlib raise)
             if artifact.logx:
                 ax.set_xscale("log")
             ax.set_xlabel(artifact.xlabel)
@@ -51,7 +51,7 @@ def render(artifact, folder: Path, prefix: str) -> Path | None:
             ax.bar(range(len(artifact.values)), _finite(artifact.values))
             ax.set_xticks(range(len(artifact.labels)))
             ax.set_xticklabels(artifact.labels, rotation=45, ha="right", fontsize=7)
-            if artifact.logy:
+            if artifact.logy and any(v > 0 for v in _finite(artifact.values)):
                 ax.set_yscale("log")
         ax.set_ylabel(artifact.ylabel)
         ax.grid(alpha=0.3)

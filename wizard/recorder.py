@@ -34,6 +34,8 @@ recorder first:
 - ``on_batch(rec, batch, index)``            a DataLoader yielded ``batch`` (index within the epoch)
 - ``on_forward(rec, model_info, args)``      a top-level model forward is about to run
 - ``on_loss(rec, loss_call)``                a torch.nn.functional loss was called (a LossCall)
+- ``on_loss_args(rec, loss_call, args, kwargs, value)``  the same call's live arguments and result
+                                             (watch keeps them to re-execute the step)
 - ``on_backward(rec, loss_tensor)``          before ``loss.backward()`` runs
 - ``on_step_pre(rec, optimizer, step)``      before ``optimizer.step()``; ``step`` is the StepRecord
                                              being filled (gradients as the optimizer will see them)
@@ -717,6 +719,7 @@ class Recorder:
         if call.node is not None or not self.full:
             self._pending_losses.append(call)
         self._notify("on_loss", call)
+        self._notify("on_loss_args", call, args, kwargs, value)  # watch: the live tensors (added by watch)
 
     # -- backward ---------------------------------------------------------------------------------
     def _before_backward(self, tensors) -> None:

@@ -358,6 +358,7 @@ def user_source_files(target: Target) -> list[Path]:
             path = Path(inspect.getsourcefile(fn)) if fn else None
         except TypeError:
             path = None
-        if path and path not in files:
-            files.append(path)
+        if path and path not in files and Path(__file__).resolve().parent not in path.resolve().parents:
+            files.append(path)  # (a replayed step's own train_step lives in nnwizard, not in the user's files)
+    files += [p for p in getattr(target, "extra_sources", []) if p not in files]  # e.g. a replayed model's own file
     return files

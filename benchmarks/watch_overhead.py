@@ -1,0 +1,182 @@
+"""Cost of watch mode: per-step time of a plain training loop against the same loop inside
+``nnwizard.watch`` (recorder in light mode, triggers every step, a JSON line every ``--every``
+steps), for a small MLP and a ~10M-parameter MLP; the time to save a replay bundle inside the step;
+and how many steps a replay re-executes to localise the bundled examples' anomalies.
+
+    python benchmarks/watch_overhead.py [--steps 300] [--repeats 5] [--every 10] [--markdown]
+
+Plain, bare-recorder and watched blocks of ``--steps`` steps alternate (``--repeats`` rounds), each
+mode on its own copy of the model, and the median step times are compared, so a machine busy with
+other work slows all three alike.
+Step time is wall time of forward, loss, backward and optimizer.step on CPU, batches prepared ahead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def small_mlp():
+    return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10)), 32, 64
+
+
+def mlp_10m():
+    return nn.Sequential(nn.Linear(1024, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 1024),
+                         nn.ReLU(), nn.Linear(1024, 10)), 1024, 64
+
+
+MODELS = {"small MLP": small_mlp, "~10M-param MLP": mlp_10m}
+
+
+def _loop(model, optimizer, batches, loss_fn) -> list[float]:
+    times = []
+    for x, y in batches:
+        t0 = time.perf_counter()
+        loss = loss_fn(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def measure(name: str, steps: int, repeats: int, every: int) -> dict:
+    """Median step time plain, under the bare recorder (light mode) and under watch, in alternating
+    blocks of ``steps`` steps (``repeats`` rounds), each on its own copy of the model."""
+    import nnwizard
+    from nnwizard.recorder import Recorder
+
+    torch.manual_seed(0)
+    base, features, batch = MODELS[name]()
+    params = sum(p.numel() for p in base.parameters())
+    batches = [(torch.randn(batch, features), torch.randint(0, 10, (batch,))) for _ in range(steps)]
+    loss_fn = nn.CrossEntropyLoss()
+    runs = {}
+    for mode in ("plain", "recorder", "watch"):
+        model = copy.deepcopy(base)
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+        _loop(model, optimizer, batches[:3], loss_fn)  # warm-up
+        runs[mode] = (model, optimizer)
+    times: dict[str, list[float]] = {m: [] for m in runs}
+    for _ in range(repeats):
+        for mode, (model, optimizer) in runs.items():
+            if mode == "plain":
+                times[mode] += _loop(model, optimizer, batches, loss_fn)
+            elif mode == "recorder":
+                with Recorder("light"):
+                    times[mode] += _loop(model, optimizer, batches, loss_fn)
+            else:
+                with tempfile.TemporaryDirectory() as out, \
+                        nnwizard.watch(model, optimizer, out=out, every=every, tensorboard=False, quiet=True):
+                    times[mode] += _loop(model, optimizer, batches, loss_fn)
+    med = {m: statistics.median(t) for m, t in times.items()}
+    return {"model": name, "params": params, "plain_ms": med["plain"] * 1e3, "recorder_ms": med["recorder"] * 1e3,
+            "watch_ms": med["watch"] * 1e3, "recorder_ratio": med["recorder"] / med["plain"],
+            "ratio": med["watch"] / med["plain"], "steps": len(times["plain"])}
+
+
+def bundle_time(repeats: int = 3) -> dict:
+    """Seconds to save a bundle of the ~10M model inside its step (a forced trigger at step 10)."""
+    import nnwizard
+    from nnwizard import anomaly
+
+    real = anomaly.Detector.check
+
+    def check(self, step, loss, grad_norm):
+        return real(self, step, loss, grad_norm) or (anomaly.Anomaly("loss-spike", step, "forced", loss, grad_norm)
+                                                      if step == 10 else None)
+
+    anomaly.Detector.check = check
+    seconds, size = [], 0
+    try:
+        for _ in range(repeats):
+            torch.manual_seed(0)
+            model, features, batch = mlp_10m()
+            optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+            batches = [(torch.randn(batch, features), torch.randint(0, 10, (batch,))) for _ in range(12)]
+            with tempfile.TemporaryDirectory() as out:
+                with nnwizard.watch(model, optimizer, out=out, tensorboard=False, quiet=True) as w:
+                    _loop(model, optimizer, batches, nn.CrossEntropyLoss())
+                line = next(json.loads(l) for l in (Path(out) / "watch.jsonl").read_text().splitlines()
+                            if json.loads(l).get("bundle"))
+                seconds.append(line["bundle_s"])
+                size = sum(f.stat().st_size for f in w.bundles[0].iterdir())
+    finally:
+        anomaly.Detector.check = real
+    return {"bundle_s": statistics.median(seconds), "bundle_mb": size / 2**20}
+
+
+def replay_steps() -> list[dict]:
+    """Steps re-executed by the replays of the bundled examples' first anomalies."""
+    import runpy
+
+    from nnwizard.replay import replay, report_dict
+    from nnwizard.watch_cmd import run
+
+    rows = []
+    for script, args in (("bad_batch.py", []), ("warmup.py", ["--steps", "460"])):
+        with tempfile.TemporaryDirectory() as out:
+            saved = sys.argv
+            try:
+                if script == "warmup.py":
+                    sys.argv = [script, *args, "--watch", out]
+                    runpy.run_path(str(ROOT / "examples" / "watch" / script), run_name="__main__")
+                else:
+                    run(str(ROOT / "examples" / "watch" / script), args, Path(out), "continue", 10, tensorboard=False)
+            finally:
+                sys.argv = saved
+            first = sorted(Path(out).glob("anomaly-step*"), key=lambda p: int(p.name[12:]))[0]
+            started = time.perf_counter()
+            diagnosis, target = replay(first)
+            data = report_dict(diagnosis, target)
+            seconds = time.perf_counter() - started
+            bisect = next(r for r in diagnosis.results if r.id == "nan-bisect")
+            loc = data["localised"] or {}
+            localise = bisect.data.get("steps_run", 0) + bisect.data.get("replays", 0) if loc.get("probe") == "nan-bisect" \
+                else loc.get("replays", 0)
+            rows.append({"example": script, "step": data["step"], "trigger": data["trigger"],
+                         "top": data["hypotheses"][0]["id"] if data["hypotheses"] else "-",
+                         "localise_steps": localise, "replay_s": seconds, "localised": loc.get("text", "-")})
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=50, help="steps per block")
+    parser.add_argument("--repeats", type=int, default=20, help="alternating rounds of blocks")
+    parser.add_argument("--every", type=int, default=10)
+    parser.add_argument("--markdown", action="store_true", help="print the README tables")
+    args = parser.parse_args()
+    torch.set_num_threads(min(2, torch.get_num_threads()))
+    results = [measure(name, args.steps if name == "small MLP" else max(args.steps // 5, 10), args.repeats, args.every)
+               for name in MODELS]
+    bundle = bundle_time()
+    replays = replay_steps()
+    if args.markdown:
+        print("| model | parameters | plain step | recorder alone (light) | watched step | watch overhead |\n|---|---|---|---|---|---|")
+        for r in results:
+            print(f"| {r['model']} | {r['params'] / 1e6:.2f}M | {r['plain_ms']:.3f} ms | {r['recorder_ms']:.3f} ms "
+                  f"({r['recorder_ratio']:.3f}x) | {r['watch_ms']:.3f} ms | {r['ratio']:.3f}x |")
+        print(f"\nBundle of the ~10M model ({bundle['bundle_mb']:.0f} MB) saved inside its step in {bundle['bundle_s']:.2f} s.\n")
+        print("| example | caught at | trigger | replay's top hypothesis | steps re-executed to localise | replay wall |\n|---|---|---|---|---|---|")
+        for r in replays:
+            print(f"| {r['example']} | step {r['step']} | {r['trigger']} | {r['top']} | {r['localise_steps']} | {r['replay_s']:.1f} s |")
+    else:
+        print(json.dumps({"overhead": results, "bundle": bundle, "replays": replays}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,196 @@
+"""Watch mode: the anomaly triggers, the context manager, bundles, and replay of a bundle's step."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pytest
+import torch
+from torch import nn
+
+import nnwizard
+from nnwizard.anomaly import Detector, Triggers
+
+
+# ------------------------------------------------------------------------------------ triggers
+def _feed(values, norms=None):
+    d = Detector(Triggers())
+    norms = norms or [1.0] * len(values)
+    return [a for a in (d.check(i + 1, v, g) for i, (v, g) in enumerate(zip(values, norms))) if a]
+
+
+def _noisy_descent(n, seed=0, floor=0.0):
+    rnd = random.Random(seed)
+    return [floor + 2.3 * math.exp(-i / 60) * (1 + 0.3 * rnd.random()) + 0.05 * rnd.random() for i in range(n)]
+
+
+def test_healthy_noisy_descent_is_quiet():
+    assert _feed(_noisy_descent(600)) == []
+
+
+def test_converged_run_with_a_hard_batch_is_quiet():
+    losses = [2.3, 1.5, 0.9, 0.5, 0.3] + [1e-3 * (1 + random.Random(i).random()) for i in range(300)]
+    losses[250] = 0.014  # 14x the recent range, but far below the run's own scale
+    norms = [1.0] * 5 + [0.005] * 300
+    norms[250] = 0.2
+    assert _feed(losses, norms) == []
+
+
+def test_nonfinite_fires_once_at_its_step():
+    losses = _noisy_descent(100) + [math.nan] * 5
+    found = _feed(losses)
+    assert [(a.kind, a.step) for a in found] == [("nonfinite", 101)]
+
+
+def test_loss_spike_fires():
+    losses = _noisy_descent(300)
+    losses[200] = 5.0
+    found = _feed(losses)
+    assert [(a.kind, a.step) for a in found] == [("loss-spike", 201)]
+
+
+def test_gradient_explosion_fires():
+    norms = [1.0 + 0.1 * (i % 3) for i in range(200)]
+    norms[150] = 80.0
+    found = _feed(_noisy_descent(200), norms)
+    assert [(a.kind, a.step) for a in found] == [("grad-explosion", 151)]
+
+
+def test_stalled_loss_fires():
+    losses = _noisy_descent(50) + [0.693147] * 150
+    found = _feed(losses)
+    assert [a.kind for a in found] == ["stalled"]
+
+
+# ----------------------------------------------------------------------- the context manager
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(8, 16), nn.Linear(16, 3)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def _loop(out, bad_step=None, steps=120, on_anomaly="continue", every=10, value=float("nan")):
+    torch.manual_seed(0)
+    model, crit = Net(), nn.CrossEntropyLoss()
+    opt = torch.optim.Adam(model.parameters(), 1e-2)
+    X = torch.randn(1200, 8)
+    Y = (X[:, 0] > 0).long() + (X[:, 1] > 0).long()
+    done = 0
+    with nnwizard.watch(model, opt, out=out, on_anomaly=on_anomaly, every=every, tensorboard=False, quiet=True) as w:
+        for i in range(steps):
+            x, y = X[i * 10:(i + 1) * 10].clone(), Y[i * 10:(i + 1) * 10]
+            if bad_step is not None and i + 1 == bad_step:
+                x[4, 0] = value
+            loss = crit(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            done += 1
+    return w, done, model
+
+
+def test_watch_logs_healthy_run_without_bundles(tmp_path):
+    w, done, _ = _loop(tmp_path / "w")
+    assert done == 120 and w.bundles == [] and w.anomalies == []
+    lines = [json.loads(l) for l in (tmp_path / "w" / "watch.jsonl").read_text().splitlines()]
+    assert [l["step"] for l in lines][:3] == [1, 10, 20]
+    for key in ("step", "loss", "grad_norm", "lr", "top_grads", "update_ratio", "nonfinite"):
+        assert key in lines[-1]
+    assert math.isfinite(lines[-1]["loss"]) and lines[-1]["update_ratio"] > 0
+
+
+def test_watch_saves_bundle_at_first_nan_step_and_continues(tmp_path):
+    w, done, _ = _loop(tmp_path / "w", bad_step=70)
+    assert done == 120
+    assert [b.name for b in w.bundles] == ["anomaly-step70"]
+    meta = json.loads((w.bundles[0] / "meta.json").read_text())
+    assert meta["step"] == 70 and meta["trigger"] == "nonfinite" and meta["replayable"]
+    assert meta["ring_steps"] == [66, 67, 68, 69]
+    state = torch.load(w.bundles[0] / "state.pt", weights_only=False)
+    # weights from before the step: finite (the NaN step's update made the live model NaN)
+    assert all(torch.isfinite(p).all() for p in state["models"]["model"].parameters())
+    lines = [json.loads(l) for l in (tmp_path / "w" / "watch.jsonl").read_text().splitlines()]
+    flagged = [l for l in lines if l.get("anomaly")]
+    assert flagged and flagged[0]["step"] == 70 and flagged[0]["bundle"].endswith("anomaly-step70")
+
+
+def test_watch_stop_ends_the_loop_before_the_bad_update(tmp_path):
+    w, done, model = _loop(tmp_path / "w", bad_step=70, on_anomaly="stop")
+    assert done == 69 and w.stopped and "step 70" in w.stopped
+    assert all(torch.isfinite(p).all() for p in model.parameters())  # the NaN update never happened
+
+
+def test_replay_names_the_bad_batch_and_the_line(tmp_path):
+    from nnwizard.replay import replay, report_dict
+
+    w, _, _ = _loop(tmp_path / "w", bad_step=70)
+    diagnosis, target = replay(w.bundles[0])
+    data = report_dict(diagnosis, target)
+    assert data["mode"] == "replay" and data["step"] == 70
+    assert data["hypotheses"][0]["id"] == "nan-in-inputs"
+    assert data["localised"]["phase"] == "inputs" and data["localised"]["rows"] == [4]
+    assert "test_watch.py" in data["localised"]["where"]
+
+
+def test_replay_of_a_finite_step_is_not_reproduced_as_nan(tmp_path):
+    """A bundle of a healthy step (forced trigger) must not produce NaN findings."""
+    from nnwizard.replay import replay, report_dict
+
+    torch.manual_seed(0)
+    model, opt = Net(), None
+    opt = torch.optim.SGD(model.parameters(), 0.1)
+    trig = Triggers(window=5, min_history=3, spike_ranges=0.0, spike_floor=0.0, explode_factor=1e9)
+    X, Y = torch.randn(400, 8), torch.randint(0, 3, (400,))
+    with nnwizard.watch(model, opt, out=tmp_path / "w", triggers=trig, tensorboard=False, quiet=True) as w:
+        for i in range(40):
+            loss = nn.functional.cross_entropy(model(X[i * 10:(i + 1) * 10]), Y[i * 10:(i + 1) * 10])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    assert w.bundles, "the forced trigger should have saved a bundle"
+    data = report_dict(*replay(w.bundles[0]))
+    ids = {h["id"] for h in data["hypotheses"] if h["confidence"] >= 0.5}
+    assert not ids & {"nan-in-inputs", "missing-epsilon", "bad-batch"}
+    swap = next(p for p in data["probes"] if p["id"] == "replay-swap")
+    assert swap["outcome"] == "not-reproduced"
+
+
+def test_replay_calls_an_extreme_batch_a_bad_batch(tmp_path):
+    from nnwizard.replay import replay, report_dict
+
+    w, _, _ = _loop(tmp_path / "w", bad_step=70, value=-1e6)
+    assert [b.name for b in w.bundles][:1] == ["anomaly-step70"]
+    data = report_dict(*replay(w.bundles[0]))
+    batch = next(p for p in data["probes"] if p["id"] == "replay-batch")
+    assert batch["outcome"] == "extreme" and batch["data"]["rows"] == [4]
+    assert data["hypotheses"][0]["id"] == "bad-batch"
+
+
+def test_curve_reads_the_watch_log(tmp_path):
+    from nnwizard.curve_cmd import analyse
+
+    _loop(tmp_path / "w", bad_step=70, steps=100, every=5)
+    curves, shape = analyse(tmp_path / "w" / "watch.jsonl")
+    assert shape.shape == "diverged" and shape.step == 70
+
+
+def test_tensorboard_scalars_when_installed(tmp_path):
+    pytest.importorskip("tensorboard")
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), 0.1)
+    with nnwizard.watch(model, opt, out=tmp_path / "w", every=2, tensorboard=True, quiet=True):
+        for _ in range(6):
+            loss = nn.functional.cross_entropy(model(torch.randn(8, 8)), torch.randint(0, 3, (8,)))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    from nnwizard.curves import read_log
+
+    curves = read_log(tmp_path / "w" / "tensorboard")
+    assert len(curves.train) == 4  # steps 1, 2, 4, 6

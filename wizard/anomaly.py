@@ -1,0 +1,130 @@
+"""Anomaly triggers of watch mode: decide, from the numbers of one optimizer step and the recent
+history, whether this step is an event worth a replay bundle.
+
+Defaults (each a fraction or multiple of the run's own recent values, so they hold for any loss and
+any model; ``Triggers`` takes other values):
+
+- ``nonfinite``   the loss or the global gradient norm is NaN/Inf (the first such step of the run).
+- ``loss-spike``  with at least ``min_history`` finite losses in the window of the last ``window``
+                  steps, the loss lies more than ``spike_ranges`` times the window's own range
+                  (max - min) above the window's maximum, and more than ``spike_floor`` (10%) of the
+                  run's starting level (the median of its first 5 losses) above it. Minibatch noise
+                  stays inside the range the run has already shown; a divergence leaves it by several
+                  widths at once. The floor keeps a converged run (loss 1e-3, a batch at 1e-2) quiet.
+- ``grad-explosion`` the global gradient norm exceeds ``explode_factor`` times the window's median,
+                  twice its maximum (a norm that has grown steadily does not count; a jump does) and
+                  the run's starting level (the median of its first 5 norms): in a converged run a hard
+                  batch's gradient is many times the tiny median and still small.
+- ``stalled``     the loss has not moved (|change| <= 1e-7 of its size) for ``stall_steps``
+                  consecutive steps, or the gradient norm was exactly zero for all of them.
+
+Each kind fires once per run by default (``repeat=False``): the first event is the one to replay;
+the steps after it are consequences. After a ``loss-spike`` or ``grad-explosion`` the window keeps
+the spike out, so a run that recovers is not flagged again for the same level.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Triggers:
+    window: int = 50
+    min_history: int = 20
+    spike_ranges: float = 3.0
+    spike_floor: float = 0.1
+    explode_factor: float = 10.0
+    stall_steps: int = 100
+    repeat: bool = False
+    enabled: tuple[str, ...] = ("nonfinite", "loss-spike", "grad-explosion", "stalled")
+
+
+@dataclass
+class Anomaly:
+    kind: str
+    step: int
+    reason: str
+    loss: float
+    grad_norm: float | None
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and math.isfinite(v)
+
+
+@dataclass
+class Detector:
+    """Feeds on (step, loss, grad_norm) once per optimizer step; returns an Anomaly or None."""
+
+    triggers: Triggers = field(default_factory=Triggers)
+    losses: deque = field(default_factory=deque)
+    norms: deque = field(default_factory=deque)
+    fired: set = field(default_factory=set)
+    _still: int = 0
+    _zero: int = 0
+    _last: float | None = None
+    _first: list = field(default_factory=list)
+    _first_norms: list = field(default_factory=list)
+
+    def _fire(self, kind: str) -> bool:
+        if kind not in self.triggers.enabled or (kind in self.fired and not self.triggers.repeat):
+            return False
+        self.fired.add(kind)
+        return True
+
+    def check(self, step: int, loss: float | None, grad_norm: float | None) -> Anomaly | None:
+        t = self.triggers
+        found: Anomaly | None = None
+        lv = loss if loss is not None else math.nan
+        if (loss is not None and not _finite(loss)) or (grad_norm is not None and not _finite(grad_norm)):
+            what = "loss" if loss is not None and not _finite(loss) else "gradient norm"
+            value = loss if what == "loss" else grad_norm
+            if self._fire("nonfinite"):
+                found = Anomaly("nonfinite", step, f"{what} is {value} at step {step}", lv, grad_norm)
+            return found  # a non-finite value never enters the windows
+        spike = explode = False
+        if loss is not None and len(self._first) < 5:
+            self._first.append(loss)
+        if loss is not None and len(self.losses) >= t.min_history:
+            hi, lo = max(self.losses), min(self.losses)
+            limit = max(hi + t.spike_ranges * (hi - lo), hi + t.spike_floor * abs(statistics.median(self._first)))
+            if loss > limit and hi > lo:
+                spike = True
+                if self._fire("loss-spike"):
+                    found = Anomaly("loss-spike", step, f"loss {loss:.4g} at step {step} is {(loss - hi) / (hi - lo):.1f}x "
+                                    f"the recent range above the last {len(self.losses)} steps' maximum {hi:.4g} "
+                                    f"(range {lo:.4g}..{hi:.4g})", lv, grad_norm)
+        if grad_norm is not None and len(self._first_norms) < 5:
+            self._first_norms.append(grad_norm)
+        if found is None and grad_norm is not None and len(self.norms) >= t.min_history:
+            med, hi = statistics.median(self.norms), max(self.norms)
+            if med > 0 and grad_norm > t.explode_factor * med and grad_norm > 2 * hi \
+                    and grad_norm > statistics.median(self._first_norms):
+                explode = True
+                if self._fire("grad-explosion"):
+                    found = Anomaly("grad-explosion", step, f"gradient norm {grad_norm:.4g} at step {step} is "
+                                    f"{grad_norm / med:.1f}x the median {med:.4g} of the last {len(self.norms)} steps "
+                                    f"(max {hi:.4g})", lv, grad_norm)
+        # stalled: the loss does not move, or no gradient reaches the parameters
+        if loss is not None:
+            still = self._last is not None and abs(loss - self._last) <= 1e-7 * max(abs(loss), abs(self._last), 1e-12)
+            self._still = self._still + 1 if still else 0
+            self._last = loss
+        self._zero = self._zero + 1 if grad_norm == 0.0 else 0
+        if found is None and max(self._still, self._zero) >= t.stall_steps and self._fire("stalled"):
+            why = (f"the loss has stayed at {loss:.6g} for {self._still} steps" if self._still >= t.stall_steps
+                   else f"the gradient norm has been exactly 0 for {self._zero} steps")
+            found = Anomaly("stalled", step, why, lv, grad_norm)
+        if loss is not None and not spike:
+            self.losses.append(loss)
+            while len(self.losses) > t.window:
+                self.losses.popleft()
+        if grad_norm is not None and not explode:
+            self.norms.append(grad_norm)
+            while len(self.norms) > t.window:
+                self.norms.popleft()
+        return found

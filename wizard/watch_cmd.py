@@ -1,0 +1,76 @@
+"""``nnwizard watch --script train.py [--out DIR] [--on-anomaly stop|continue] [-- ARGS]``: the user's
+real run, unchanged (no sandbox, its own output on the terminal, no step or time budget, no seeding),
+under the recorder in light mode with a :class:`~nnwizard.watcher.Watch` listening.
+
+Exit code: the script's own (0 when it ends normally, its ``sys.exit`` code, 1 when it raises, with
+its traceback printed as Python would); 1 when ``--on-anomaly stop`` stopped it at an anomaly.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from pathlib import Path
+
+from nnwizard.anomaly import Triggers
+from nnwizard.watcher import DEFAULT_EVERY, Watch
+
+
+def run(script_spec: str, args: list[str], out: Path, on_anomaly: str = "continue", every: int = DEFAULT_EVERY,
+        tensorboard: bool | None = None) -> int:
+    from nnwizard.errors import UsageError
+    from nnwizard.script_run import RunOptions, load_script, run_script
+
+    if on_anomaly not in ("stop", "continue"):
+        raise UsageError(f"--on-anomaly {on_anomaly!r}: choose stop or continue")
+    if every < 1:
+        raise UsageError(f"--every {every}: must be 1 or more")
+    script = load_script(script_spec)
+    watch = Watch(out=out, on_anomaly=on_anomaly, every=every, triggers=Triggers(), tensorboard=tensorboard,
+                  script=script.path, files=script.files)
+
+    class _Starter:  # the runner makes the recorder: watch attaches to it when it starts
+        def __init__(self):
+            self.started = False
+
+        def on_forward(self, rec, info, a):
+            self._start(rec)
+            watch.on_forward(rec, info, a)
+
+        def on_step_pre(self, rec, optimizer, step):
+            self._start(rec)
+            watch.on_step_pre(rec, optimizer, step)
+
+        def _start(self, rec):
+            if not self.started:
+                self.started = True
+                watch.start(recorder=rec)
+
+        def __getattr__(self, name):
+            if name.startswith("on_"):
+                return getattr(watch, name)
+            raise AttributeError(name)
+
+    starter = _Starter()
+    opts = RunOptions(mode="light", sandbox=False, capture=False, max_steps=None, limit_batches=None,
+                      time_limit_s=None, seed=None, listeners=[starter])
+    try:
+        result = run_script(script, list(args), opts)
+    finally:
+        watch.close()
+    rec = result.recording
+    steps = len(rec.steps)
+    summary = f"nnwizard watch: {steps} optimizer steps watched; log {out / 'watch.jsonl'}"
+    if watch.bundles:
+        summary += "; bundles: " + ", ".join(str(b) for b in watch.bundles)
+    elif steps:
+        summary += "; no anomaly"
+    if not starter.started:
+        summary = f"nnwizard watch: the script built no model and took no optimizer step: nothing was watched"
+    print(summary, file=sys.stderr)
+    if result.exit == "raised" and rec.error is not None:
+        print(rec.error.traceback, file=sys.stderr, end="")
+        return 1
+    if result.exit == "stopped":
+        return 1 if watch.stopped else 0
+    return int(result.exit_code or 0)

@@ -1,0 +1,553 @@
+"""Watch mode (CONTRACT §7): the recorder, always on and cheap, over the user's real run.
+
+``with nnwizard.watch(model, optimizer):`` around the user's own loop, or ``nnwizard watch --script
+train.py`` (``watch_cmd``), both feed one :class:`Watch`, a listener of the shared recorder
+(``nnwizard.recorder``, light mode). Per optimizer step it reads the loss (the tensor ``backward()``
+ran on) and the global gradient norm the recorder already measured, and runs the anomaly triggers
+(``nnwizard.anomaly``); every ``every`` steps (and at each anomaly) it also measures the largest
+per-layer gradient norms and the update/weight ratio, and writes one JSON line to
+``DIR/watch.jsonl`` (and TensorBoard scalars under ``DIR/tensorboard`` when ``tensorboard`` is
+installed). At an anomaly it saves ``DIR/anomaly-step<N>/`` (``nnwizard.bundle``) *inside* the
+step, before the optimizer changed anything, prints its path in one line and goes on or stops.
+
+What the recorder does not give, watch takes itself, on the models the recorder found: a forward
+pre/post hook with keyword arguments on each model (the batch as the model got it, and its output,
+for re-executing the step), and a global optimizer pre-hook that wraps a ``closure`` passed to
+``step()`` (Lightning, LBFGS) so the checks run after the closure's backward, not before it.
+
+Steps are numbered as the recorder numbers them: 1 for the first ``optimizer.step()``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from nnwizard.anomaly import Anomaly, Detector, Triggers
+from nnwizard.bundle import _jsonable, rng_state, save_bundle, to_cpu
+
+DEFAULT_OUT = "nnwizard-watch"
+DEFAULT_EVERY = 10
+HISTORY = 200
+TOP_LAYERS = 3
+
+
+def _tensors(obj: Any):
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (list, tuple)):
+        for o in obj:
+            yield from _tensors(o)
+    elif isinstance(obj, dict):
+        for o in obj.values():
+            yield from _tensors(o)
+
+
+_VIEWS = ("ViewBackward", "ReshapeAliasBackward", "UnsafeViewBackward", "SqueezeBackward", "UnsqueezeBackward",
+          "ToCopyBackward", "CloneBackward", "AliasBackward", "ExpandBackward")
+
+
+def _path_to(container: Any, x: torch.Tensor, depth: int = 0) -> list | None:
+    """Keys/indices leading from a model output to ``x`` (or to the tensor ``x`` is a reshape/cast of)."""
+    if isinstance(container, torch.Tensor):
+        if container is x:
+            return []
+        node, seen = x.grad_fn, 0
+        while node is not None and seen < 8 and container.grad_fn is not None:
+            if node is container.grad_fn:
+                return []
+            if not type(node).__name__.startswith(_VIEWS):
+                break
+            nxt = [fn for fn, _ in node.next_functions if fn is not None]
+            node, seen = (nxt[0] if len(nxt) == 1 else None), seen + 1
+        if container.numel() == x.numel() and container.numel() and \
+                container.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
+            return []
+        return None
+    if depth > 3:
+        return None
+    items = container.items() if isinstance(container, dict) else enumerate(container) if isinstance(container, (list, tuple)) else ()
+    for key, value in items:
+        found = _path_to(value, x, depth + 1)
+        if found is not None:
+            return [key, *found]
+    return None
+
+
+def _scale_of(t: torch.Tensor, value: torch.Tensor) -> float | None:
+    """``t`` is ``value`` (1.0) or ``value`` times/divided by a constant (that factor), else None."""
+    if t is value:
+        return 1.0
+    node = t.grad_fn
+    if node is None or value.grad_fn is None or not type(node).__name__.startswith(("DivBackward", "MulBackward")):
+        return None
+    if any(fn is value.grad_fn for fn, _ in node.next_functions):
+        v, tv = float(value.detach()), float(t.detach())
+        if math.isfinite(v) and math.isfinite(tv) and v != 0:
+            return tv / v
+        # a non-finite loss: read the constant off the graph node (loss / k, loss * k)
+        for name in ("_saved_other", "_saved_self"):
+            try:
+                c = getattr(node, name, None)
+            except RuntimeError:  # saved tensors freed by a backward already run
+                c = None
+            c = float(c) if isinstance(c, torch.Tensor) and c.numel() == 1 and not c.requires_grad else \
+                float(c) if isinstance(c, (int, float)) else None
+            if c is not None and math.isfinite(c) and c != 0:
+                return 1.0 / c if type(node).__name__.startswith("DivBackward") else c
+        return None
+    return None
+
+
+def _loss_slots(out: Any) -> list[tuple[Any, torch.Tensor]]:
+    """Where a model output may carry its own loss: ``out.loss`` / ``out["loss"]`` (Hugging Face), ``out[0]``."""
+    slots = []
+    value = getattr(out, "loss", None) if not isinstance(out, dict) else out.get("loss")
+    if isinstance(value, torch.Tensor):
+        slots.append(("loss", value))
+    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
+        slots.append((0, out[0]))
+    return slots
+
+
+MAX_PER_STEP = 64  # model calls / loss calls / backwards kept for one step (a loop with no step() stays bounded)
+
+
+class Watch:
+    """See the module docstring; made by :func:`nnwizard.watch` (context manager) or the CLI."""
+
+    def __init__(self, model: nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None,
+                 out: str | Path = DEFAULT_OUT, on_anomaly: str = "continue", *, every: int = DEFAULT_EVERY,
+                 triggers: Triggers | None = None, ring: int = 4, tensorboard: bool | None = None,
+                 max_bundles: int = 5, quiet: bool = False, script: str | Path | None = None,
+                 files: list[Path] | None = None):
+        if on_anomaly not in ("continue", "stop"):
+            raise ValueError(f"on_anomaly must be 'continue' or 'stop', not {on_anomaly!r}")
+        if every < 1:
+            raise ValueError(f"every must be >= 1, not {every}")
+        self.model, self.optimizer, self.out = model, optimizer, Path(out)
+        self.on_anomaly, self.every, self.ring_size = on_anomaly, int(every), int(ring)
+        self.triggers = triggers or Triggers()
+        self.tensorboard, self.max_bundles, self.quiet = tensorboard, max_bundles, quiet
+        main = sys.modules.get("__main__")
+        self.script = str(Path(script).resolve()) if script else getattr(main, "__file__", None)
+        self.files = [Path(f) for f in files] if files else ([Path(self.script)] if self.script else [])
+        self.bundles: list[Path] = []
+        self.anomalies: list[Anomaly] = []
+        self.stopped: str | None = None
+        self.steps = 0
+        self._detectors: dict[int, Detector] = {}
+        self._history: deque = deque(maxlen=HISTORY)
+        self._ring: deque = deque(maxlen=max(self.ring_size, 0))
+        self._current: dict = self._fresh()
+        self._hooked: dict[int, list] = {}
+        self._seen: dict[int, bool] = {}
+        self._handles: list = []
+        self._recorder = None
+        self._owns_recorder = False
+        self._log = None
+        self._tb = None
+        self._t0 = time.monotonic()
+        self._last_line_t = self._t0
+        self._last_line_step = 0
+        self._pending: dict[int, Any] = {}      # id(optimizer) -> the recorder's StepRecord being filled
+        self._checked: set[int] = set()         # optimizers whose current step was checked already
+        self._before: list[torch.Tensor] | None = None
+        self._sampled: dict | None = None
+        self._first: dict | None = None        # the run's first step (the history keeps only the last HISTORY)
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    def start(self, recorder=None) -> "Watch":
+        """Open the output folder; with no recorder given, start one (light mode) listening to us."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.out / "watch.jsonl", "a", encoding="utf-8")
+        if self.tensorboard is not False:
+            try:
+                import tensorboard  # noqa: F401
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._tb = SummaryWriter(str(self.out / "tensorboard"))
+            except Exception:  # noqa: BLE001 - TensorBoard is optional
+                if self.tensorboard:
+                    raise
+                self._tb = None
+        from torch.optim import optimizer as optimizer_mod
+
+        if recorder is None:
+            from nnwizard.recorder import Recorder
+
+            recorder = Recorder("light", files=self.files, listeners=[self])
+            recorder.__enter__()
+            self._owns_recorder = True
+        self._recorder = recorder
+        # after the recorder's own pre-hook: ours runs second and sees the closure (if any)
+        self._handles.append(optimizer_mod.register_optimizer_step_pre_hook(self._step_pre_hook))
+        return self
+
+    def close(self) -> None:
+        if self._owns_recorder and self._recorder is not None:
+            self._recorder.__exit__(None, None, None)
+        self._recorder = None
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        for handles in self._hooked.values():
+            for h in handles:
+                h.remove()
+        self._hooked.clear()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+        self._current = self._fresh()
+        self._ring.clear()
+
+    def __enter__(self) -> "Watch":
+        return self.start()
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        self.close()
+        from nnwizard.recorder import StopRun
+
+        return exc_type is not None and issubclass(exc_type, StopRun) and self.stopped is not None
+
+    # -- what belongs to the watched run ----------------------------------------------------------
+    def _watched(self, optimizer) -> bool:
+        return self.optimizer is None or optimizer is self.optimizer
+
+    def _models(self) -> list[nn.Module]:
+        found = [self.model] if self.model is not None else []
+        if self._recorder is not None:
+            found += [m.module for m in self._recorder.recording.models if all(m.module is not f for f in found)]
+        return found
+
+    def _names(self, optimizer) -> tuple[dict[str, nn.Module], dict[int, str]]:
+        params = {id(p) for g in optimizer.param_groups for p in g["params"]}
+        models = [m for m in self._models() if any(id(p) in params for p in m.parameters())]
+        keyed = {("model" if i == 0 else f"model{i}"): m for i, m in enumerate(models)}
+        names: dict[int, str] = {}
+        for key, m in keyed.items():
+            for n, p in m.named_parameters():
+                names.setdefault(id(p), n if len(keyed) == 1 else f"{key}.{n}")
+        return keyed, names
+
+    @staticmethod
+    def _fresh() -> dict:
+        return {"calls": [], "losses": [], "backward": [], "rng": None}
+
+    # -- recorder listener API --------------------------------------------------------------------
+    def _ours(self, module: nn.Module) -> bool:
+        """Is this top-level model call part of the watched model (itself, or a submodule called directly)?"""
+        seen = self._seen.get(id(module))
+        if seen is None:
+            seen = self.model is None or module is self.model or any(m is module for m in self.model.modules())
+            self._seen[id(module)] = seen
+        return seen
+
+    def on_forward(self, rec, info, args) -> None:
+        module = info.module
+        if id(module) not in self._hooked and self._ours(module):
+            self._hooked[id(module)] = [module.register_forward_pre_hook(self._model_pre, with_kwargs=True),
+                                        module.register_forward_hook(self._model_post, always_call=True)]
+            if torch.is_grad_enabled():  # this first call's arguments (its kwargs hook starts next call)
+                self._model_pre(module, args, {})
+
+    def _model_pre(self, module, args, kwargs):
+        if not torch.is_grad_enabled():
+            return None
+        cur = self._current
+        if cur["rng"] is None:
+            cur["rng"] = torch.random.get_rng_state()
+        if cur["calls"] and cur["calls"][-1]["module"] is module and "out" not in cur["calls"][-1]:
+            cur["calls"][-1].update(args=args, kwargs=kwargs)  # the first call, seen twice
+        elif len(cur["calls"]) < MAX_PER_STEP:
+            cur["calls"].append({"module": module, "args": args, "kwargs": kwargs})
+        return None
+
+    def _model_post(self, module, args, *rest):
+        output = rest[-1] if rest else None
+        calls = self._current["calls"]
+        if calls and calls[-1]["module"] is module and "out" not in calls[-1]:
+            calls[-1]["out"] = output
+        return None
+
+    def on_loss_args(self, rec, call, args, kwargs, value) -> None:
+        if not torch.is_grad_enabled() or not isinstance(value, torch.Tensor) or len(self._current["losses"]) >= MAX_PER_STEP:
+            return
+        x = args[0] if args else kwargs.get("input")
+        y = args[1] if len(args) > 1 else kwargs.get("target")
+        self._current["losses"].append({"fn": call.fn, "x": x, "target": y, "extra": tuple(args[2:]),
+                                        "kwargs": {k: v for k, v in kwargs.items() if k not in ("input", "target")},
+                                        "value": value})
+
+    def on_backward(self, rec, loss) -> None:
+        if isinstance(loss, torch.Tensor) and len(self._current["backward"]) < MAX_PER_STEP:
+            try:
+                self._current["backward"].append(self._relate(loss))
+            except Exception:  # noqa: BLE001 - an odd graph: this step just cannot be re-executed
+                self._current["backward"].append(None)
+
+    def _relate(self, t: torch.Tensor) -> dict | None:
+        """How the tensor backward() runs on was made from this step's calls: a loss call (times a
+        constant) or a model output's own loss. Done before the backward frees the graph's saved values."""
+        cur = self._current
+        calls = cur["calls"]
+        for j, loss in enumerate(cur["losses"]):
+            scale = _scale_of(t, loss["value"])
+            if scale is not None:
+                return {"kind": "loss-call", "loss": j, "scale": scale}
+        for i, c in enumerate(calls):
+            if "out" not in c:
+                continue
+            path = _path_to(c["out"], t)
+            if path is not None and t.numel() == 1:
+                return {"kind": "output", "call": i, "path": path, "scale": 1.0}
+            for key, inner in _loss_slots(c["out"]):
+                scale = _scale_of(t, inner)
+                if scale is not None:
+                    return {"kind": "output", "call": i, "path": [key], "scale": scale}
+        return None
+
+    def on_step_pre(self, rec, optimizer, step) -> None:
+        if self._watched(optimizer):
+            self._pending[id(optimizer)] = step
+
+    def _step_pre_hook(self, optimizer, args, kwargs):
+        if not self._watched(optimizer) or id(optimizer) not in self._pending:
+            return None
+        closure = kwargs.get("closure") if "closure" in kwargs else (args[0] if args and callable(args[0]) else None)
+        if closure is None:
+            self._check(optimizer)
+            return None
+
+        def wrapped(*a, **k):
+            result = closure(*a, **k)
+            if id(optimizer) not in self._checked:
+                self._check(optimizer, closure_result=result)
+            return result
+
+        if "closure" in kwargs:
+            return args, {**kwargs, "closure": wrapped}
+        return (wrapped, *args[1:]), kwargs
+
+    def on_step_post(self, rec, optimizer, step) -> None:
+        if not self._watched(optimizer):
+            return
+        self._pending.pop(id(optimizer), None)
+        self._checked.discard(id(optimizer))
+        line = self._sampled
+        self._sampled = None
+        if line is not None:
+            if self._before is not None:
+                params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
+                if len(params) == len(self._before):
+                    with torch.no_grad():
+                        delta = torch._foreach_sub([p.detach() for p in params], self._before)
+                        dn = torch.linalg.vector_norm(torch.stack([d.float() for d in torch._foreach_norm(delta)]))
+                        wn = torch.linalg.vector_norm(torch.stack([w.float() for w in torch._foreach_norm(self._before)]))
+                    line["update_ratio"] = float(dn / wn) if float(wn) > 0 else None
+                self._before = None
+            self._write(line)
+        self._rotate()
+
+    # -- per step ----------------------------------------------------------------------------------
+    def _rotate(self) -> None:
+        cur = self._current
+        if self.ring_size and (cur["calls"] or cur["losses"]):
+            self._ring.append({"step": self.steps, "rng": cur["rng"],
+                               "calls": [{"module": c["module"], "args": c["args"], "kwargs": c["kwargs"]} for c in cur["calls"]],
+                               "targets": [l["target"] for l in cur["losses"]]})
+        self._current = self._fresh()
+
+    def _check(self, optimizer, closure_result=None) -> None:
+        """At the optimizer's pre-step point (parameters not yet updated): triggers, log, bundle."""
+        self._checked.add(id(optimizer))
+        step_rec = self._pending.get(id(optimizer))
+        self.steps = int(getattr(step_rec, "step", self.steps + 1))
+        if closure_result is not None or step_rec is None or step_rec.grad_norm is None:  # after a closure: recount
+            grads = [p.grad.detach() for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+            norm = float(torch.linalg.vector_norm(torch.stack([n.float() for n in torch._foreach_norm(grads)]))) if grads else 0.0
+        else:  # the recorder measured it already (one _foreach_norm per step, not two)
+            grads = step_rec.grads_total > step_rec.grads_none
+            norm = float(step_rec.grad_norm)
+        loss = getattr(step_rec, "loss", None)
+        if isinstance(closure_result, torch.Tensor) and closure_result.numel() == 1:
+            loss = float(closure_result.detach())
+        lrs = [float(g["lr"]) for g in optimizer.param_groups if "lr" in g]
+        index = 0
+        if self._recorder is not None:
+            info = self._recorder._opt_ids.get(id(optimizer))
+            index = info.index if info is not None else 0
+        detector = self._detectors.setdefault(index, Detector(self.triggers))
+        anomaly = detector.check(self.steps, loss, norm if grads else None)
+        entry = {"step": self.steps, "loss": loss, "grad_norm": norm if grads else None, "lr": lrs[0] if lrs else None}
+        if len(lrs) > 1:
+            entry["lrs"] = lrs
+        if index:
+            entry["optimizer"] = index
+        entry["t"] = round(time.monotonic() - self._t0, 3)
+        self._history.append(entry)
+        if self._first is None or not (self._first.get("lr") or 0) > 0:
+            self._first = entry  # the first step with a positive LR (a warmup may start at 0)
+        sampled = self.steps % self.every == 0 or self.steps == 1 or anomaly is not None
+        if sampled:
+            line = dict(entry)
+            keyed, names = self._names(optimizer)
+            params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+            if params:
+                norms = [float(n) for n in torch._foreach_norm([p.grad.detach() for p in params])]
+                order = sorted(range(len(norms)), key=lambda i: -norms[i] if math.isfinite(norms[i]) else -math.inf)
+                bad = [i for i, n in enumerate(norms) if not math.isfinite(n)]
+                line["top_grads"] = {names.get(id(params[i]), f"param{i}"): norms[i] for i in (bad + order)[:TOP_LAYERS]}
+                line["nonfinite"] = {"loss": loss is not None and not math.isfinite(loss), "grad_tensors": len(bad)}
+            steps = self.steps - self._last_line_step
+            now = time.monotonic()
+            line["step_s"] = round((now - self._last_line_t) / steps, 6) if steps > 0 else None
+            self._last_line_t, self._last_line_step = now, self.steps
+            trainable = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
+            if anomaly is None and trainable:
+                self._before = [p.detach().clone() for p in trainable]
+            self._sampled = line
+        if anomaly is not None:
+            self.anomalies.append(anomaly)
+            line = self._sampled
+            line["anomaly"] = anomaly.kind
+            line["reason"] = anomaly.reason
+            if len(self.bundles) < self.max_bundles:
+                path = self._save(optimizer, anomaly, line)
+                if path is not None:
+                    line["bundle"] = str(path)
+            if self.on_anomaly == "stop":
+                self._write(line)
+                self._sampled = None
+                self.stopped = f"stopped at step {self.steps}: {anomaly.reason}"
+                from nnwizard.recorder import StopRun
+
+                if self._recorder is not None:
+                    self._recorder.recording.stopped = self.stopped
+                self._say(f"nnwizard watch: {self.stopped} (--on-anomaly stop)")
+                raise StopRun(self.stopped)
+
+    # -- bundle -------------------------------------------------------------------------------------
+    def _step_data(self, keyed: dict[str, nn.Module]) -> dict:
+        """The current step as replay needs it: model calls, loss calls, how the backward tensor was made."""
+        cur = self._current
+        key_of = {id(m): k for k, m in keyed.items()}
+        calls = cur["calls"]
+        out = {"calls": [{"model": key_of[id(c["module"])], "args": to_cpu(c["args"]), "kwargs": to_cpu(c["kwargs"])}
+                         for c in calls], "losses": [], "backward": []}
+        for loss in cur["losses"]:
+            source = None
+            if isinstance(loss["x"], torch.Tensor):
+                for i, c in enumerate(calls):
+                    if "out" in c:
+                        path = _path_to(c["out"], loss["x"])
+                        if path is not None:
+                            source = {"call": i, "path": path, "shape": list(loss["x"].shape),
+                                      "dtype": str(loss["x"].dtype).replace("torch.", "")}
+            out["losses"].append({"fn": loss["fn"], "input": source, "target": to_cpu(loss["target"]),
+                                  "extra": to_cpu(loss["extra"]), "kwargs": to_cpu(loss["kwargs"]),
+                                  "value": float(loss["value"].detach().float().mean())})
+        out["backward"] = list(cur["backward"])
+        if not out["backward"] or any(b is None for b in out["backward"]):
+            out["replayable"] = False
+            out["why_not"] = ("no backward() was seen in this step" if not out["backward"] else
+                              "the tensor backward() ran on is not a torch.nn.functional loss of the model's output "
+                              "(nor the output's own loss): the step cannot be re-executed from the saved calls")
+        else:
+            out["replayable"] = bool(calls)
+            if not calls:
+                out["why_not"] = "no model forward was seen in this step"
+        return out
+
+    def _save(self, optimizer, anomaly: Anomaly, line: dict) -> Path | None:
+        keyed, names = self._names(optimizer)
+        for c in self._current["calls"]:  # a model the step called without training it (a frozen encoder)
+            if all(c["module"] is not m for m in keyed.values()):
+                keyed[f"model{len(keyed)}"] = c["module"]
+        folder = self.out / f"anomaly-step{anomaly.step}"
+        try:
+            step_data = self._step_data(keyed)
+            grads = {names.get(id(p), f"param{i}"): p.grad.detach().to("cpu", copy=True)
+                     for i, p in enumerate(p for g in optimizer.param_groups for p in g["params"]) if p.grad is not None}
+            ring = [{"step": r["step"], "rng": r["rng"],
+                     "calls": [{"model": next((k for k, m in keyed.items() if m is c["module"]), None),
+                                "args": to_cpu(c["args"]), "kwargs": to_cpu(c["kwargs"])} for c in r["calls"]],
+                     "targets": to_cpu(r["targets"])} for r in self._ring]
+            rng = rng_state(cuda=any(p.is_cuda for g in optimizer.param_groups for p in g["params"]))
+            if self._current["rng"] is not None:
+                rng["torch"] = self._current["rng"]
+            meta = {"step": anomaly.step, "trigger": anomaly.kind, "reason": anomaly.reason, "loss": anomaly.loss,
+                    "grad_norm": anomaly.grad_norm, "lrs": [g.get("lr") for g in optimizer.param_groups],
+                    "history": list(self._history), "first": self._first, "script": self.script, "argv": list(sys.argv),
+                    "cwd": str(Path.cwd()), "models": {k: type(m).__name__ for k, m in keyed.items()},
+                    "optimizer": type(optimizer).__name__, "line": {k: v for k, v in line.items() if k != "bundle"},
+                    "replayable": step_data.get("replayable", False), "why_not": step_data.get("why_not"),
+                    "losses": [{"fn": l["fn"], "value": l["value"], "from_model": l["input"] is not None}
+                               for l in step_data["losses"]], "backward": step_data["backward"],
+                    "ring_steps": [r["step"] for r in ring]}
+            started = time.monotonic()
+            hooks = self._unhook(keyed)  # our own hooks must not travel in the pickled model
+            try:
+                save_bundle(folder, meta, keyed, optimizer, names, grads, step_data, ring, rng)
+            finally:
+                self._rehook(hooks)
+            seconds = time.monotonic() - started
+        except Exception as exc:  # noqa: BLE001 - watching must never break the run
+            self._say(f"nnwizard watch: step {anomaly.step}: {anomaly.reason}; the bundle could not be saved "
+                      f"({type(exc).__name__}: {exc})")
+            return None
+        self.bundles.append(folder)
+        line["bundle_s"] = round(seconds, 3)
+        self._say(f"nnwizard watch: {anomaly.kind} at step {anomaly.step} ({anomaly.reason}); replay bundle: {folder}")
+        return folder
+
+    def _unhook(self, keyed: dict[str, nn.Module]) -> list[nn.Module]:
+        removed = []
+        for m in keyed.values():
+            for h in self._hooked.pop(id(m), []):
+                h.remove()
+            removed.append(m)
+        return removed
+
+    def _rehook(self, modules: list[nn.Module]) -> None:
+        for m in modules:
+            self._hooked[id(m)] = [m.register_forward_pre_hook(self._model_pre, with_kwargs=True),
+                                   m.register_forward_hook(self._model_post, always_call=True)]
+
+    # -- output -------------------------------------------------------------------------------------
+    def _write(self, line: dict) -> None:
+        if self._log is None:
+            return
+        self._log.write(json.dumps(_jsonable(line)) + "\n")
+        self._log.flush()
+        if self._tb is not None:
+            step = line["step"]
+            for key in ("loss", "grad_norm", "lr", "update_ratio"):
+                v = line.get(key)
+                if isinstance(v, (int, float)) and math.isfinite(v):
+                    self._tb.add_scalar(f"nnwizard/{key}", v, step)
+
+    def _say(self, text: str) -> None:
+        if not self.quiet:
+            print(text, file=sys.stderr, flush=True)
+
+
+def watch(model: nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None, out: str | Path = DEFAULT_OUT,
+          on_anomaly: str = "continue", **options: Any) -> Watch:
+    """``with nnwizard.watch(model, optimizer, out=..., on_anomaly="continue"|"stop"):`` around a loop.
+
+    Options: ``every`` (steps between JSON lines, default 10), ``triggers`` (an
+    ``nnwizard.anomaly.Triggers``), ``ring`` (earlier batches kept for the bundle, default 4),
+    ``tensorboard`` (None: when installed), ``max_bundles`` (5), ``quiet``."""
+    return Watch(model, optimizer, out, on_anomaly, **options)
