@@ -693,10 +693,12 @@ class Recorder:
         if torch.is_grad_enabled() and v is not None:
             self._window_values.append(v)
         if not self.full:  # light mode keeps per-step numbers only (watch runs are long)
-            if any(hasattr(listener, "on_loss") for listener in self.listeners):
-                self._notify("on_loss", LossCall(name, list(x.shape), str(x.dtype).replace("torch.", ""), _shape(y),
-                                                 None, v, reduction, torch.is_grad_enabled(), None, self.steps_taken,
-                                                 None, True, None))
+            if any(hasattr(listener, "on_loss") or hasattr(listener, "on_loss_args") for listener in self.listeners):
+                light = LossCall(name, list(x.shape), str(x.dtype).replace("torch.", ""), _shape(y),
+                                 None, v, reduction, torch.is_grad_enabled(), None, self.steps_taken,
+                                 None, True, None)
+                self._notify("on_loss", light)
+                self._notify("on_loss_args", light, args, kwargs, value)  # watch: the live tensors
             return
         from_model, out_shape = self._from_model(x)
         same = False
