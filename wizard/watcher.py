@@ -323,22 +323,24 @@ class Watch:
             self._pending[id(optimizer)] = step
 
     def _step_pre_hook(self, optimizer, args, kwargs):
-        if not self._watched(optimizer) or id(optimizer) not in self._pending:
+        if not self._watched(optimizer):
             return None
-        closure = kwargs.get("closure") if "closure" in kwargs else (args[0] if args and callable(args[0]) else None)
+        # args holds the optimizer itself first, then step()'s own arguments
+        closure = kwargs.get("closure") if "closure" in kwargs else (args[1] if len(args) > 1 and callable(args[1]) else None)
         if closure is None:
-            self._check(optimizer)
+            if id(optimizer) in self._pending:
+                self._check(optimizer)
             return None
 
-        def wrapped(*a, **k):
+        def wrapped(*a, **k):  # the recorder measures the step inside the closure (on_step_pre), then we check
             result = closure(*a, **k)
-            if id(optimizer) not in self._checked:
+            if id(optimizer) not in self._checked and id(optimizer) in self._pending:
                 self._check(optimizer, closure_result=result)
             return result
 
         if "closure" in kwargs:
             return args, {**kwargs, "closure": wrapped}
-        return (wrapped, *args[1:]), kwargs
+        return (args[0], wrapped, *args[2:]), kwargs
 
     def on_step_post(self, rec, optimizer, step) -> None:
         if not self._watched(optimizer):
