@@ -190,6 +190,10 @@ class Sandbox:
         for p in (home / ".cache", home / ".config" / "matplotlib", Path(sys.prefix)):
             self._exempt.append(str(p))
         self._local = threading.local()
+        # the system temp folder: what the script creates there (tempfile.TemporaryDirectory, mkstemp) is
+        # its own and transient, so it is made for real; files that were there before are still redirected
+        self._tmp = {os.path.abspath(tempfile.gettempdir()), os.path.realpath(tempfile.gettempdir())}
+        self._tmp_new: set[str] = set()
 
     # -- mapping ------------------------------------------------------------------------------------
     def _abs(self, file) -> str | None:
@@ -204,7 +208,16 @@ class Sandbox:
         return os.path.abspath(raw)
 
     def _exempted(self, path: str) -> bool:
-        return any(path == e or path.startswith(e.rstrip(os.sep) + os.sep) for e in self._exempt)
+        if any(path == e or path.startswith(e.rstrip(os.sep) + os.sep) for e in self._exempt):
+            return True
+        if not any(path.startswith(t.rstrip(os.sep) + os.sep) for t in self._tmp) or path.startswith(str(self.cwd) + os.sep):
+            return False  # the user's own folder is sandboxed even when it lies under the temp folder
+        if any(path == n or path.startswith(n + os.sep) for n in self._tmp_new):
+            return True
+        if path in self.map or os.path.lexists(path):
+            return False
+        self._tmp_new.add(path)  # new under the temp folder: the script's own
+        return True
 
     def _scratch_for(self, path: str) -> Path:
         p = Path(path)
