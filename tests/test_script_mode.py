@@ -218,6 +218,18 @@ def test_captured_model_batch_and_loss_follow_the_users_reshaping(tmp_path):
     assert target.measured_step_s > 0
 
 
+def test_rerun_under_interventions(tmp_path):
+    target = record(write(tmp_path), max_steps=8)
+    same = target.rerun(same_batch=True, max_steps=6)
+    batches = same.recording.batches
+    assert len(batches) >= 2 and all(torch.equal(b[0], batches[0][0]) for b in batches)
+    losses = same.recording.loss_curve
+    assert losses[-1] < losses[0]  # one batch, through the script's own loop, is learnt
+    scaled = target.rerun(lr_scale=10.0, max_steps=3)
+    assert scaled.recording.steps[0].lrs == [pytest.approx(1.0)]
+    assert target.recording.optimizers[0].optimizer.param_groups[0]["lr"] == pytest.approx(0.1)
+
+
 # ------------------------------------------------------------------------------------ audits
 @pytest.fixture(scope="module")
 def healthy(tmp_path_factory):
