@@ -631,7 +631,8 @@ def trace_graph(ctx: ProbeContext):
               "nan-input": "the model's input was already non-finite at that step",
               "nan-after-growth": "the gradient norm grew over the steps before the loss turned non-finite",
               "nan-at-start": "non-finite from the first step, before any update",
-              "nan": "non-finite at a later step without a growing gradient"},
+              "nan": "non-finite at a later step without a growing gradient",
+              "spike": "finite, but the loss jumped over 100x its first value within the run"},
     timeout_s=10,
 )
 def trace_nan(ctx: ProbeContext):
@@ -643,6 +644,14 @@ def trace_nan(ctx: ProbeContext):
     bad = next((s for s in rec.steps if (s.loss is not None and not math.isfinite(s.loss)) or s.grads_nonfinite
                 or s.nonfinite_input), None)
     if bad is None:
+        losses = [s.loss for s in rec.steps if s.loss is not None]
+        if len(losses) >= 4 and losses[0] > 0:
+            peak = max(range(len(losses)), key=lambda i: losses[i])
+            if losses[peak] > 100 * losses[0]:
+                return failed("spike", f"the loss jumped from {losses[0]:.4g} at step 1 to {losses[peak]:.4g} at step "
+                              f"{peak + 1} ({losses[peak] / losses[0]:.3g}x) and ended at {losses[-1]:.4g}: updates far too "
+                              f"large for this model (lr {_fmt(rec.steps[0].lrs[0] if rec.steps[0].lrs else None, '.3g')})",
+                              step=peak + 1, first=losses[0], peak=losses[peak], last=losses[-1])
         return passed(f"all {len(rec.steps)} recorded losses and gradient norms are finite")
     k = bad.step
     before = [s for s in rec.steps if s.step < k and s.grad_norm is not None and math.isfinite(s.grad_norm)]

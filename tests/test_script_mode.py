@@ -182,6 +182,15 @@ def test_sys_exit_raise_and_syntax_errors(tmp_path):
         load_script(str(tmp_path / "missing.py"))
 
 
+def test_script_without_an_optimizer_step_is_never_healthy(tmp_path):
+    from nnwizard.script_view import untrained_note
+
+    manual = write(tmp_path, ("opt.step()", "[p.data.add_(p.grad, alpha=-0.1) for p in model.parameters()]"))
+    target = record(manual)
+    assert target.untrained and "updates them by hand" in untrained_note(target)
+    assert get("trace-backward-step")(ProbeContext(target)).outcome == "manual-update"
+
+
 def test_script_without_a_model_says_so(tmp_path):
     from nnwizard.script_view import script_problem
 
@@ -265,6 +274,8 @@ FAULTS = {
                         ("opt.zero_grad()", "opt.zero_grad(); enc.zero_grad()")], "trace-backward-step", "optimizer-never-steps"),
     "double-softmax": ([("nn.Linear(16, 2))", "nn.Linear(16, 2), nn.Softmax(dim=1))")], "trace-loss-input", "double-softmax"),
     "crash-label-dtype": ([("loss = crit(out, y)", "loss = crit(out, y.float())")], "trace-crash", "labels-wrong-dtype"),
+    "lr-spike": ([("opt = torch.optim.SGD(model.parameters(), lr=0.1)", "opt = torch.optim.Adam(model.parameters(), lr=5.0)")],
+                 "trace-nan", "spike"),
     "crash-shape": ([("nn.Linear(8, 16)", "nn.Linear(9, 16)")], "trace-crash", "layer-shape-mismatch"),
     "crash-range": ([("nn.Linear(16, 2))", "nn.Linear(16, 2))\nY[3] = 5")], "trace-crash", "labels-out-of-range"),
 }

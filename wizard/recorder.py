@@ -335,6 +335,7 @@ class Recorder:
         self._pending_losses: list[LossCall] = []
         self._last_step_t = 0.0
         self._zero_grad_since = False
+        self._window_values = []
         self._backward_since_step = 0
         self._last_model: ModelInfo | None = None
         self._last_out: tuple | None = None        # (model index, output tensor weakref, shape)
@@ -350,6 +351,8 @@ class Recorder:
         self._kept: dict[int, tuple[str, weakref.ref, int]] = {}   # id -> (where, ref, step made)
         self._derived: dict[int, weakref.ref] = {}   # tensors computed from a model output without a graph
         self._forced_workers: list = []
+        self._window_values: list[float] = []   # training loss-call values since the last step
+        self._kept_pairs = 0
         self._t0 = 0.0
         self._mode_obj: _GraphMode | None = None
         self._opt_ids: dict[int, OptimizerInfo] = {}
@@ -685,6 +688,14 @@ class Recorder:
             v = float(value.detach())
         elif isinstance(value, torch.Tensor) and value.numel():
             v = float(value.detach().float().mean())
+        if torch.is_grad_enabled() and v is not None:
+            self._window_values.append(v)
+        if not self.full:  # light mode keeps per-step numbers only (watch runs are long)
+            if any(hasattr(listener, "on_loss") for listener in self.listeners):
+                self._notify("on_loss", LossCall(name, list(x.shape), str(x.dtype).replace("torch.", ""), _shape(y),
+                                                 None, v, reduction, torch.is_grad_enabled(), None, self.steps_taken,
+                                                 None, True, None))
+            return
         from_model, out_shape = self._from_model(x)
         same = False
         if isinstance(y, torch.Tensor) and self.full:
@@ -696,7 +707,8 @@ class Recorder:
                         str(y.dtype).replace("torch.", "") if isinstance(y, torch.Tensor) else None, v, reduction,
                         torch.is_grad_enabled(), training, self.steps_taken, self.where() if self.full else None,
                         from_model, out_shape, same)
-        if self.full and torch.is_grad_enabled() and sum(c.inputs is not None for c in self.recording.loss_calls) < KEEP_PAIRS:
+        if torch.is_grad_enabled() and self._kept_pairs < KEEP_PAIRS:
+            self._kept_pairs += 1
             call.inputs, call.targets = cpu_copy(x), cpu_copy(y)
             call.replay = (original, tuple(args[2:]), {k: v for k, v in kwargs.items() if k not in ("input", "target")})
         if isinstance(value, torch.Tensor):
@@ -861,14 +873,16 @@ class Recorder:
         step.grads_total, step.grads_none = len(trainable), len(trainable) - len(grads)
         if grads:
             norms = torch._foreach_norm(grads)
-            total = float(torch.linalg.vector_norm(torch.stack([n.float() for n in norms])))
+            try:
+                total = float(torch.linalg.vector_norm(torch.stack(norms)))
+            except RuntimeError:  # mixed dtypes or devices
+                total = math.sqrt(sum(float(n) ** 2 for n in norms))
             step.grad_norm = total
             step.grads_nonfinite = not math.isfinite(total)
         else:
             step.grad_norm = 0.0
-        calls = [c for c in self.recording.loss_calls if c.step == self.steps_taken and c.grad_enabled]
-        step.loss_calls = len(calls)
-        values = [c.value for c in calls if c.value is not None]
+        values = self._window_values
+        step.loss_calls = len(values)
         step.loss_call_mean = sum(values) / len(values) if values else None
         if self.full and step.step <= 3 and step.grads_none:
             names = {id(p): f"{m.name}.{n}" if len(self.recording.models) > 1 else n
@@ -896,6 +910,7 @@ class Recorder:
         if self.full:
             self._confirm_kept()
         self._zero_grad_since = False
+        self._window_values = []
         self._backward_since_step = 0
         for event in self._pending_forwards:
             event.node = None

@@ -103,7 +103,7 @@ def verdict(diagnosis: Diagnosis, missing: list[NotRun] | None = None) -> Verdic
         return "problems-found"
     ran = [r for r in diagnosis.results if r.status in ("passed", "failed")]
     missing = not_run(diagnosis) if missing is None else missing
-    if diagnosis.interrupted or not ran or missing or getattr(diagnosis.target, "crashed", False) or any(r.data.get("training_raised") for r in diagnosis.results):
+    if diagnosis.interrupted or not ran or missing or getattr(diagnosis.target, "crashed", False) or getattr(diagnosis.target, "untrained", False) or any(r.data.get("training_raised") for r in diagnosis.results):
         return "inconclusive"
     return "healthy"
 

@@ -227,6 +227,11 @@ class ScriptTarget(Target):
         return [to_device(cut(b, self.sample_limit), self.device) for b in out]
 
     @property
+    def untrained(self) -> bool:
+        """No torch.optim step was taken: the loop audits had nothing to read, so never healthy."""
+        return not self.recording.steps
+
+    @property
     def crashed(self) -> bool:
         """The script raised: never healthy (CONTRACT §4)."""
         return self.recording.error is not None

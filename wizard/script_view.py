@@ -30,7 +30,7 @@ def observed(target) -> dict[str, Any]:
               "lr": s.lrs[0] if s.lrs else None, "zero_grad": s.zero_grad, "backwards": s.backwards,
               "training": all(s.training.values()) if s.training else None} for s in chosen]
     evals = sum(1 for c in rec.loss_calls if c.eval)
-    note = script_problem(target)
+    note = script_problem(target) or untrained_note(target)
     return {
         "script": str(run.script.path), "args": run.args, "exit": run.exit, "exit_code": run.exit_code,
         "seconds": run.seconds, "stopped": rec.stopped, "steps": len(steps), "backwards": rec.backwards,
@@ -63,6 +63,19 @@ def script_problem(target) -> str | None:
         return (f"The script called {', '.join(sorted({m.name for m in rec.models}))} but never computed a loss in grad "
                 f"mode, called backward() or took an optimizer step, so there is no training to diagnose.")
     return None
+
+
+def untrained_note(target) -> str | None:
+    """The run trained, but not through a torch.optim step: the loop audits cannot read it."""
+    rec = target.recording
+    if rec.steps or rec.error is not None:
+        return None
+    from nnwizard.probes.trace import _moved
+
+    how = ("its parameters changed, so it updates them by hand" if _moved(rec)
+           else "its parameters never changed")
+    return (f"The script never took a torch.optim optimizer step ({rec.backwards} backward passes; {how}), so the "
+            f"per-step audits had nothing to read: the verdict cannot be healthy.")
 
 
 def _models_line(obs: dict) -> str:

@@ -1,0 +1,95 @@
+"""Recorder overhead: a plain training loop timed without the recorder, under the light recorder
+(watch mode) and under the full recorder (script-mode diagnosis), on a small MLP and on a ~10M
+parameter MLP. Each configuration runs interleaved ``--repeats`` times; the ratio of medians is
+printed (goal: light <= 1.10x on the small MLP, <= 1.05x on the ~10M model).
+
+    python benchmarks/recorder_overhead.py [--repeats 5] [--steps 200] [--json out.json]
+
+Times on a shared machine are noisy: run it when nothing else runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from nnwizard.recorder import Recorder  # noqa: E402
+
+MODELS = {
+    "small MLP (10-64-64-3)": (lambda: nn.Sequential(nn.Linear(10, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
+                                                     nn.Linear(64, 3)), 10, 3, 64),
+    "~10M-parameter MLP (512-2048x2-1000)": (lambda: nn.Sequential(nn.Linear(512, 2048), nn.ReLU(), nn.Linear(2048, 2048),
+                                                                   nn.ReLU(), nn.Linear(2048, 1000)), 512, 1000, 64),
+}
+
+
+def loop(model, loader, steps: int) -> None:
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    crit = nn.CrossEntropyLoss()
+    done = 0
+    while done < steps:
+        for x, y in loader:
+            opt.zero_grad()
+            loss = crit(model(x), y)
+            loss.backward()
+            opt.step()
+            done += 1
+            if done >= steps:
+                return
+
+
+def timed(build, loader, steps: int, mode: str | None) -> float:
+    torch.manual_seed(0)
+    model = build()
+    t0 = time.perf_counter()
+    if mode is None:
+        loop(model, loader, steps)
+    else:
+        with Recorder(mode=mode):
+            loop(model, loader, steps)
+    return time.perf_counter() - t0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--big-steps", type=int, default=20)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    rows = []
+    for name, (build, d_in, classes, batch) in MODELS.items():
+        steps = args.steps if "small" in name else args.big_steps
+        x = torch.randn(batch * 16, d_in)
+        y = torch.randint(0, classes, (batch * 16,))
+        loader = DataLoader(TensorDataset(x, y), batch_size=batch, shuffle=True)
+        params = sum(p.numel() for p in build().parameters())
+        for mode in (None, "light", "full"):  # warm up (the first recorder import pulls in lazy torch modules)
+            timed(build, loader, max(steps // 10, 2), mode)
+        times: dict[str, list[float]] = {"plain": [], "light": [], "full": []}
+        for _ in range(args.repeats):
+            for mode in ("plain", "light", "full"):
+                times[mode].append(timed(build, loader, steps, None if mode == "plain" else mode))
+        med = {k: statistics.median(v) for k, v in times.items()}
+        row = {"model": name, "params": params, "steps": steps, "plain_s": med["plain"],
+               "light_x": med["light"] / med["plain"], "full_x": med["full"] / med["plain"]}
+        rows.append(row)
+        print(f"{name:<40} {params:>11,} params  {steps:>4} steps  plain {med['plain']:.3f} s  "
+              f"light {row['light_x']:.3f}x  full {row['full_x']:.3f}x", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
