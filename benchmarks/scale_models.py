@@ -28,7 +28,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-CNN_WIDTHS = (1, 4, 16, 32, 64)        # ~3k, ~45k, ~0.7M, ~2.8M, ~11.2M parameters
+CNN_WIDTHS = (1, 4, 16, 64)        # ~3k, ~45k, ~0.7M, ~11.2M parameters
 GPT_SIZES = ((8, 1), (32, 2), (128, 4), (256, 6))   # (width, layers): ~2k, ~30k, ~0.8M, ~4.8M
 FAULTS = ("healthy", "zero_grad", "eval_mode")
 VOCAB, SEQ = 64, 64
@@ -185,7 +185,7 @@ def target(family: str, size, fault: str) -> SimpleNamespace:
                            train_step=train_step, evaluate=evaluate, TASK="classification")
 
 
-def _name(family: str, size) -> str:
+def model_name(family: str, size) -> str:
     return f"cnn_w{size}" if family == "cnn" else f"gpt_d{size[0]}_l{size[1]}"
 
 
@@ -193,6 +193,6 @@ TARGETS: dict[str, tuple] = {}
 for _family, _sizes in (("cnn", CNN_WIDTHS), ("gpt", GPT_SIZES)):
     for _size in _sizes:
         for _fault in FAULTS:
-            _key = f"{_name(_family, _size)}_{_fault}"
+            _key = f"{model_name(_family, _size)}_{_fault}"
             TARGETS[_key] = (_family, _size, _fault)
             globals()[_key] = (lambda f=_family, s=_size, x=_fault: target(f, s, x))

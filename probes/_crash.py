@@ -311,6 +311,11 @@ def _pick_call(calls: list[str], message: str) -> str | None:
     return calls[-1]  # ast.walk is breadth first: the last call is the innermost one
 
 
+def _shown(call: str | None) -> str | None:
+    """A method called on an expression reads as Tensor.<method>."""
+    return f"Tensor.{call[len('(...).'):]}" if call and call.startswith("(...).") else call
+
+
 def _operands(code: str | None, frame, message: str = "") -> tuple[list[Operand], str | None]:
     """The tensors named on the line that raised (locals, attributes of locals), and the call on it."""
     if not code or frame is None:
@@ -344,7 +349,7 @@ def _operands(code: str | None, frame, message: str = "") -> tuple[list[Operand]
             break
     # a bare "h" is an attribute chain's head: keep the longest names that are tensors
     operands = [o for o in operands if not any(p.name != o.name and p.name.startswith(o.name + ".") for p in operands)]
-    call = _pick_call(calls, message)
+    call = _shown(_pick_call(calls, message))
     if binops and (call is None or re.search(r"size of tensor a|device|broadcast", message, re.IGNORECASE)):
         call = f"`{binops[-1]}`"
     return operands, call

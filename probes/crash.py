@@ -68,7 +68,11 @@ def training_crash(ctx: ProbeContext):
         fn = ("train_step" if target.user_train_step else "train_epoch" if target.user_train_epoch else "the reference step")
         if phase == "evaluate":
             fn = "evaluate"
-        text = f"{fn} raised after {len(ran)} completed call{'s' if len(ran) != 1 else ''}: {c.sentence}"
+        if phase == "evaluate":
+            when = f" (after {len(ran)} training call{'s' if len(ran) != 1 else ''} ran without raising)"
+        else:
+            when = f" on call {len(ran) + 1}" if ran else " on its first call"
+        text = f"{fn} raised{when}: {c.sentence}"
         data = dict(c.as_dict(), sentence=text, fn=fn, completed=len(ran), training_raised=True)
         outcome = c.hypothesis if c.hypothesis in CLASSIFIED else "unclassified"
         return failed(outcome, text, **data)

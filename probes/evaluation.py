@@ -250,7 +250,7 @@ def metric_audit(ctx: ProbeContext):
     if changed:
         k, (a, b) = next(iter(changed.items()))
         ratio = b / a if a else math.inf
-        data.update(key=k, first=a, second=b)
+        data.update(key=k, first=a, second=b, ratio=ratio)
         return failed("not-reset", f"evaluate reported {k} = {a:.4g}, then {b:.4g} for the same model on the same "
                       f"{on} (x{ratio:.2f}): a running total kept between calls is never reset", **data)
     if tracer.single and keys:

@@ -204,15 +204,18 @@ def capacity_check(ctx):
     settings = _opt_settings(own_opt)
     own, c3 = _fit(target, model, own_opt, batches, steps, deadline)
     params = sum(p.numel() for p in target.fresh_model(ctx.seed).parameters())
-    data = dict(samples=samples, steps=steps, initial=initial, reference=scale, user_plain=plain, wide_mlp=wide,
+    ran = [len(c1), len(c2), len(c3)]  # the time limit may stop a fit early: sentences quote what ran
+    planned, steps = steps, min(ran)
+    data = dict(samples=samples, steps=steps, steps_planned=planned, steps_run=ran, initial=initial, reference=scale, user_plain=plain, wide_mlp=wide,
                 user_own=own, user_params=params, mlp_params=sum(p.numel() for p in mlp.parameters()),
                 plain_level=plain / scale, wide_level=wide / scale, own_level=own / scale, outputs=d_out,
                 narrowest_layer=narrowest[0] if narrowest else None, narrowest_width=narrowest[1] if narrowest else None,
                 bottleneck=bool(narrowest and narrowest[1] < d_out), **settings)
-    plot = BarPlot("fit", f"Training loss on {samples} samples after {steps} steps",
+    after = f"{steps} steps" if len(set(ran)) == 1 else f"{ran[0]}/{ran[1]}/{ran[2]} steps (of {planned} planned)"
+    plot = BarPlot("fit", f"Training loss on {samples} samples after {after}",
                    ["your model, Adam 1e-3", "wide MLP, Adam 1e-3", f"your model, your {settings['optimizer']}"],
                    [plain, wide, own], ylabel="loss")
-    text = (f"on {samples} training samples after {steps} steps: your model {plain:.4g} (Adam 1e-3), a wide MLP "
+    text = (f"on {samples} training samples after {after}: your model {plain:.4g} (Adam 1e-3), a wide MLP "
             f"{wide:.4g}, your model with your {settings['optimizer']}(lr={settings['lr']:.3g}, weight_decay="
             f"{settings['weight_decay']:.3g}) {own:.4g}; reference {scale:.4g}")
     # "fits" = below 30% of the reference (chance-level) loss. A wide MLP ending below half the user's

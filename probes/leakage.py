@@ -139,15 +139,27 @@ def leakage_audit(ctx: ProbeContext):
     val_hash = _hashes(val.x)
     exact = [j for j, h in enumerate(val_hash) if h in where]
     train_internal_exact = len(train_hash) - len(where)
-    # near: relative distance to the nearest training sample (images: also flipped / shifted)
+    # Categorical inputs (integer token ids, class codes): a distance between id sequences means
+    # nothing, so only exact copies count, against the rate of exact copies within the training set.
+    categorical = not train.x.is_floating_point()
     deadline = started + budget
-    dist, arg, how = _near_rate(train.x, val.x, deadline)
-    checked = len(dist)
-    near = [j for j in range(checked) if dist[j] < NEAR]
-    # baseline: the same measurement between two halves of the training sample
     half = train.n // 2
-    base_d, _, _ = _near_rate(train.x[:half], train.x[half:], deadline) if half >= 8 else (torch.tensor([]), None, None)
-    base_rate = float((base_d < NEAR).float().mean()) if len(base_d) else 0.0
+    if categorical:
+        checked = val.n
+        dist = torch.where(torch.tensor([h in where for h in val_hash]), 0.0, float("inf"))
+        arg = torch.tensor([where.get(h, 0) for h in val_hash])
+        how = ["same"] * checked
+        near = []
+        second = set(train_hash[:half])
+        base_rate = sum(h in second for h in train_hash[half:]) / max(train.n - half, 1) if half >= 8 else 0.0
+    else:
+        # near: relative distance to the nearest training sample (images: also flipped / shifted)
+        dist, arg, how = _near_rate(train.x, val.x, deadline)
+        checked = len(dist)
+        near = [j for j in range(checked) if dist[j] < NEAR]
+        # baseline: the same measurement between two halves of the training sample
+        base_d, _, _ = _near_rate(train.x[:half], train.x[half:], deadline) if half >= 8 else (torch.tensor([]), None, None)
+        base_rate = float((base_d < NEAR).float().mean()) if len(base_d) else 0.0
     val_rate = len(set(near) | set(exact)) / max(checked, 1)
     sampled = train.sampled or val.sampled or checked < val.n
     tidx = lambda k: train.indices[k] if train.indices else k  # noqa: E731
@@ -163,9 +175,14 @@ def leakage_audit(ctx: ProbeContext):
     table = Table("leaks", "Validation samples with a training duplicate (closest first)",
                   ["val index", "train index", "relative distance", "match", "exact"], examples,
                   marked=list(range(len(examples))))
-    text = (f"{len(exact)} exact and {len(near)} near duplicates (relative distance < {NEAR}) among {checked} "
-            f"validation samples checked against {train.describe()}{note}: {val_rate:.1%} of validation vs "
-            f"{base_rate:.1%} between two halves of the training set")
+    if categorical:
+        text = (f"{len(exact)} exact copies among {checked} validation samples checked against {train.describe()}{note} "
+                f"(categorical {str(train.x.dtype).replace('torch.', '')} inputs: only exact copies count): {val_rate:.1%} "
+                f"of validation vs {base_rate:.1%} between two halves of the training set")
+    else:
+        text = (f"{len(exact)} exact and {len(near)} near duplicates (relative distance < {NEAR}) among {checked} "
+                f"validation samples checked against {train.describe()}{note}: {val_rate:.1%} of validation vs "
+                f"{base_rate:.1%} between two halves of the training set")
     # Leakage when at least 3 validation samples (5%) have a training twin. For continuous inputs a twin
     # closer than a tenth of a sample's size is a copy (augmented or repeated record), whether or not
     # the training set holds copies too (then any random split leaks). Only where every column takes
@@ -178,12 +195,15 @@ def leakage_audit(ctx: ProbeContext):
     distinct = max((len(torch.unique(flat_train[:, j])) for j in range(min(flat_train.shape[1], 256))), default=0)
     discrete = distinct <= 16
     low_dim = flat_train.shape[1] <= 6
-    data.update(discrete=discrete, max_distinct_per_column=distinct, low_dim=low_dim)
+    data.update(discrete=discrete, max_distinct_per_column=distinct, low_dim=low_dim, categorical=categorical)
     if base_rate > 0.05:
-        text += "; the training set holds copies of its own samples, so any random split leaks"
+        copies = "exact copies" if categorical else "copies (exact or near)"
+        text += f"; the training set holds {copies} of its own samples, so any random split leaks"
     above_chance = val_rate > 3 * base_rate + 0.02
     exact_copies = len(exact) >= 3 and len(exact) / max(checked, 1) >= 0.05  # byte-identical floats are no accident
-    if discrete:
+    if categorical:
+        leaks = exact_copies
+    elif discrete:
         leaks = above_chance
     elif low_dim:
         leaks = exact_copies or above_chance

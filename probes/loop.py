@@ -412,6 +412,9 @@ def loss_scale_audit(ctx: ProbeContext):
         return failed("sum-reduction", f"loss_fn ({type(target.loss_fn).__name__}) doubles ({dup:.2f}x) when each of the "
                       f"{len(y)} samples appears twice: it sums over the batch, so gradients (and the effective "
                       f"learning rate) grow {len(y)}x with a batch of {len(y)}", **data)
+    if abs(dup - 1.0) >= 0.1:  # neither a mean (1x) nor a sum (2x): say what was measured, claim neither
+        return passed(f"loss_fn is neither a per-sample mean nor a sum: duplicating each of the {len(y)} samples "
+                      f"multiplies it by {dup:.2f}x (a mean gives 1.00x, a sum 2.00x)", **data)
     audit = run_loop_audit(target, ctx.seed)
     scale = _scale(audit) if audit and audit.error is None else None
     if scale is None:

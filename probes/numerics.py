@@ -392,7 +392,7 @@ def nan_repair(ctx: ProbeContext):
     lr, clip = runs["lr/10"], runs["clip"]
     data = dict(step=bad, horizon=horizon, max_norm=max_norm, lr10_finite=lr["finite"], clip_finite=clip["finite"],
                 lr10_fail=lr["fail"], clip_fail=clip["fail"], lr10_last=lr["last"], clip_last=clip["last"],
-                lr10_first=lr["first"], clip_first=clip["first"])
+                lr10_first=lr["first"], clip_first=clip["first"], lr10_steps=lr["steps"], clip_steps=clip["steps"])
     series = {f"{k} ({'finite' if v['finite'] else 'non-finite at step %s' % v['fail']})":
               [l if math.isfinite(l) else math.nan for l in v["losses"]] for k, v in runs.items()}
     if bisect is not None and bisect.data.get("losses"):

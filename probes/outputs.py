@@ -77,7 +77,7 @@ def _capture(target, model, inputs, targets, files):
         "other-dim": "outputs are normalised (softmax / log_softmax) over a dimension other than the classes",
         "softmax-size1": "a softmax / log_softmax over a dimension of size 1: every value is 1 (or 0)",
         "single-class": "a class loss gets one score per sample: its value is 0 whatever the model does",
-        "constant": "every value reaching the loss is the same, across samples and outputs",
+        "constant": "every value a normalising op passes to the loss is the same, across samples and outputs",
     },
     timeout_s=30,
 )
@@ -129,7 +129,10 @@ def loss_output_audit(ctx: ProbeContext):
         return failed("single-class", f"{name} gets outputs {list(o.shape)}: one score per sample in the class "
                       f"dimension (1), so log_softmax over it is 0 and the loss is 0 whatever the model predicts; "
                       f"{where}", **data)
-    if o.numel() > 1 and spread == 0.0:
+    data["constant"] = o.numel() > 1 and spread == 0.0
+    # constant after a normalising op: the op made it so (a constant straight out of the layers, e.g.
+    # dead ReLUs before a bias, is the activation audits' finding, not a mismatch with the loss)
+    if data["constant"] and producer is not None:
         return failed("constant", f"every one of the {o.numel()} values reaching {name} is {float(o.flatten()[0]):.4g} "
                       f"(shape {list(o.shape)}): the loss input does not depend on the sample or the output; {where}", **data)
     if o.dim() >= 2 and o.shape[1] > 1 and not rows_sum_one and call.kind == "class":

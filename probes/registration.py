@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from nnwizard.probes._instrument import first_line, graph_nodes
-from nnwizard.probes.api import ProbeContext, Table, failed, passed, probe
+from nnwizard.probes.api import ProbeContext, Table, cannot_run, failed, passed, probe
 
 _INTERNAL = set(vars(nn.Module()))  # _parameters, _modules, _buffers, hooks, training...
 _MAX_DEPTH = 4
@@ -122,10 +122,12 @@ def parameter_registration(ctx: ProbeContext):
                                  owner="module namespace" if label else "forward", object=f"tensor {list(t.shape)}",
                                  parameters=t.numel(), tensors=[id(t)], what="tensor", used=1))
     data.update(loss_leaves=len(leaves), unregistered_leaves=len(extra))
+    if not findings and error is not None:  # half the measurement (the loss's leaves) is missing
+        return cannot_run(f"no module or tensor requiring grad is held in plain attributes, but the forward raised "
+                          f"({error}), so the tensors the loss uses could not be checked", reason="raised", **data)
     if not findings:
         return passed(f"{type(model).__name__}: the loss reaches {len(leaves)} leaf tensors, all registered parameters "
-                      f"({data['registered']:,} values)" if error is None else
-                      f"no module or tensor requiring grad is held outside the registries (forward raised: {error})", **data)
+                      f"({data['registered']:,} values)", **data)
 
     groups: dict[str, dict] = {}
     for f in findings:

@@ -143,6 +143,7 @@ def scheduler_cadence(ctx: ProbeContext):
     else:
         observed = "other"
     data: dict[str, Any] = dict(scheduler=name, intended=intent or "unknown", observed=observed, why=why,
+                                schedule_steps=getattr(scheduler, "total_steps", None) or _horizon(scheduler),
                                 epochs=epochs, optimizer_steps=opt_steps, scheduler_steps=sched_steps,
                                 steps_per_epoch=per_epoch, loader_batches=loader_len,
                                 lr_first=lrs[0] if lrs else float("nan"), lr_last=lrs[-1] if lrs else float("nan"))

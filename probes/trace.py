@@ -540,8 +540,8 @@ def trace_loss_scale(ctx: ProbeContext):
         if s.closure or not window or not s.losses or len({(c.fn, tuple(c.input_shape[1:])) for c in window}) != 1:
             continue
         mean = sum(c.value for c in window) / len(window)
-        if abs(mean) < 1e-12:
-            continue
+        if abs(mean) < 1e-12 or len({c.where for c in window}) > 1:
+            continue  # losses from different lines are terms of one objective (a GAN's real and fake halves), not accumulation
         ratios.append(sum(s.losses) / mean)
         windows.append(len(window))
     if not ratios:
@@ -707,6 +707,9 @@ def trace_crash(ctx: ProbeContext):
             data["classifier_error"] = f"{type(exc).__name__}: {exc}"
     data["where"] = err.where or data.get("where") or "?"
     text = f"the script raised at {data['where']} after {err.step} optimizer steps: {data['error']}"
+    if hypothesis is None and err.exception is not None and _raised_in_layer(err.exception):
+        hypothesis = "layer-shape-mismatch"
+        sentence = f"it raised inside the forward of a torch layer ({_raised_in_layer(err.exception)})"
     if hypothesis in CRASH_IDS:
         data["crash_hypothesis"] = hypothesis
         return failed(hypothesis, f"{text}; {sentence}" if sentence and sentence not in text else text, **data)
@@ -759,3 +762,21 @@ def trace_loss_input(ctx: ProbeContext):
                       **data)
     return passed(f"{call.fn} receives inputs of the form it expects ({len(x)} rows, range {data['min']:.3g} .. {data['max']:.3g})",
                   **data)
+
+
+_LAYER_FILES = ("conv.py", "linear.py", "pooling.py", "batchnorm.py", "normalization.py", "rnn.py", "sparse.py",
+                "transformer.py", "activation.py", "flatten.py")
+
+
+def _raised_in_layer(exc: BaseException) -> str | None:
+    """The torch layer file whose forward raised a size complaint (a classifier fallback)."""
+    import traceback
+
+    text = str(exc).lower()
+    if not isinstance(exc, RuntimeError) or not any(w in text for w in ("size", "shape", "dimension", "channels")):
+        return None
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        if "/torch/nn/modules/" in frame.filename:
+            name = frame.filename.rsplit("/", 1)[-1]
+            return name.removesuffix(".py") if name in _LAYER_FILES else None
+    return None

@@ -215,7 +215,7 @@ def triage_run(ctx: ProbeContext):
     info["val_loss_final"] = val[-1] if val else None
     if data["error"]:
         err = data["error"]
-        info.update(err, symptoms=["crash"], shape="crashed")
+        info.update(err, symptoms=["crash"], shape="crashed", training_raised=True)
         where = f" ({err['where']})" if err["where"] else ""
         plot = LinePlot("curves", f"Triage: {len(train)} steps of {data['loop']} before it raised", {"train": train})
         return failed("crashed", f"{data['loop']} raised at step {err['step']}: {err['error']}{where}", [plot], **info)

@@ -181,3 +181,12 @@ def test_errored_probe_or_unclassified_crash_is_never_healthy():
     crash = Diagnosis(target, 0, ["crash"], ["crash"], results=[
         *base.results, ProbeResult("failed", "unclassified", "train_step raised", {"training_raised": True}, id="training-crash")])
     assert verdict(crash) == "inconclusive" and build(crash).not_run[0].why == "training-raised"
+
+
+@pytest.mark.gpu
+def test_real_cuda_device_mismatch():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    layer = nn.Linear(3, 2).cuda()
+    c = classify(lambda: layer(torch.randn(4, 3)), model=layer)  # weights on cuda, the batch on the CPU
+    assert c.hypothesis == "device-mismatch"

@@ -134,10 +134,11 @@ def test_diagnosis_top1(name, hypothesis):
     assert report.hypotheses and report.hypotheses[0].id == hypothesis and report.hypotheses[0].confidence >= 0.5
 
 
-def test_val_shuffled_is_low_severity():
+def test_val_shuffled_is_a_finding_only_with_a_measured_effect():
     _, report = diagnose_example("broken_val_shuffled", ["val-suspicious"])
     top = report.hypotheses[0]
-    assert top.id == "val-shuffled" and top.confidence < 0.6      # reported, but not a strong alarm
+    assert top.id == "val-shuffled" and 0.5 <= top.confidence < 0.7   # a mild bug whose metric moves
+    assert "evaluated twice reports accuracy" in top.evidence[0]        # (without an effect: test_trust)
 
 
 def test_leakage_audit_quiet_on_dense_low_dimensional_data(tmp_path, monkeypatch):

@@ -218,6 +218,18 @@ def test_captured_model_batch_and_loss_follow_the_users_reshaping(tmp_path):
     assert target.measured_step_s > 0
 
 
+def test_rerun_under_interventions(tmp_path):
+    target = record(write(tmp_path), max_steps=8)
+    same = target.rerun(same_batch=True, max_steps=6)
+    batches = same.recording.batches
+    assert len(batches) >= 2 and all(torch.equal(b[0], batches[0][0]) for b in batches)
+    losses = same.recording.loss_curve
+    assert losses[-1] < losses[0]  # one batch, through the script's own loop, is learnt
+    scaled = target.rerun(lr_scale=10.0, max_steps=3)
+    assert scaled.recording.steps[0].lrs == [pytest.approx(1.0)]
+    assert target.recording.optimizers[0].optimizer.param_groups[0]["lr"] == pytest.approx(0.1)
+
+
 # ------------------------------------------------------------------------------------ audits
 @pytest.fixture(scope="module")
 def healthy(tmp_path_factory):
@@ -336,3 +348,87 @@ def test_cli_script_mode_end_to_end(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "nnwizard", "diagnose", "--script", str(tmp_path / "nope.py"),
                           "--non-interactive"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1
+
+
+GAN = '''
+import torch
+from torch import nn
+torch.manual_seed(0)
+G = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Dropout(0.1), nn.Linear(16, 8))
+D = nn.Sequential(nn.Linear(8, 16), nn.LeakyReLU(0.2), nn.Dropout(0.1), nn.Linear(16, 1))
+opt_g = torch.optim.Adam(G.parameters(), lr=1e-3)
+opt_d = torch.optim.Adam(D.parameters(), lr=1e-3)
+bce = nn.BCEWithLogitsLoss()
+real = torch.randn(64, 8) + 2
+for it in range(20):
+    D.zero_grad()
+    err_real = bce(D(real), torch.ones(64, 1))
+    err_real.backward()
+    fake = G(torch.randn(64, 4))
+    err_fake = bce(D(fake.detach()), torch.zeros(64, 1))
+    err_fake.backward()
+    err_d = err_real + err_fake
+    opt_d.step()
+    G.zero_grad()
+    err_g = bce(D(fake), torch.ones(64, 1))
+    err_g.backward()
+    opt_g.step()
+    print(it, err_d.item(), err_g.item())
+'''
+
+
+def test_gan_loop_is_not_evaluation_or_accumulation(tmp_path):
+    target = record(write(tmp_path, text=GAN), max_steps=40)
+    assert len(target.recording.models) == 2 and len(target.recording.steps) == 40
+    for probe_id in ("trace-eval-mode", "trace-eval-grad", "trace-loss-scale", "trace-graph", "trace-backward-step",
+                     "trace-zero-grad", "trace-optimizer"):
+        result = get(probe_id)(ProbeContext(target))
+        assert result.status in ("passed", "skipped"), (probe_id, result.summary)
+
+
+INNER_LOSS = '''
+import torch
+from torch import nn
+import torch.nn.functional as F
+torch.manual_seed(0)
+
+class WithLoss(nn.Module):  # computes its own loss, as Hugging Face models do
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
+
+    def forward(self, x, labels):
+        logits = self.body(x)
+        return F.cross_entropy(logits, labels), logits
+
+model = WithLoss()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x, y = torch.randn(64, 6), torch.randint(0, 3, (64,))
+for step in range(10):
+    opt.zero_grad()
+    loss, _ = model(x, y)
+    loss.backward()
+    opt.step()
+'''
+
+CONV_TOO_SMALL = '''
+import torch
+from torch import nn
+model = nn.Sequential(nn.Conv2d(1, 4, 5), nn.ReLU(), nn.Conv2d(4, 4, 5))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x = torch.randn(8, 1, 6, 6)
+opt.zero_grad()
+model(x).mean().backward()
+opt.step()
+'''
+
+
+def test_loss_inside_the_models_forward_counts_as_from_the_model(tmp_path):
+    target = record(write(tmp_path, text=INNER_LOSS))
+    assert get("trace-loss-target")(ProbeContext(target)).status == "passed"
+
+
+def test_a_layer_rejecting_its_input_size_is_a_layer_shape_mismatch(tmp_path):
+    target = record(write(tmp_path, text=CONV_TOO_SMALL))
+    assert target.crashed
+    assert get("trace-crash")(ProbeContext(target)).outcome == "layer-shape-mismatch"

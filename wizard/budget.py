@@ -45,6 +45,7 @@ class Budget:
     explicit: bool = False             # --budget was given
     started: float = field(default_factory=time.monotonic)
     timeouts: int = 0
+    pending: dict[str, float] = field(default_factory=dict)  # shares of the budgeted probes still to come
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
@@ -57,16 +58,21 @@ class Budget:
         step = self.user_step_s or self.step_s
         return seconds / step if step else None
 
-    def allot(self, share: float, cost: float, timeout_s: float, probe_timeout: float | None = None
-              ) -> tuple[float | None, float, str | None]:
-        """(allowance in seconds or None, time limit, reason to skip or None) for one probe."""
+    def allot(self, share: float, cost: float, timeout_s: float, probe_timeout: float | None = None,
+              probe_id: str = "") -> tuple[float | None, float, str | None]:
+        """(allowance in seconds or None, time limit, reason to skip or None) for one probe. A
+        budgeted probe gets its share of the budget, or, when less is left, its part of what is left
+        in proportion to the shares of the budgeted probes the session's trees still have to run."""
         step = self.step_s or 0.0
         if self.elapsed() > CEILING * self.total_s:
             return None, 0.0, (f"the session is past {CEILING:.0f}x its budget of {self.total_s:.0f} s "
                                f"({self.elapsed():.0f} s spent): not run")
         if share > 0:
             # what is left may be nothing: the probe then plans 0 steps and says what it could not do
-            allowance = max(0.0, min(share * self.total_s, self.remaining() - RESERVE * self.total_s))
+            left = self.remaining() - RESERVE * self.total_s
+            ahead = share + sum(s for p, s in self.pending.items() if p != probe_id)
+            self.pending.pop(probe_id, None)
+            allowance = max(0.0, min(share * self.total_s, left * share / ahead))
             limit = max(timeout_s, 2 * allowance + LIMIT_FLOOR_S + 6 * step)
         else:
             allowance = None

@@ -253,8 +253,9 @@ def classify(curves: Curves, reference: float | None = None) -> Shape:
     levels = [start, *quarters, end]
     span = (max(levels) - min(levels)) / scale
     if span < FLAT_RANGE and rough < OSC_ROUGH:
-        return _make("flat", f"over {n} steps the loss stays within {span:.1%} of {_fmt(scale)} "
-                     f"(start {_fmt(start)}, end {_fmt(end)})", span=span, **base)
+        return _make("flat", f"over {n} steps the loss does not move: start {_fmt(start)}, end {_fmt(end)}, every "
+                     f"quarter within {_fmt(span * scale)} of each other ({span:.1%} of the reference scale {_fmt(scale)})",
+                     span=span, **base)
     # progress for the oscillation test from quarter medians: three noisy first points say little
     # about where a jumping curve began (a fast learner has small jumps and never gets here)
     quarter = max(n // 4, 1)

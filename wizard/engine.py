@@ -154,6 +154,7 @@ class Engine:
         probe. Their results are cached; each enters the diagnosis when its tree walk reaches it."""
         nodes = [(tree, name, node) for tree in trees for name, node in tree.nodes.items() if node.kind == "probe"]
         cheap = [(t, n, node) for t, n, node in nodes if get(node.probe).share == 0]
+        self.budget.pending = {node.probe: get(node.probe).share for _, _, node in nodes if get(node.probe).share > 0}
         if not cheap:
             return
         self.listener(Event("tree-start", "cheap-first", data={"title": "Cheap audits first (a few steps each)"}))
@@ -264,7 +265,8 @@ class Engine:
                            budget=self.budget)
         limit, grace, reason = self.probe_timeout, GRACE_S, None
         if self.budget is not None:
-            ctx.allowance_s, limit, reason = self.budget.allot(spec.share, spec.cost, spec.timeout_s, self.probe_timeout)
+            ctx.allowance_s, limit, reason = self.budget.allot(spec.share, spec.cost, spec.timeout_s, self.probe_timeout,
+                                                               spec.id)
             grace = self.budget.grace_s()
             if ctx.allowance_s is not None:  # a safety net: the probe's planned steps fit its allowance
                 ctx.deadline = time.monotonic() + 1.25 * ctx.allowance_s + 3

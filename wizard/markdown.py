@@ -72,7 +72,8 @@ def render_markdown(report: Report, diagnosis: Diagnosis, path: str | Path) -> P
             if h.snippet:
                 out += ["```python", h.snippet.rstrip(), "```", ""]
     if report.not_run:
-        out += ["## Not run", "", "These probes could not measure; they add no evidence for or against anything.", "",
+        out += ["## Not run", "", "These probes could not measure (they add no evidence for or against anything), or "
+                "training raised in a way no hypothesis explains (why: training-raised).", "",
                 *_table(["probe", "status", "why", "reason"], [[f"`{n.probe}`", n.status, n.why, n.reason] for n in report.not_run]), ""]
     if report.script:
         from nnwizard.script_view import markdown_lines

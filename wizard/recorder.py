@@ -599,6 +599,8 @@ class Recorder:
         loader = self._loader_stack[-1].index if self._loader_stack else None
         event = ForwardEvent(index, module.training, grad, self.steps_taken, loader=loader)
         self._pending_forwards.append(event)
+        if len(self._pending_forwards) > 64:
+            self.flush_pending(keep=32)
         if self.full:
             self.recording.forwards.append(event)
             if grad and len(self.recording.model_inputs) < KEEP_PAIRS:
@@ -697,6 +699,8 @@ class Recorder:
                                                  None, True, None))
             return
         from_model, out_shape = self._from_model(x)
+        if self._depth > 0:  # called inside a model's forward (Hugging Face models compute their own loss)
+            from_model = True
         same = False
         if isinstance(y, torch.Tensor) and self.full:
             ref = self._derived.get(id(y))
@@ -912,11 +916,8 @@ class Recorder:
         self._zero_grad_since = False
         self._window_values = []
         self._backward_since_step = 0
-        for event in self._pending_forwards:
-            event.node = None
-        for call in self._pending_losses:
-            call.node = None
-        self._pending_forwards, self._pending_losses = [], []
+        if not self.full:
+            self._pending_forwards, self._pending_losses = [], []
         self._notify("on_step_post", optimizer, step)
         if self.max_steps is not None and len(self.recording.steps) >= self.max_steps:
             self.recording.stopped = f"the budget of {self.max_steps} optimizer steps was reached"
@@ -961,6 +962,16 @@ class Recorder:
                           isinstance(sampler, torch.utils.data.RandomSampler), bool(getattr(loader, "drop_last", False)), length)
         self.recording.loaders.append(info)
         return info
+
+    def flush_pending(self, keep: int = 0) -> None:
+        """Forwards and loss calls no backward reached by now stay evaluation (too many are pending):
+        drop their graph nodes. A GAN's generator forward is reached by a
+        backward after the discriminator's step, so pending items survive optimizer steps."""
+        for items in (self._pending_forwards, self._pending_losses):
+            for item in items[: max(len(items) - keep, 0)]:
+                item.node = None
+        self._pending_forwards = self._pending_forwards[len(self._pending_forwards) - keep:] if keep else []
+        self._pending_losses = self._pending_losses[len(self._pending_losses) - keep:] if keep else []
 
     def finish(self) -> Recording:
         """Close what is still open (called on exit): pending forwards with no backward are evaluation."""

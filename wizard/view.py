@@ -91,7 +91,9 @@ class TerminalView:
         verdict_style = {"problems-found": "bold red", "healthy": "bold green", "inconclusive": "bold yellow"}[report.verdict]
         c.print(f"Verdict: [{verdict_style}]{report.verdict}[/]" + (" (interrupted: partial)" if report.interrupted else ""))
         if report.not_run:
-            head = "could not run, so the verdict cannot be healthy" if report.verdict == "inconclusive" else "could not run"
+            head = "could not measure (or training raised, unexplained)"
+            if report.verdict == "inconclusive":
+                head += ", so the verdict cannot be healthy"
             c.print(f"[yellow]{len(report.not_run)} probe{'s' if len(report.not_run) != 1 else ''} {head}:[/]")
             for n in report.not_run[:8]:
                 c.print(f"  [yellow]! {n.probe:<22}[/] [dim]{n.why}[/] {n.reason}", highlight=False)

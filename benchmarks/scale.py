@@ -1,0 +1,177 @@
+"""Diagnosis cost against model size: wall time, plain-step equivalents and peak memory.
+
+For every case of ``benchmarks/scale_models.py`` (a ResNet-18-style CNN and a GPT-style decoder from
+about a thousand to about eleven million parameters, each healthy and with a planted fault: no
+``zero_grad``, eval mode left on after ``evaluate``) this runs, each in its own subprocess:
+
+1. a plain training step of the healthy model (two warm-ups, then the median of five timed steps),
+   and that process's peak resident memory (the same script: imports, data, model, optimizer);
+2. ``nnwizard diagnose --symptom auto --non-interactive`` through the real CLI, with its wall time,
+   exit code and peak resident memory (``os.wait4``'s rusage of that child alone).
+
+It prints one row per case and checks the targets of issue #12: every probe completes (none errored,
+none left out for lack of budget), the planted fault is top-1 and the healthy twin ``healthy``, wall
+time at most ``max(20 s, 40 plain steps)``, a clean exit (0 or 1, no abort), and peak memory at most
+twice a plain step's. Timings depend on the machine's load: say so when quoting them.
+
+    python benchmarks/scale.py [--only cnn_w64 gpt_d256_l6 ...] [--faults healthy zero_grad eval_mode]
+                               [--markdown] [--json out.json] [--device cpu]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import scale_models  # noqa: E402
+
+EXPECTED = {"healthy": None, "zero_grad": "missing-zero-grad", "eval_mode": "train-mode-missing"}
+
+PLAIN = """
+import json, resource, statistics, sys, time
+import torch
+sys.path.insert(0, {bench!r})
+import scale_models
+ns = getattr(scale_models, {name!r})()
+device = torch.device({device!r})
+model = ns.build_model().to(device)
+optimizer = ns.build_optimizer(model)
+train, _ = ns.build_data()
+x, y = next(iter(train))
+x, y = x.to(device), y.to(device)
+cuda = device.type == "cuda"
+def step():
+    if cuda: torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    ns.train_step(model, (x, y), ns.loss_fn, optimizer)
+    if cuda: torch.cuda.synchronize()
+    return time.perf_counter() - t0
+step(), step()
+times = [step() for _ in range(5)]
+print(json.dumps({{"params": sum(p.numel() for p in model.parameters()), "step_s": statistics.median(times),
+                   "batch": len(y), "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                   "cuda_mb": torch.cuda.max_memory_allocated() / 2**20 if cuda else None}}))
+"""
+
+
+def _run(cmd: list[str], timeout: float) -> tuple[int, str, str, float, float]:
+    """(exit code, stdout, stderr, wall seconds, peak RSS in MB) of one child process."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        started = time.monotonic()
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=err, env={**os.environ, "MPLBACKEND": "Agg"})
+        deadline = started + timeout
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.monotonic() > deadline:
+                proc.kill()
+                pid, status, usage = os.wait4(proc.pid, 0)
+                break
+            time.sleep(0.05)
+        wall = time.monotonic() - started
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        return proc.returncode, out.read(), err.read(), wall, usage.ru_maxrss / 1024
+
+
+def plain_step(name: str, device: str) -> dict:
+    code, out, err, _, rss = _run([sys.executable, "-c", PLAIN.format(bench=str(ROOT / "benchmarks"), name=name,
+                                                                       device=device)], 900)
+    if code != 0:
+        raise RuntimeError(f"plain step of {name} failed: {err[-500:]}")
+    info = json.loads(out.strip().splitlines()[-1])
+    info["rss_mb"] = max(info["rss_mb"], rss)
+    return info
+
+
+def diagnose(name: str, device: str, timeout: float) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        report_path = Path(tmp) / "report.json"
+        cmd = [sys.executable, "-m", "nnwizard", "diagnose", "-m", f"benchmarks/scale_models.py:{name}", "-s", "auto",
+               "--non-interactive", "--device", device, "--json", str(report_path), "-q"]
+        code, out, err, wall, rss = _run(cmd, timeout)
+        report = json.loads(report_path.read_text()) if report_path.exists() else None
+    return {"code": code, "wall_s": wall, "rss_mb": rss, "report": report, "aborted": code < 0 or code == 134 or
+            "terminate called" in err, "stderr": err[-800:]}
+
+
+def case(name: str, fault: str, device: str, timeout: float, plain: dict) -> dict:
+    run = diagnose(name, device, timeout)
+    report = run["report"] or {}
+    probes = report.get("probes", [])
+    incomplete = [f"{p['id']} ({p['status']}: {p['summary'][:80]})" for p in probes
+                  if p["status"] == "errored" or p["data"].get("cannot_run")]
+    top = report["hypotheses"][0]["id"] if report.get("hypotheses") and report["hypotheses"][0]["confidence"] >= 0.5 else None
+    want = EXPECTED[fault]
+    correct = report.get("verdict") == "healthy" if want is None else top == want
+    target_s = max(20.0, 40 * plain["step_s"])
+    row = dict(name=name, fault=fault, params=plain["params"], batch=plain["batch"], step_s=plain["step_s"],
+               wall_s=round(run["wall_s"], 1), plain_steps=round(run["wall_s"] / plain["step_s"], 1), target_s=round(target_s, 1),
+               verdict=report.get("verdict"), top=top, correct=correct, probes=len(probes), incomplete=incomplete,
+               code=run["code"], aborted=run["aborted"], rss_mb=round(run["rss_mb"]), plain_rss_mb=round(plain["rss_mb"]),
+               memory_ratio=round(run["rss_mb"] / plain["rss_mb"], 2), budget=report.get("budget", {}))
+    row["meets"] = (correct and not incomplete and run["wall_s"] <= target_s and run["code"] in (0, 1)
+                    and not run["aborted"] and row["memory_ratio"] <= 2.0)
+    if run["report"] is None:
+        row["stderr"] = run["stderr"]
+    return row
+
+
+def _fmt(row: dict) -> str:
+    found = "healthy" if row["fault"] == "healthy" and row["verdict"] == "healthy" else (row["top"] or row["verdict"])
+    return (f"| `{row['name']}` | {row['fault']} | {row['params']:,} | {row['step_s']:.3f} | {row['wall_s']:.1f} | "
+            f"{row['plain_steps']:.0f} | {row['target_s']:.0f} | {found} {'✓' if row['correct'] else '✗'} | "
+            f"{row['probes'] - len(row['incomplete'])}/{row['probes']} | {row['code']} | "
+            f"{row['rss_mb']} / {row['plain_rss_mb']} ({row['memory_ratio']:.2f}x) | {'yes' if row['meets'] else 'no'} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", nargs="*", help="model names, e.g. cnn_w64 gpt_d256_l6 (default: all)")
+    parser.add_argument("--faults", nargs="*", default=list(EXPECTED), choices=list(EXPECTED))
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds before a diagnosis is killed")
+    parser.add_argument("--markdown", action="store_true", help="print the README table")
+    parser.add_argument("--json", type=Path, help="write the rows here")
+    args = parser.parse_args()
+    models = list(dict.fromkeys(scale_models.model_name(f, size) for f, size, _ in scale_models.TARGETS.values()))
+    rows = []
+    header = ("| model | planted fault | parameters | plain step (s) | diagnosis wall (s) | in plain steps | target (s) | "
+              "result | probes completed | exit | peak RSS MB: diagnosis / plain step | meets targets |\n"
+              "|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print(header, flush=True)
+    for model in models:
+        if args.only and model not in args.only:
+            continue
+        plain = plain_step(f"{model}_healthy", args.device)  # the faults do not change a step's cost
+        for fault in args.faults:
+            row = case(f"{model}_{fault}", fault, args.device, args.timeout, plain)
+            rows.append(row)
+            print(_fmt(row), flush=True)
+            for item in row["incomplete"]:
+                print(f"    not completed: {item}", file=sys.stderr)
+    met = sum(r["meets"] for r in rows)
+    walls = [r["plain_steps"] for r in rows]
+    print(f"\n{met}/{len(rows)} cases meet every target; correct {sum(r['correct'] for r in rows)}/{len(rows)}; "
+          f"all probes completed in {sum(not r['incomplete'] for r in rows)}/{len(rows)}; clean exits "
+          f"{sum(r['code'] in (0, 1) and not r['aborted'] for r in rows)}/{len(rows)}; median cost "
+          f"{statistics.median(walls) if walls else 0:.0f} plain steps; peak memory at most "
+          f"{max((r['memory_ratio'] for r in rows), default=0):.2f}x a plain step", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2, default=str) + "\n")
+
+
+if __name__ == "__main__":
+    main()
