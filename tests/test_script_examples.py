@@ -18,7 +18,6 @@ import torch
 
 from examples._scripts import diagnose_with_cli, script_examples, script_mode_available
 
-ROOT = Path(__file__).resolve().parents[1]
 ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # tiny models, shared CPU
 EXAMPLES = script_examples()
 BY_NAME = {s.name: s for s in EXAMPLES}
