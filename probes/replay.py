@@ -23,7 +23,6 @@ of the loss is the last 50 finite losses of the history, "in range" is below max
 
 from __future__ import annotations
 
-import copy
 import math
 import statistics
 

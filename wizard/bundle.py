@@ -182,7 +182,6 @@ class Bundle:
     state_bytes: bytes
     batch: dict
     rng: dict | None
-    notes: list[str] = field(default_factory=list)
 
     @property
     def step(self) -> int:

@@ -138,7 +138,6 @@ class ReplayTarget(Target):
         target.bundle, target.recipe = bundle, recipe
         target._replay_batches = batches
         ns.train_step = target._step
-        target._pairs: dict[int, torch.optim.Optimizer] = {}
         return target
 
     # the user's step, as recorded: RNG of that step, forward, loss, backward, update

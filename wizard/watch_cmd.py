@@ -9,7 +9,6 @@ its traceback printed as Python would); 1 when ``--on-anomaly stop`` stopped it 
 from __future__ import annotations
 
 import sys
-import traceback
 from pathlib import Path
 
 from nnwizard.anomaly import Triggers
@@ -66,7 +65,7 @@ def run(script_spec: str, args: list[str], out: Path, on_anomaly: str = "continu
     elif steps:
         summary += "; no anomaly"
     if not starter.started:
-        summary = f"nnwizard watch: the script built no model and took no optimizer step: nothing was watched"
+        summary = "nnwizard watch: the script built no model and took no optimizer step: nothing was watched"
     print(summary, file=sys.stderr)
     if result.exit == "raised" and rec.error is not None:
         print(rec.error.traceback, file=sys.stderr, end="")
