@@ -7,6 +7,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from rich.markup import escape
+
 TRACE_ROWS = 12
 OUTPUT_TAIL = 12
 
@@ -125,7 +127,7 @@ def print_observed(console, obs: dict) -> None:
     if obs["output_tail"]:
         c.print("  [dim]last lines it printed:[/]")
         for line in obs["output_tail"][-6:]:
-            c.print(f"  [dim]│ {line}[/]", highlight=False, markup=False)
+            c.print(f"  [dim]│ {escape(line)}[/]", highlight=False)  # the script's text, never read as markup
     if obs["note"]:
         c.print(f"[bold yellow]{obs['note']}[/]", highlight=False)
 
