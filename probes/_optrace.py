@@ -44,6 +44,8 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from nnwizard.recorder import _tensors  # one walk over nested tensors for the tracer and the recorder
+
 # op name -> which argument is "the one that must stay away from zero" (0 = first, 1 = denominator)
 UNSAFE_OPS: dict[str, int] = {
     "log": 0, "log2": 0, "log10": 0, "log_": 0, "sqrt": 0, "sqrt_": 0, "rsqrt": 0, "rsqrt_": 0,
@@ -92,17 +94,6 @@ class OpTrace:
     @property
     def unsafe(self) -> list[OpRecord]:
         return [r for r in self.records if r.min_abs is not None]
-
-
-def _tensors(obj: Any):
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, (list, tuple)):
-        for o in obj:
-            yield from _tensors(o)
-    elif isinstance(obj, dict):
-        for o in obj.values():
-            yield from _tensors(o)
 
 
 def _nonfinite(t: torch.Tensor) -> bool:

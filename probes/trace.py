@@ -17,6 +17,7 @@ from typing import Any
 
 from nnwizard.curves import Curves, classify
 from nnwizard.probes._instrument import error_kind
+from nnwizard.probes.triage import CURVE_OUTCOMES
 from nnwizard.probes.api import LinePlot, ProbeContext, Table, failed, passed, probe, skipped
 
 
@@ -73,18 +74,8 @@ def eval_curve(rec) -> tuple[list[float], list[int]]:
 @probe(
     "trace-run",
     title="The script's own run: what it built, and the shape of its loss curves",
-    outcomes={
-        "ok": "the curves look normal (still falling, or fell and levelled off)",
-        "nan": "the loss became NaN/Inf without a healthy phase before it",
-        "diverged": "the loss trained well, then blew up at one step",
-        "flat": "the loss does not move",
-        "oscillating": "the loss jumps around without progress",
-        "overfitting": "train loss falls while validation loss rises",
-        "stalled-high": "train and validation losses both stall high",
-        "slow-high": "still falling, but both losses are above half the chance-level loss at the end",
-        "crashed": "the script raised",
-        "too-short": "too few optimizer steps were recorded to read a curve",
-    },
+    outcomes={**CURVE_OUTCOMES, "crashed": "the script raised",
+              "too-short": "too few optimizer steps were recorded to read a curve"},
     timeout_s=30,
 )
 def trace_run(ctx: ProbeContext):

@@ -165,20 +165,22 @@ def run_curves(ctx: ProbeContext, budget_s: float, max_epochs: int, max_steps: i
     return out
 
 
+CURVE_OUTCOMES = {  # the shapes of a loss curve; triage-run and trace-run (script mode) both return them
+    "ok": "the curves look normal (still falling, or fell and levelled off)",
+    "nan": "the loss became NaN/Inf without a healthy phase before it",
+    "diverged": "the loss trained well, then blew up at one step",
+    "flat": "the loss does not move",
+    "oscillating": "the loss jumps around without progress",
+    "overfitting": "train loss falls while validation loss rises",
+    "stalled-high": "train and validation losses both stall high",
+    "slow-high": "still falling, but at the end both losses are above half the chance-level loss",
+}
+
+
 @probe(
     "triage-run",
     title="Short calibrated run of the user's loop; the shape of its train/validation curves",
-    outcomes={
-        "ok": "the curves look normal (still falling, or fell and levelled off)",
-        "nan": "the loss became NaN/Inf without a healthy phase before it",
-        "diverged": "the loss trained well, then blew up at one step",
-        "flat": "the loss does not move",
-        "oscillating": "the loss jumps around without progress",
-        "overfitting": "train loss falls while validation loss rises",
-        "stalled-high": "train and validation losses both stall high",
-        "slow-high": "still falling, but after the whole run both losses are above half the chance-level loss",
-        "crashed": "the user's loop raised",
-    },
+    outcomes={**CURVE_OUTCOMES, "crashed": "the user's loop raised"},
     timeout_s=60,
     share=0.3,
 )
