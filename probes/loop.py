@@ -474,6 +474,40 @@ def loss_target_audit(ctx: ProbeContext):
     return passed(f"{audit.fn}'s gradient has cosine {cos:.2f} with the reference gradient", **data)
 
 
+@dataclass
+class Coverage:
+    """Trainable (name, parameter) pairs and those no param group holds (``held``: ids of the held tensors).
+    optimizer-coverage (module mode) and trace-optimizer (script mode) both read it."""
+
+    named: list
+    missing: list
+
+    @classmethod
+    def of(cls, named_parameters, held) -> "Coverage":
+        named = [(n, p) for n, p in named_parameters if p.requires_grad]
+        return cls(named, [(n, p) for n, p in named if id(p) not in held])
+
+    @property
+    def total(self) -> int:
+        return sum(p.numel() for _, p in self.named)
+
+    @property
+    def n_missing(self) -> int:
+        return sum(p.numel() for _, p in self.missing)
+
+    @property
+    def fraction(self) -> float:
+        return self.n_missing / self.total if self.total else 0.0
+
+    @property
+    def modules(self) -> str:
+        return ", ".join(sorted({n.rsplit(".", 1)[0] for n, _ in self.missing})[:6])
+
+    def table(self, title: str) -> list:
+        rows = [[n, list(p.shape), p.numel()] for n, p in self.missing[:40]]
+        return [Table("missing", title, ["parameter", "shape", "values"], rows)] if rows else []
+
+
 @probe(
     "optimizer-coverage",
     title="Trainable parameters missing from the optimizer's param groups",
@@ -494,20 +528,16 @@ def optimizer_coverage(ctx: ProbeContext):
     for group in optimizer.param_groups:
         for p in group["params"]:
             held[id(p)] = held.get(id(p), 0) + 1
-    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    total = sum(p.numel() for _, p in named)
-    missing = [(n, p) for n, p in named if id(p) not in held]
+    cover = Coverage.of(model.named_parameters(), held)
+    named, missing, total, n_missing = cover.named, cover.missing, cover.total, cover.n_missing
     own = {id(p) for p in model.parameters()}
     foreign = sum(1 for k in held if k not in own)
     dups = sum(1 for v in held.values() if v > 1)
-    n_missing = sum(p.numel() for _, p in missing)
-    modules = sorted({n.rsplit(".", 1)[0] if "." in n else n for n, _ in missing})
     name = "build_optimizer's" if target.user("build_optimizer") else "the default"
     data = dict(optimizer=type(optimizer).__name__, groups=len(optimizer.param_groups), trainable=total,
-                missing_params=n_missing, missing_tensors=len(missing), missing_fraction=n_missing / total if total else 0.0,
-                missing_modules=", ".join(modules[:6]), foreign=foreign, duplicated=dups, source=name)
-    rows = [[n, list(p.shape), p.numel()] for n, p in missing[:40]]
-    table = [Table("missing", "Trainable parameters in no param group", ["parameter", "shape", "values"], rows)] if rows else []
+                missing_params=n_missing, missing_tensors=len(missing), missing_fraction=cover.fraction,
+                missing_modules=cover.modules, foreign=foreign, duplicated=dups, source=name)
+    table = cover.table("Trainable parameters in no param group")
     if missing and foreign and len(missing) == len(named):
         return failed("foreign", f"{name} {type(optimizer).__name__} holds {foreign} tensors, none of them this model's "
                       f"{len(named)} trainable tensors: it was built over another model instance", table, **data)

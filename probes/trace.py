@@ -17,6 +17,7 @@ from typing import Any
 
 from nnwizard.curves import Curves, classify
 from nnwizard.probes._instrument import error_kind
+from nnwizard.probes.loop import Coverage
 from nnwizard.probes.triage import CURVE_OUTCOMES
 from nnwizard.probes.api import LinePlot, ProbeContext, Table, failed, passed, probe, skipped
 
@@ -280,23 +281,14 @@ def trace_optimizer(ctx: ProbeContext):
         return skipped("the script never stepped an optimizer", "no-optimizer")
     trained = {i for s in rec.steps for i in s.forwards} or {m.index for m in rec.models}
     held = {id(p) for o in rec.optimizers for g in o.groups for p in g["params"]}
-    rows, missing, total = [], 0, 0
-    for m in rec.models:
-        if m.index not in trained:
-            continue
-        for name, p in m.module.named_parameters():
-            if not p.requires_grad:
-                continue
-            total += p.numel()
-            if id(p) not in held:
-                missing += p.numel()
-                rows.append([f"{m.name}.{name}", list(p.shape), p.numel()])
+    cover = Coverage.of(((f"{m.name}.{n}", p) for m in rec.models if m.index in trained
+                         for n, p in m.module.named_parameters()), held)
+    total, missing = cover.total, cover.n_missing
     groups = sum(len(o.groups) for o in rec.optimizers)
     data = dict(optimizers=", ".join(o.name for o in rec.optimizers), groups=groups, trainable=total,
-                missing_params=missing, missing_fraction=missing / total if total else 0.0,
-                missing_modules=", ".join(sorted({r[0].rsplit(".", 1)[0] for r in rows})[:6]),
+                missing_params=missing, missing_fraction=cover.fraction, missing_modules=cover.modules,
                 foreign=sum(o.foreign for o in rec.optimizers))
-    table = [Table("missing", "Trainable parameters in no optimizer", ["parameter", "shape", "values"], rows[:40])] if rows else []
+    table = cover.table("Trainable parameters in no optimizer")
     if total and missing == total and data["foreign"]:
         return failed("foreign", f"the script's {data['optimizers']} holds {data['foreign']} tensors, none of them the "
                       f"{total:,} trainable values of the model it trains: it was built over another model instance",
