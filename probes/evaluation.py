@@ -17,7 +17,8 @@ from nnwizard.probes._instrument import first_line
 from nnwizard.probes.api import ProbeContext, cannot_run, failed, passed, probe, skipped
 
 BATCHES = 3
-MAX_BATCHES = 64  # metric-audit reads the whole validation set up to this many batches
+MAX_BATCHES = 64  # metric-audit reads the whole validation set up to this many batches ...
+SLICED_BATCHES = 4  # ... or this many when the session slices dear batches (still tells samples from batches)
 MODE_LAYERS = (nn.modules.dropout._DropoutNd, nn.modules.batchnorm._BatchNorm)
 
 
@@ -215,8 +216,9 @@ def metric_audit(ctx: ProbeContext):
     if not target.user_evaluate:
         return skipped("no user evaluate: the wizard's reference evaluation computes its own metrics")
     full = _val_loader(target, None)
-    if full is not None and len(full) > MAX_BATCHES:
-        full = _val_loader(target, MAX_BATCHES)
+    most = SLICED_BATCHES if target.sample_limit else MAX_BATCHES  # five passes over what it reads
+    if full is not None and len(full) > most:
+        full = _val_loader(target, most)
     model = target.fresh_model(ctx.seed).eval()  # eval mode: two calls on one model must agree
     other = target.fresh_model(ctx.seed + 1).eval()
     modes: list[bool] = []  # one entry per forward call of the first evaluate

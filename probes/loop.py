@@ -75,17 +75,32 @@ def no_dropout(model: nn.Module) -> nn.Module:
 
 
 def _flat(params: list[torch.Tensor]) -> tuple[torch.Tensor, int]:
-    """Gradients of ``params`` as one float64 vector (None -> zeros) and how many were None."""
+    """Gradients of ``params`` as one float32 vector on the CPU (None -> zeros) and how many were None.
+    float32 holds half and bfloat16 gradients exactly; a float64 copy of an 11M-parameter model's
+    gradient would cost 89 MB per vector."""
     parts, nones = [], 0
     for p in params:
         if p.grad is None:
             nones += 1
-            parts.append(torch.zeros(p.numel(), dtype=torch.float64, device=p.device))
+            parts.append(torch.zeros(p.numel(), dtype=torch.float32))
         else:
-            parts.append(p.grad.detach().reshape(-1).to(torch.float64))
+            parts.append(p.grad.detach().reshape(-1).to("cpu", torch.float32))
     if not parts:
-        return torch.zeros(0, dtype=torch.float64), 0
-    return torch.cat(parts).cpu(), nones
+        return torch.zeros(0, dtype=torch.float32), 0
+    return torch.cat(parts), nones
+
+
+def _grad_norm(params: list[torch.Tensor]) -> tuple[float, int, bool]:
+    """(norm, how many .grad are None, all finite) of the gradients, without copying them."""
+    total, nones, finite = 0.0, 0, True
+    for p in params:
+        if p.grad is None:
+            nones += 1
+            continue
+        g = p.grad.detach().float()
+        total += float(g.pow(2).sum(dtype=torch.float64))
+        finite = finite and bool(torch.isfinite(g).all())
+    return (math.sqrt(total) if math.isfinite(total) else math.inf), nones, finite
 
 
 def reference_grad(model: nn.Module, batches: list, loss_fn) -> torch.Tensor:
@@ -103,15 +118,21 @@ def reference_grad(model: nn.Module, batches: list, loss_fn) -> torch.Tensor:
 
 
 def _cos(a: torch.Tensor, b: torch.Tensor) -> float:
-    na, nb = float(a.norm()), float(b.norm())
-    return float(a @ b) / (na * nb) if na > 0 and nb > 0 else 0.0
+    na, nb = float(a.norm(dtype=torch.float64)), float(b.norm(dtype=torch.float64))
+    return _dot(a, b) / (na * nb) if na > 0 and nb > 0 else 0.0
+
+
+def _dot(a: torch.Tensor, b: torch.Tensor) -> float:
+    """a . b accumulated in float64, a million values at a time (no float64 copy of the vectors)."""
+    chunk = 1 << 20
+    return sum(float(a[i:i + chunk].double() @ b[i:i + chunk].double()) for i in range(0, len(a), chunk))
 
 
 class _Stop(Exception):
     """Ends a marker run at the optimizer step the test needs."""
 
 
-def marker_carry(target, seed: int, batches: list, fn: str) -> float | None:
+def marker_carry(target, seed: int, batches: list, fn: str, plain: torch.Tensor | None = None) -> float | None:
     """Do gradients survive from one optimizer.step() into the next? The user's loop runs twice from
     identical states (same seed, dropout off); in the second run a known random marker is added to
     every .grad right after the first optimizer.step(). A loop that clears gradients anywhere before
@@ -119,12 +140,14 @@ def marker_carry(target, seed: int, batches: list, fn: str) -> float | None:
     accumulation window) wipes the marker, so both runs reach the second step with identical
     gradients; a loop that never clears them carries the marker in full. Returns the share of the
     marker found at the second step (about 1 carried, about 0 cleared), or None when fewer than two
-    steps ran. Independent of what the loss is computed against."""
+    steps ran. Independent of what the loss is computed against. ``plain``: the gradients at the
+    second step of a run without the marker from the same seed (the loop audit's), so that only the
+    marked run has to train."""
     from nnwizard.isolation import seed_everything
 
-    seen: list[torch.Tensor] = []
+    seen: list[torch.Tensor] = [] if plain is None else [plain]
     marker_norm = 0.0
-    for inject in (False, True):
+    for inject in ((True,) if plain is not None else (False, True)):
         seed_everything(seed)
         model = no_dropout(target.fresh_model(seed))
         optimizer = target.make_optimizer(model)
@@ -168,27 +191,30 @@ def marker_carry(target, seed: int, batches: list, fn: str) -> float | None:
             return None
     if not marker_norm or not (torch.isfinite(seen[0]).all() and torch.isfinite(seen[1]).all()):
         return None
-    return float((seen[1] - seen[0]).norm()) / marker_norm
+    return float(torch.linalg.vector_norm(seen[1] - seen[0])) / marker_norm
 
 
 @dataclass
 class StepEvent:
-    grads: torch.Tensor
+    norm: float          # of the gradients optimizer.step() was about to apply
     nones: int
-    state: dict
-    window: list[int]
+    window: list[int]    # the batches consumed since the previous step
 
 
 @dataclass
 class LoopAudit:
-    """What the user's step/epoch did on fixed batches, against the reference from the same states."""
+    """What the user's step/epoch did on fixed batches, against the reference from the same state.
+    As vectors (float32) only the first step's gradient, its reference and the second step's gradient
+    are kept; the other steps keep their norms."""
 
     fn: str
     calls: int
     batches: int
     trainable: int
     events: list[StepEvent] = field(default_factory=list)
-    references: list[torch.Tensor] = field(default_factory=list)
+    first_grads: torch.Tensor | None = None
+    second_grads: torch.Tensor | None = None  # the marker test's run without the marker
+    reference: torch.Tensor | None = None     # the reference gradient at the first step's state and batches
     returned: list[float] = field(default_factory=list)
     max_change: float = 0.0
     changed_params: int = 0
@@ -208,7 +234,10 @@ class LoopAudit:
 
 
 def run_loop_audit(target, seed: int) -> LoopAudit | None:
-    """Run the user's train_step (3 calls) or train_epoch (8 batches) under instrumentation."""
+    """Run the user's train_step (3 calls) or train_epoch (8 batches) under instrumentation. Seeded
+    like ``marker_carry``'s runs, so that its second-step gradients are that test's unmarked run."""
+    from nnwizard.isolation import seed_everything
+
     fn = user_loop(target)
     if fn is None:
         return None
@@ -217,24 +246,28 @@ def run_loop_audit(target, seed: int) -> LoopAudit | None:
         return cache[seed]
     n = STEP_CALLS if fn == "train_step" else EPOCH_BATCHES
     batches = [tuple(b[:2]) for b in target.batches(n)]
+    seed_everything(seed)
     model = no_dropout(target.fresh_model(seed))
-    scratch = copy.deepcopy(model)
-    initial = copy.deepcopy(model.state_dict())
+    scratch = copy.deepcopy(model)  # the initial state: the reference's model, and what "changed" is measured from
     optimizer = target.make_optimizer(model)
     trainable = [p for p in model.parameters() if p.requires_grad]
-    before = [p.detach().clone() for p in model.parameters()]
     audit = LoopAudit(fn, 0, len(batches), sum(p.numel() for p in trainable),
                       batch_size=len(batches[0][1]) if batches else 0)
     loader = FixedLoader(batches, target.train_loader)
     position = {"served": 0, "last": 0}
+    first_state: dict = {}
 
     def pre_hook(opt, args, kwargs):
         served = loader.served if fn == "train_epoch" else position["served"]
         window = list(range(position["last"], served)) or [max(served - 1, 0)]
         position["last"] = served
-        grads, nones = _flat(trainable)
-        state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        audit.events.append(StepEvent(grads, nones, state, window))
+        norm, nones, _ = _grad_norm(trainable)
+        if not audit.events:
+            audit.first_grads = _flat(trainable)[0]
+            first_state.update((k, v.detach().clone()) for k, v in model.state_dict().items())
+        elif len(audit.events) == 1:
+            audit.second_grads = _flat(trainable)[0]
+        audit.events.append(StepEvent(norm, nones, window))
 
     handle = optimizer.register_step_pre_hook(pre_hook)
     files = user_source_files(target)
@@ -254,40 +287,41 @@ def run_loop_audit(target, seed: int) -> LoopAudit | None:
         audit.error, audit.error_where = exc, user_frame(exc, files)
     finally:
         handle.remove()
-    changes = [float((p.detach() - b).abs().max()) if p.numel() else 0.0 for p, b in zip(model.parameters(), before)]
+    with torch.no_grad():
+        changes = [float((p - b).abs().max()) if p.numel() else 0.0 for p, b in zip(model.parameters(), scratch.parameters())]
     audit.max_change = max(changes, default=0.0)
     audit.changed_params = sum(c > 0 for c in changes)
-    after, audit.after_nones = _flat(trainable)
-    audit.after_grad_norm = float(after.norm())
-    audit.after_finite = bool(torch.isfinite(after).all())
-    # the reference from the very states the user's step computed its gradients at
-    for event in audit.events:
-        scratch.load_state_dict(event.state)
-        try:
-            audit.references.append(reference_grad(scratch, [batches[i] for i in event.window], target.loss_fn))
-        except Exception as exc:
-            audit.reference_error = first_line(exc)
-            break
-    scratch.load_state_dict(initial)
+    audit.after_grad_norm, audit.after_nones, audit.after_finite = _grad_norm(trainable)
+    del model, optimizer, trainable, loader  # from here on only the scratch copy is needed
     try:
-        ref = reference_grad(scratch, batches[:1], target.loss_fn)
+        ref = reference_grad(scratch, batches[:1], target.loss_fn)  # at the initial state, on the first batch
         audit.first_ref_norm = float(ref.norm())
         with torch.no_grad():
             audit.first_ref_loss = float(target.loss_fn(scratch(batches[0][0]), batches[0][1]).float().mean())
+        if audit.events:
+            # the reference at the very state and on the very batches of the user's first
+            # optimizer.step(); the same as the one above when that step saw the first batch at the
+            # initial parameters (a train-mode forward does not read BatchNorm's running statistics)
+            window = audit.events[0].window
+            params = dict(scratch.named_parameters())
+            if window != [0] or any(not torch.equal(params[k], v) for k, v in first_state.items() if k in params):
+                scratch.load_state_dict(first_state)
+                ref = reference_grad(scratch, [batches[i] for i in window], target.loss_fn)
+            audit.reference = ref
     except Exception as exc:
-        audit.reference_error = audit.reference_error or first_line(exc)
+        audit.reference_error = first_line(exc)
     cache[seed] = audit
     return audit
 
 
 def _scale(audit: LoopAudit) -> tuple[float, float] | None:
     """(a, cos) of the first step: the user's gradient projected on the reference, and their cosine."""
-    if not audit.events or not audit.references:
+    if audit.first_grads is None or audit.reference is None:
         return None
-    g, r = audit.events[0].grads, audit.references[0]
+    g, r = audit.first_grads, audit.reference
     if float(r.norm()) == 0:
         return None
-    return float(g @ r) / float(r @ r), _cos(g, r)
+    return _dot(g, r) / _dot(r, r), _cos(g, r)
 
 
 def _loop_skip(ctx: ProbeContext):
@@ -338,7 +372,7 @@ def step_audit(ctx: ProbeContext):
         elif data["kind"] == "inplace":
             hint = "; a tensor autograd saved for backward was overwritten in place before backward ran"
         return failed("crashed", f"{fn} raised ({data['where']}): {data['error']}{hint}", **data)
-    step_grad = max((float(e.grads.norm()) for e in audit.events), default=0.0)
+    step_grad = max((e.norm for e in audit.events), default=0.0)
     seen = max(step_grad, audit.after_grad_norm) if audit.after_finite else math.inf
     data.update(grad_norm=seen, step_grad_norm=step_grad)
     if audit.first_ref_norm == 0:
@@ -366,12 +400,12 @@ def step_audit(ctx: ProbeContext):
     if scale:
         data.update(scale=scale[0], cosine=scale[1])
     n = STEP_CALLS if fn == "train_step" else EPOCH_BATCHES
-    carry = marker_carry(ctx.target, ctx.seed, [tuple(b[:2]) for b in ctx.target.batches(n)], fn)
+    carry = marker_carry(ctx.target, ctx.seed, [tuple(b[:2]) for b in ctx.target.batches(n)], fn, audit.second_grads)
     if carry is not None:
         data["carry"] = carry
         # 1 when the marker survives in full, 0 when it was cleared: 0.5 is halfway
         if carry > 0.5:
-            grow = float(audit.events[-1].grads.norm()) / max(float(audit.events[0].grads.norm()), 1e-30)
+            grow = audit.events[-1].norm / max(audit.events[0].norm, 1e-30)
             data["grad_growth"] = grow
             return failed("carry-over", f"{fn} never clears gradients: a marker added to every .grad right after "
                           f"optimizer.step() was still {carry:.0%} present at the next step; the gradient grew "
@@ -455,7 +489,7 @@ def loss_target_audit(ctx: ProbeContext):
     if scale is None:
         return skipped("no reference gradient to compare")
     a, cos = scale
-    if float(audit.events[0].grads.norm()) == 0:
+    if audit.events[0].norm == 0:
         return skipped(f"{audit.fn} applied no gradient at all (see step-audit)")
     data: dict[str, Any] = dict(fn=audit.fn, cosine=cos, scale=a, ref_loss=audit.first_ref_loss)
     returned = audit.returned[0] if audit.returned else math.nan

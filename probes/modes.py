@@ -46,7 +46,7 @@ def mode_after_eval(ctx: ProbeContext):
     if not layers:
         return passed(f"{type(model).__name__} has no Dropout or BatchNorm layer: eval mode would change nothing",
                       "no-mode-layers")
-    batches = int(ctx.param("batches", 2))
+    batches = int(ctx.param("batches", 1 if target.sample_limit else 2))  # 1 when the session slices dear batches
     optimizer = target.make_optimizer(model)
     scheduler = target.make_scheduler(optimizer)
     phase = {"name": "setup"}

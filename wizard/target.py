@@ -152,7 +152,8 @@ class Target:
         """A real DataLoader over the first ``max_batches`` batches' worth of the split's samples, in
         order, whose ``dataset`` is exactly what it iterates (so user code dividing by
         ``len(loader.dataset)`` or ``len(loader)`` gets the right counts); the whole split when
-        ``max_batches`` is None. Falls back to the split's own loader, cut, when it has no indexable
+        ``max_batches`` is None. When the session slices dear batches (``sample_limit``), its batches
+        hold that many samples. Falls back to the split's own loader, cut, when it has no indexable
         dataset."""
         base = self.train_loader if split == "train" else self.val_loader
         if base is None:
@@ -160,7 +161,9 @@ class Target:
         ds = getattr(base, "dataset", None)
         size = getattr(base, "batch_size", None)
         if ds is None or size is None or isinstance(ds, torch.utils.data.IterableDataset) or not hasattr(ds, "__len__"):
-            return DeviceLoader(base, self.device, max_batches)
+            return DeviceLoader(base, self.device, max_batches, self.sample_limit)
+        if self.sample_limit:
+            size = min(size, self.sample_limit)
         n = len(ds) if max_batches is None else min(len(ds), max_batches * size)
         subset = ds if n == len(ds) else torch.utils.data.Subset(ds, range(n))
         loader = DataLoader(subset, batch_size=size, shuffle=False, collate_fn=base.collate_fn, drop_last=base.drop_last)
