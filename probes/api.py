@@ -126,6 +126,7 @@ class ProbeContext:
     results: dict[str, ProbeResult] = field(default_factory=dict)
     seed: int = 0
     deadline: float | None = None  # time.monotonic() value after which long loops should stop
+    cap: float | None = None  # the latest deadline the probe's time limit allows
     on_progress: Callable[[float, str], None] | None = None
     budget: Any = None  # the session's nnwizard.budget.Budget (None: nothing measured, plan as asked)
     allowance_s: float | None = None  # seconds this probe may plan its steps within (None: no limit)
@@ -149,6 +150,15 @@ class ProbeContext:
         from nnwizard.budget import plan_steps
 
         steps = plan_steps(self.budget, self.allowance_s, wanted, minimum, cost, runs, fixed)
+        if not steps and minimum > 0 and self.allowance_s is not None:
+            # the minimum does not fit this probe's share: take it from what the session has left
+            # (the probes after it then share less), so a needed check is not skipped while time remains
+            need = (minimum * cost * runs + fixed) * self.budget.step_s
+            if need <= self.budget.spare():
+                self.allowance_s, steps = need, minimum
+                self.plan["borrowed_s"] = round(need, 2)
+                end = max(self.deadline or 0.0, time.monotonic() + 1.25 * need + 3)
+                self.deadline = end if self.cap is None else min(self.cap, end)
         self.plan.update(wanted=wanted, planned=steps, runs=runs)
         return steps
 

@@ -48,7 +48,7 @@ def training_crash(ctx: ProbeContext):
         optimizer = target.make_optimizer(model)
         if target.user_train_step or not target.user_train_epoch:
             phase = None
-            for _ in range(STEPS):
+            for _ in range(2 if target.sample_limit else STEPS):  # 2 when the session slices dear batches
                 target.train_step(model, batch, optimizer)
                 ran.append("step")
                 if ctx.time_left() < 2:

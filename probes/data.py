@@ -282,15 +282,31 @@ def feature_axis(x: torch.Tensor) -> int:
 
 
 def per_feature(x: torch.Tensor):
+    """(axis, mean, std, min, max, non-finite count) per feature over the finite values, in float64
+    but a million values at a time: whole-dataset float64 temporaries would cost more than the model."""
     axis = feature_axis(x)
-    flat = x.movedim(axis, -1).reshape(-1, x.shape[axis]).double()
-    finite = torch.isfinite(flat)
-    safe = torch.where(finite, flat, torch.zeros_like(flat))
-    count = finite.sum(0).clamp_min(1)
-    mean = safe.sum(0) / count
-    var = (torch.where(finite, flat - mean, torch.zeros_like(flat)) ** 2).sum(0) / count
-    big = torch.where(finite, flat, torch.full_like(flat, float("nan")))
-    return axis, mean, var.sqrt(), big.nan_to_num(float("inf")).min(0).values, big.nan_to_num(float("-inf")).max(0).values, (~finite).sum(0)
+    flat = x.movedim(axis, -1).reshape(-1, x.shape[axis])
+    rows = max(1, (1 << 20) // max(flat.shape[1], 1))
+    width = flat.shape[1]
+    count = torch.zeros(width, dtype=torch.float64)
+    total = torch.zeros(width, dtype=torch.float64)
+    lo = torch.full((width,), float("inf"), dtype=torch.float64)
+    hi = torch.full((width,), float("-inf"), dtype=torch.float64)
+    for i in range(0, len(flat), rows):
+        part = flat[i:i + rows].double()
+        finite = torch.isfinite(part)
+        count += finite.sum(0)
+        total += torch.where(finite, part, 0.0).sum(0)
+        lo = torch.minimum(lo, torch.where(finite, part, float("inf")).min(0).values)
+        hi = torch.maximum(hi, torch.where(finite, part, float("-inf")).max(0).values)
+    mean = total / count.clamp_min(1)
+    var = torch.zeros(width, dtype=torch.float64)
+    for i in range(0, len(flat), rows):
+        part = flat[i:i + rows].double()
+        var += torch.where(torch.isfinite(part), part - mean, 0.0).pow(2).sum(0)
+    var /= count.clamp_min(1)
+    nonfinite = (len(flat) - count).long()
+    return axis, mean, var.sqrt(), lo, hi, nonfinite
 
 
 # Default PyTorch layers (kaiming-uniform, a=sqrt(5)) keep unit-scale inputs at unit scale. A feature

@@ -18,7 +18,7 @@ from nnwizard.probes.api import ProbeContext, cannot_run, failed, passed, probe,
 
 BATCHES = 3
 MAX_BATCHES = 64  # metric-audit reads the whole validation set up to this many batches ...
-SLICED_BATCHES = 4  # ... or this many when the session slices dear batches (still tells samples from batches)
+SLICED_BATCHES = 2  # ... or this many when the session slices dear batches (still tells samples from batches)
 MODE_LAYERS = (nn.modules.dropout._DropoutNd, nn.modules.batchnorm._BatchNorm)
 
 

@@ -175,8 +175,8 @@ def memory_growth(ctx: ProbeContext):
     target = ctx.target
     if not (target.user_train_epoch or target.user_train_step):
         return skipped("no user train_epoch or train_step: the reference loop keeps only numbers (loss.item())")
-    # 8 steps; 5 (still 4 increments to see a rise) when the session slices dear batches
-    steps = int(ctx.param("steps", 5 if target.sample_limit else 8))
+    # 8 steps; 4 (still 3 increments to see a rise) when the session slices dear batches
+    steps = int(ctx.param("steps", 4 if target.sample_limit else 8))
     loader = target.loader("train", steps)
     steps = len(loader)
     if steps < 4:

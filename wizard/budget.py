@@ -53,6 +53,10 @@ class Budget:
     def remaining(self) -> float:
         return self.total_s - self.elapsed()
 
+    def spare(self) -> float:
+        """Seconds left beyond the reserve for the fixed-cost probes of trees queued later."""
+        return self.remaining() - RESERVE * self.total_s
+
     def plain_steps(self, seconds: float) -> float | None:
         """``seconds`` in plain steps of the user's batch."""
         step = self.user_step_s or self.step_s
@@ -69,7 +73,7 @@ class Budget:
                                f"({self.elapsed():.0f} s spent): not run")
         if share > 0:
             # what is left may be nothing: the probe then plans 0 steps and says what it could not do
-            left = self.remaining() - RESERVE * self.total_s
+            left = self.spare()
             ahead = share + sum(s for p, s in self.pending.items() if p != probe_id)
             self.pending.pop(probe_id, None)
             allowance = max(0.0, min(share * self.total_s, left * share / ahead))

@@ -74,8 +74,9 @@ def run_probe(spec: ProbeSpec, ctx: ProbeContext, timeout_s: float | None = None
     """Run ``spec`` in a worker thread with a time limit; never raises (but KeyboardInterrupt).
     Past the limit the worker is cancelled and given ``grace_s`` to end."""
     limit = timeout_s if timeout_s is not None else spec.timeout_s
-    if ctx.deadline is None or ctx.deadline > time.monotonic() + 0.8 * limit:
-        ctx.deadline = time.monotonic() + 0.8 * limit  # probes that loop stop early, keeping headroom
+    ctx.cap = time.monotonic() + 0.8 * limit  # probes that loop stop early, keeping headroom
+    if ctx.deadline is None or ctx.deadline > ctx.cap:
+        ctx.deadline = ctx.cap
     box: dict = {}
 
     def work() -> None:
