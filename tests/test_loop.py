@@ -210,6 +210,19 @@ def test_marker_carry_tells_cleared_from_carried(tmp_path):
     assert run_probe_on("step-audit", cleared).outcome == "ok"
 
 
+def test_the_loop_audit_run_stands_in_for_the_unmarked_marker_run(tmp_path):
+    """The loop audit is seeded like the marker test, so its second-step gradients (float32, the only
+    vectors it keeps besides the first step's and its reference) replace the test's unmarked run."""
+    import torch
+
+    from nnwizard.probes.loop import marker_carry, run_loop_audit
+
+    for target, carry in ((inline(tmp_path, ZERO_AT_END, "zero_at_end"), 0.0), (load_example("broken_missing_zero_grad"), 1.0)):
+        audit = run_loop_audit(target, 0)
+        assert audit.first_grads.dtype == torch.float32 and audit.reference is not None and audit.steps == 3
+        assert marker_carry(target, 0, target.batches(3), "train_step", audit.second_grads) == pytest.approx(carry, abs=1e-3)
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_loss_on_the_wrong_tensor_is_not_mistaken_for_carry_over(seed):
     """A loss against the model's own predictions bends the gradient away from the reference; the

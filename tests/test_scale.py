@@ -11,7 +11,7 @@ import textwrap
 import pytest
 import torch
 
-from nnwizard.budget import SLICE, Budget, calibrate, plan_steps
+from nnwizard.budget import SLICE, SMALL_SLICE, Budget, calibrate, plan_steps
 from tests.conftest import ROOT, load_example, run_probe_on
 
 
@@ -50,7 +50,7 @@ def test_calibrate_uses_a_measured_step_time_and_slices_dear_batches():
     timed = calibrate(target, total_s=0.05)  # so small a budget that the user's batch is too dear
     assert timed.user_step_s > 0 and timed.how == "timed on the user's step" and timed.explicit
     # sliced only where a 16-sample step is measurably cheaper than the user's 64-sample one
-    assert timed.batch in (None, SLICE) and "a plain step takes" in timed.describe()
+    assert timed.batch in (None, SLICE, SMALL_SLICE) and "a plain step takes" in timed.describe()
 
 
 def test_sliced_target_hands_out_sliced_batches():
@@ -61,6 +61,22 @@ def test_sliced_target_hands_out_sliced_batches():
     assert len(y) == 4 and torch.equal(x, full[0][:4])
     assert all(len(b[1]) == 4 for b in target.batches(2))
     assert all(len(b[1]) == 4 for b in target.loader("train", 2))
+    # evaluation subsets: sliced batches, and a dataset that is exactly what the loader iterates
+    subset = target.subset_loader("val", 3)
+    assert [len(b[1]) for b in subset] == [4, 4, 4] and len(subset.dataset) == 12
+
+
+def test_a_training_probe_borrows_its_minimum_from_what_is_left():
+    target = load_example("healthy_cnn")
+    from nnwizard.probes import ProbeContext
+
+    plenty = ProbeContext(target, {}, {}, 0, budget=Budget(total_s=100.0, step_s=0.01), allowance_s=0.05)
+    assert plenty.plan_steps(200, minimum=20, fixed=3) == 20 and plenty.plan["borrowed_s"] == pytest.approx(0.23)
+    assert plenty.allowance_s == pytest.approx(0.23)
+    spent = Budget(total_s=100.0, step_s=0.01)
+    spent.started -= 99.9  # nothing left beyond the reserve: no borrowing, the probe is skipped
+    poor = ProbeContext(target, {}, {}, 0, budget=spent, allowance_s=0.05)
+    assert poor.plan_steps(200, minimum=20, fixed=3) == 0 and "borrowed_s" not in poor.plan
 
 
 def test_a_budget_cut_overfit_says_so_instead_of_calling_it_slow():

@@ -4,8 +4,8 @@ of the session's time each probe may spend.
 ``calibrate`` times the user's own step (forward, backward, optimizer step; synchronised on CUDA) on
 a fresh model at the batch the probes will use, or takes ``measured_step_s`` from a target that ran
 the real program. When a step at the user's batch is too dear to afford the few hundred steps a
-diagnosis of a small model takes, the probes work on the first ``SLICE`` samples of each batch, and
-the step time of that slice is measured too.
+diagnosis of a small model takes, the probes work on the first ``SLICE`` samples of each batch (or
+``SMALL_SLICE`` when that is still too dear), and the step time of that slice is measured too.
 
 The session has one budget in seconds (``--budget``; by default ``max(20 s, 40 plain steps)`` less a
 fifth for loading and reporting). Fixed-cost probes (the loop audits: a handful of steps each) are not
@@ -23,7 +23,8 @@ from typing import Any
 
 import torch
 
-SLICE = 16            # samples per batch for the probes when the user's batch is too dear
+SLICE = 16            # samples per batch for the probes when the user's batch is too dear ...
+SMALL_SLICE = 8       # ... and when even that slice is too dear
 DEFAULT_MIN_S = 20.0  # the default budget: max(DEFAULT_MIN_S, DEFAULT_STEPS plain steps) ...
 DEFAULT_STEPS = 40
 DEFAULT_SHARE = 0.8   # ... of which this part is for the probes (the rest: start-up, loading, reports)
@@ -174,6 +175,9 @@ def calibrate(target, total_s: float | None = None, limit_s: float = 60.0) -> Bu
             if budget.user_batch and budget.user_batch > SLICE and out["user"] * AFFORD_STEPS > total:
                 small = (batch[0][:SLICE], batch[1][:SLICE])
                 out["slice"] = _timed_steps(target, small, 2, limit_s / 8)
+                if out["slice"] * AFFORD_STEPS > total:
+                    smaller = (batch[0][:SMALL_SLICE], batch[1][:SMALL_SLICE])
+                    out["small"] = _timed_steps(target, smaller, 2, limit_s / 8)
             return ProbeResult("passed", "ok", "timed", out)
 
         spec = ProbeSpec("step-cost", work, "time one plain step", {"ok": "timed", **BUILTIN_OUTCOMES}, limit_s, __name__)
@@ -181,9 +185,10 @@ def calibrate(target, total_s: float | None = None, limit_s: float = 60.0) -> Bu
         if result.status == "passed":
             budget.user_step_s = budget.step_s = result.data["user"]
             budget.how = "timed on the user's step"
-            small = result.data.get("slice")
-            if small is not None and small < 0.8 * budget.user_step_s:
-                budget.step_s, budget.batch = small, SLICE
+            for key, size in (("slice", SLICE), ("small", SMALL_SLICE)):
+                small = result.data.get(key)
+                if small is not None and small < 0.8 * budget.step_s:  # a slice only where it is really cheaper
+                    budget.step_s, budget.batch = small, size
         elif "timeout_s" in result.data:
             budget.user_step_s = budget.step_s = limit_s / 2  # a lower bound: two steps did not fit
             budget.how = f"the user's step did not finish two calls in {limit_s:.0f} s"
