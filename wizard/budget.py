@@ -173,9 +173,11 @@ def calibrate(target, total_s: float | None = None, limit_s: float = 60.0) -> Bu
             out = {"user": _timed_steps(target, batch, 2, limit_s / 4)}
             total = total_s or default_total(out["user"])
             if budget.user_batch and budget.user_batch > SLICE and out["user"] * AFFORD_STEPS > total:
-                small = (batch[0][:SLICE], batch[1][:SLICE])
-                out["slice"] = _timed_steps(target, small, 2, limit_s / 8)
-                if out["slice"] * AFFORD_STEPS > total:
+                # a 16-sample step is not timed when even its share of the user's step is twice too dear
+                if out["user"] * SLICE / budget.user_batch * AFFORD_STEPS <= 2 * total:
+                    small = (batch[0][:SLICE], batch[1][:SLICE])
+                    out["slice"] = _timed_steps(target, small, 2, limit_s / 8)
+                if out.get("slice", math.inf) * AFFORD_STEPS > total:
                     smaller = (batch[0][:SMALL_SLICE], batch[1][:SMALL_SLICE])
                     out["small"] = _timed_steps(target, smaller, 2, limit_s / 8)
             return ProbeResult("passed", "ok", "timed", out)
