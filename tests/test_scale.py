@@ -27,8 +27,10 @@ def test_plan_steps_keeps_the_wanted_steps_when_they_fit():
 
 def test_allot_shares_the_budget_and_sizes_fixed_probes_by_their_cost():
     budget = Budget(total_s=100.0, step_s=2.0)
-    allowance, limit, reason = budget.allot(0.3, 1.0, 60.0)
-    assert reason is None and allowance == pytest.approx(30.0, abs=0.1) and limit >= 60.0
+    budget.pending = {"triage-run": 0.3, "overfit-one-batch": 0.2, "activation-stats": 0.1}
+    allowance, limit, reason = budget.allot(0.2, 1.0, 60.0, probe_id="overfit-one-batch")
+    assert reason is None and allowance == pytest.approx(95.0 * 0.2 / 0.6, abs=0.1) and limit >= 60.0
+    assert budget.allot(0.3, 1.0, 60.0, probe_id="triage-run")[0] == pytest.approx(95.0 * 0.3 / 0.4, abs=0.2)
     allowance, limit, reason = budget.allot(0.0, 14, 60.0)  # a fixed-cost audit: 14 steps of 2 s
     assert allowance is None and limit == pytest.approx(3 * 14 * 2.0 + 10)
     budget.timeouts = 1  # after a time-out: the cost, not the generous default

@@ -66,8 +66,8 @@ class Budget:
     def allot(self, share: float, cost: float, timeout_s: float, probe_timeout: float | None = None,
               probe_id: str = "") -> tuple[float | None, float, str | None]:
         """(allowance in seconds or None, time limit, reason to skip or None) for one probe. A
-        budgeted probe gets its share of the budget, or, when less is left, its part of what is left
-        in proportion to the shares of the budgeted probes the session's trees still have to run."""
+        budgeted probe gets its part of what is left in proportion to the shares of the budgeted
+        probes the session's trees still have to run (so the budget is used, not more)."""
         step = self.step_s or 0.0
         if self.elapsed() > CEILING * self.total_s:
             return None, 0.0, (f"the session is past {CEILING:.0f}x its budget of {self.total_s:.0f} s "
@@ -77,7 +77,7 @@ class Budget:
             left = self.spare()
             ahead = share + sum(s for p, s in self.pending.items() if p != probe_id)
             self.pending.pop(probe_id, None)
-            allowance = max(0.0, min(share * self.total_s, left * share / ahead))
+            allowance = max(0.0, left * share / ahead)
             limit = max(timeout_s, 2 * allowance + LIMIT_FLOOR_S + 6 * step)
         else:
             allowance = None
