@@ -190,8 +190,9 @@ def script_overfit(ctx: ProbeContext):
     if outcome == "unchanged":
         return failed("unchanged", f"{text}: no parameter changed over {len(losses)} steps", [plot], **data)
     if len(losses) < wanted and broadcast is None:
-        return cannot_run(f"{text}: not learnt within the {len(losses)} steps the budget fits (of {wanted}), too few to "
-                          f"call it {outcome}", reason="budget", **data)
+        why = f"the budget fits (of {wanted})" if steps < wanted else f"the script ran (of {steps} planned)"
+        return cannot_run(f"{text}: not learnt within the {len(losses)} steps {why}, too few to call it {outcome}",
+                          reason="budget" if steps < wanted else "precondition", **data)
     return failed(outcome, text, [plot], **data)
 
 
@@ -221,7 +222,8 @@ def script_lr_sweep(ctx: ProbeContext):
     if not observed or not target.recording.optimizers:
         return skipped("the script took no optimizer step")
     wanted = int(ctx.param("steps", 30))
-    steps = ctx.plan_steps(min(wanted, len(observed)), minimum=MIN_SWEEP, runs=2, fixed=2 * target.rerun_cost(0))
+    # two reruns (x0.1, x10), a third (x100) when none of them moves the loss
+    steps = ctx.plan_steps(min(wanted, len(observed)), minimum=MIN_SWEEP, runs=3, fixed=3 * target.rerun_cost(0))
     if not steps:
         return ctx.unaffordable(MIN_SWEEP, "rerun steps each learning rate needs", wanted=wanted)
     lr = target.recording.steps[0].lrs[0] if target.recording.steps[0].lrs else None
@@ -246,16 +248,25 @@ def script_lr_sweep(ctx: ProbeContext):
     for f, v in runs.items():
         tail = _tail(v[:n] if len(v) >= n else v)
         d[f] = (start - tail) / start if math.isfinite(tail) and start > 0 else -math.inf
+    # a short range test, as the module sweep makes: when no setting moved the loss and lr*10 stayed
+    # finite, try lr*100
+    if max(d.values()) < MOVES and math.isfinite(d[10.0]) and ctx.param("extend", True):
+        run = _rerun(ctx, target, n, lr_scale=100.0)
+        runs[100.0] = losses_of(run)[:n]
+        tail = _tail(runs[100.0]) if len(runs[100.0]) >= n else math.nan
+        d[100.0] = (start - tail) / start if math.isfinite(tail) and start > 0 else -math.inf
     outcome = sweep_outcome(d)
+    reruns = len(runs) - 1
 
     def pct(f):
         return f"{d[f]:.0%}" if math.isfinite(d[f]) else "diverged"
 
     lr_text = (lambda f: f" ({lr * f:.3g})") if lr is not None else (lambda f: "")
-    text = (f"{n} steps from the same seed (2 reruns; x1 is the observed run), share of the loss {_fmt(start)} removed: "
-            f"lr/10{lr_text(0.1)} {pct(0.1)}, lr{lr_text(1.0)} {pct(1.0)}, lr*10{lr_text(10.0)} {pct(10.0)}")
+    text = (f"{n} steps from the same seed ({reruns} reruns; x1 is the observed run), share of the loss {_fmt(start)} "
+            f"removed: lr/10{lr_text(0.1)} {pct(0.1)}, lr{lr_text(1.0)} {pct(1.0)}, lr*10{lr_text(10.0)} {pct(10.0)}"
+            + (f", lr*100{lr_text(100.0)} {pct(100.0)}" if 100.0 in d else ""))
     data = dict(lr=lr, steps=n, planned_steps=steps, wanted_steps=wanted, start_loss=start, drop_lr10=d[0.1],
-                drop_lr=d[1.0], drop_lrx10=d[10.0], errors=errors, text=text, moves=MOVES, better=BETTER)
+                drop_lr=d[1.0], drop_lrx10=d[10.0], drop_lrx100=d.get(100.0), reruns=reruns, errors=errors, text=text, moves=MOVES, better=BETTER)
     if lr is not None:
         data.update(lr_low=lr * 0.1, lr_high=lr * 10, best_lr=lr * max(d, key=lambda f: d[f]))
     longest = max(len(v) for v in runs.values())

@@ -196,7 +196,7 @@ def sweep_outcome(d: dict[float, float]) -> str:
     diverged; factors 0.1, 1 and 10 at least): ``too-low``, ``too-high``, ``none-learns`` or ``ok``.
     One rule for the module sweep and the sweep over reruns of a script (probes/intervene.py)."""
     up = _up(d)
-    if d[1.0] < MOVES and d.get(up, -math.inf) >= d[1.0] + BETTER:
+    if d[1.0] < MOVES and math.isfinite(d.get(up, -math.inf)) and d[up] >= d[1.0] + BETTER:
         return "too-low"
     if math.isfinite(d[0.1]) and (not math.isfinite(d[1.0]) or d[0.1] >= d[1.0] + BETTER):
         return "too-high"

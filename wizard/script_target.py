@@ -263,9 +263,10 @@ class ScriptTarget(Target):
 
     @property
     def startup_s(self) -> float:
-        """Seconds the observed run took before its first optimizer step (imports, data, model, one step)."""
+        """Seconds a rerun takes before its first optimizer step (data, model, one step): the observed
+        run's less its first-time imports, or what a rerun already measured."""
         steps = self.recording.steps
-        observed = float(steps[0].t) if steps else float(self.run.seconds)
+        observed = max(0.0, (float(steps[0].t) if steps else float(self.run.seconds)) - self.run.import_s)
         # the observed run paid for the first imports; a rerun that reached a step shows the real cost
         return min([observed] + [r.startup_s for r in self.reruns if r.startup_s is not None])
 
