@@ -58,8 +58,12 @@ def _limit_s(target, steps: int) -> float:
 
 
 def _rerun(ctx, target, steps: int, **how):
+    """The script rerun for ``steps`` recorded losses (optimizer steps per loss as in the observed run:
+    a script stepping two optimizers per backward takes two)."""
+    observed = target.recording.steps
+    per = len(observed) / max(1, len(losses_of(target.run)))
     ctx.progress(0.0, f"rerunning the script ({steps} steps)")
-    return target.rerun(max_steps=steps, time_limit_s=_limit_s(target, steps), **how)
+    return target.rerun(max_steps=max(1, math.ceil(steps * per)), time_limit_s=_limit_s(target, steps), **how)
 
 
 def _raised(run) -> str | None:
@@ -78,7 +82,7 @@ def _accuracy(target, run) -> float | None:
     script reshaped them for the loss (classification only; None when it cannot be measured)."""
     from nnwizard.script_target import ScriptLoss, first_training_call, main_model
 
-    if target.task != "classification" or not isinstance(target.loss_fn, ScriptLoss):
+    if target.task != "classification" or not isinstance(target.loss_fn, ScriptLoss) or not target.capturable:
         return None
     rec = run.recording
     info, call = main_model(rec), first_training_call(rec)
@@ -148,7 +152,7 @@ def script_overfit(ctx: ProbeContext):
     if not steps:
         return ctx.unaffordable(MIN_OVERFIT, "rerun steps overfitting one batch needs", wanted=wanted)
     how = "the same first batch every step" if rec.loaders else "its own full batch (it already repeats it)"
-    run = _rerun(ctx, target, steps, same_batch=bool(rec.loaders), limit_batches=max(steps, 20))
+    run = _rerun(ctx, target, steps, same_batch=bool(rec.loaders), limit_batches=max(2 * steps, 20))
     losses = losses_of(run)
     data: dict[str, Any] = dict(steps=len(losses), planned_steps=steps, wanted_steps=wanted, how=how,
                                 rerun_seconds=run.seconds, rerun_exit=run.exit)
@@ -257,6 +261,12 @@ def script_lr_sweep(ctx: ProbeContext):
         d[100.0] = (start - tail) / start if math.isfinite(tail) and start > 0 else -math.inf
     outcome = sweep_outcome(d)
     reruns = len(runs) - 1
+    # "too low" is about the run, not the sweep's window: the observed run must barely move over all
+    # its recorded steps too (a healthy rate is slower than lr*10 over the first few steps)
+    whole = (start - _tail(observed)) / start if math.isfinite(_tail(observed)) and start > 0 else -math.inf
+    held = outcome == "too-low" and whole >= MOVES
+    if held:
+        outcome = "ok"
 
     def pct(f):
         return f"{d[f]:.0%}" if math.isfinite(d[f]) else "diverged"
@@ -265,7 +275,10 @@ def script_lr_sweep(ctx: ProbeContext):
     text = (f"{n} steps from the same seed ({reruns} reruns; x1 is the observed run), share of the loss {_fmt(start)} "
             f"removed: lr/10{lr_text(0.1)} {pct(0.1)}, lr{lr_text(1.0)} {pct(1.0)}, lr*10{lr_text(10.0)} {pct(10.0)}"
             + (f", lr*100{lr_text(100.0)} {pct(100.0)}" if 100.0 in d else ""))
-    data = dict(lr=lr, steps=n, planned_steps=steps, wanted_steps=wanted, start_loss=start, drop_lr10=d[0.1],
+    if held:
+        text += (f"; lr*10 is faster over these {n} steps, but the observed run removed {whole:.0%} of the loss over "
+                 f"its {len(observed)} steps at lr")
+    data = dict(lr=lr, steps=n, drop_observed=whole, observed_steps=len(observed), planned_steps=steps, wanted_steps=wanted, start_loss=start, drop_lr10=d[0.1],
                 drop_lr=d[1.0], drop_lrx10=d[10.0], drop_lrx100=d.get(100.0), reruns=reruns, errors=errors, text=text, moves=MOVES, better=BETTER)
     if lr is not None:
         data.update(lr_low=lr * 0.1, lr_high=lr * 10, best_lr=lr * max(d, key=lambda f: d[f]))
@@ -411,7 +424,8 @@ def script_nan_bisect(ctx: ProbeContext):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with tracer as trace:
-            run = _rerun(ctx, target, bad, listeners=[_StepTracer(tracer, bad)])
+            ctx.progress(0.0, f"rerunning the script to step {bad}")
+            run = target.rerun(max_steps=bad, time_limit_s=_limit_s(target, bad), listeners=[_StepTracer(tracer, bad)])
     data.update(rerun_seconds=run.seconds, rerun_steps=len(run.recording.steps), ops_traced=trace.count)
     rec2, phase = trace.first_nonfinite, None
     if rec2 is not None and rec2.phase in ("forward", "loss", "other"):

@@ -1,13 +1,13 @@
 # nnwizard-expect: nondeterminism
 # nnwizard-symptom: not-reproducible
 """A class-based trainer on sklearn's breast-cancer data, with a --seed option. Planted fault: when
-no --seed is given the trainer "picks one" from the clock, so every run starts from different
+no --seed is given the trainer "picks one" from the operating system (random.SystemRandom), so every run starts from different
 weights and batch orders, whatever the caller seeded before. The loop itself is clean; only running
 the script again, with and without a seed from outside, shows that nothing outside it can make two
 runs agree."""
 
 import argparse
-import time
+import random
 
 import torch
 from sklearn.datasets import load_breast_cancer
@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 class Trainer:
     def __init__(self, seed=None, epochs=3, lr=1e-3):
-        self.seed = seed if seed is not None else int(time.time() * 1000) % 2**31
+        self.seed = seed if seed is not None else random.SystemRandom().randrange(2**31)
         torch.manual_seed(self.seed)
         data = load_breast_cancer()
         x = torch.tensor(data.data, dtype=torch.float32)
