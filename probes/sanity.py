@@ -116,6 +116,10 @@ def forward_shape(ctx: ProbeContext):
                       f"({data['target_dtype']}): {data['error']}", [layers], **data)
     loss_shape = list(loss.shape) if isinstance(loss, torch.Tensor) else []
     data["loss_shape"] = loss_shape
+    # what the loss receives: a script target's loss reshapes the output as the script did (script_target.ScriptLoss)
+    adapt = getattr(target.loss_fn, "adapt", None)
+    seen = adapt(outputs) if adapt is not None and isinstance(outputs, torch.Tensor) else outputs
+    out_shape = list(seen.shape) if isinstance(seen, torch.Tensor) else out_shape
     if out_shape is not None and out_shape != data["target_shape"] and target.task in ("regression", "binary"):
         try:
             broadcast = list(torch.broadcast_shapes(tuple(out_shape), tuple(data["target_shape"])))

@@ -194,6 +194,9 @@ def test_forward_shape_sees_the_broadcast_in_the_users_loss_call(tmp_path):
     target = target_of(script(tmp_path, text=text), steps=5)
     assert run(target, "forward-shape").outcome == "broadcast"
     assert run(target_of(script(tmp_path, "ok.py"), steps=5), "forward-shape").outcome == "ok"
+    # the script's own squeeze(1) before the loss: no broadcast where the loss is concerned
+    squeezed = BROADCAST.replace("F.mse_loss(out, yb.float().view(-1))", "F.mse_loss(out.squeeze(1), yb.float())")
+    assert run(target_of(script(tmp_path, "squeezed.py", text=squeezed), steps=5), "forward-shape").outcome == "ok"
 
 
 # ------------------------------------------------------------------------------------ tree gate
