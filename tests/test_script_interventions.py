@@ -218,12 +218,14 @@ def test_cli_reports_the_reruns_of_an_lr_too_high_script(tmp_path):
     import sys
 
     path = script(tmp_path, lr="0.5")
-    out = tmp_path / "r.json"
+    out, md = tmp_path / "r.json", tmp_path / "r.md"
     done = subprocess.run([sys.executable, "-m", "nnwizard", "diagnose", "--script", str(path), "--non-interactive",
-                           "--symptom", "oscillating", "--json", str(out)], capture_output=True, text=True, timeout=300,
-                          cwd=tmp_path)
+                           "--symptom", "oscillating", "--json", str(out), "--report", str(md)], capture_output=True,
+                          text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(out.read_text())
     assert report["hypotheses"][0]["id"] == "lr-too-high"
     sweep = next(p for p in report["probes"] if p["id"] == "script-lr-sweep")
     assert sweep["outcome"] == "too-high" and "2 reruns" in sweep["summary"]
+    assert {"learning rate x0.1, seed 0", "learning rate x10, seed 0"} <= {r["what"] for r in report["script"]["reruns"]}
+    assert "### Reruns of the script (interventions)" in md.read_text()
