@@ -238,19 +238,15 @@ def script_lr_sweep(ctx: ProbeContext):
         runs[factor] = losses_of(run)[:steps]
         if _raised(run):
             errors[factor] = _raised(run)
-    n = min(len(v) for v in runs.values())
+    # an arm that went non-finite, or whose rerun raised, diverged, however early it stopped
+    diverged = {f for f, v in runs.items() if f in errors or not all(math.isfinite(x) for x in v)}
+    n = min((len(v) for f, v in runs.items() if f not in diverged), default=0)
     if n < MIN_SWEEP:
-        short = min(runs, key=lambda f: len(runs[f]))
-        if short in errors and len(runs[short]) < n + 1:  # the rerun raised early: count it as diverged
-            runs[short] = runs[short] + [math.nan]
-        else:
-            return cannot_run(f"a rerun took only {n} optimizer steps (of {steps} planned)", reason="precondition",
-                              steps=n)
-        n = min(len(v) for f, v in runs.items() if f != short)
+        return cannot_run(f"a rerun took only {n} optimizer steps (of {steps} planned)", reason="precondition", steps=n)
     start = observed[0]
     d = {}
     for f, v in runs.items():
-        tail = _tail(v[:n] if len(v) >= n else v)
+        tail = math.nan if f in diverged else _tail(v[:n])
         d[f] = (start - tail) / start if math.isfinite(tail) and start > 0 else -math.inf
     # a short range test, as the module sweep makes: when no setting moved the loss and lr*10 stayed
     # finite, try lr*100
