@@ -119,6 +119,8 @@ class _Mode(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        if not self.tracer.enabled:
+            return out
         name = getattr(func, "__name__", None) or str(func)
         if name in _SKIP:
             return out
@@ -139,28 +141,38 @@ class OpTracer:
         self.model, self.record, self.locate, self.backward = model, record, locate, backward
         self.optimizer, self.on_op, self.max_records = optimizer, on_op, max_records
         self.files = {str(Path(f).resolve()) for f in files or []}
+        self.enabled = True   # False: ops pass untraced (a caller waiting for the step it wants)
         self.trace = OpTrace()
         self._stack: list[tuple[str, str]] = []
         self._forward_done = False
         self._in_step = False
         self._handles: list = []
         self._hooked: set[int] = set()
+        self._attached: list[nn.Module] = []
         self._user_files: dict[str, bool] = {}
         self._mode = _Mode(self)
 
     # -- context ------------------------------------------------------------------------------------
     def __enter__(self) -> OpTrace:
         if self.model is not None:
-            for path, module in self.model.named_modules():
-                name = path
-                self._handles.append(module.register_forward_pre_hook(
-                    lambda m, a, _n=name: self._stack.append((_n, type(m).__name__))))
-                self._handles.append(module.register_forward_hook(self._post_hook(name)))
+            self.attach(self.model)
         if self.optimizer is not None:
             self._handles.append(self.optimizer.register_step_pre_hook(lambda *a: setattr(self, "_in_step", True)))
             self._handles.append(self.optimizer.register_step_post_hook(lambda *a: setattr(self, "_in_step", False)))
         self._mode.__enter__()
         return self.trace
+
+    def attach(self, model: nn.Module) -> None:
+        """Name the ops ``model`` runs by its modules (for a model built after the tracer was entered,
+        as a script builds its own)."""
+        if any(m is model for m in self._attached):
+            return
+        self._attached.append(model)
+        for path, module in model.named_modules():
+            name = path
+            self._handles.append(module.register_forward_pre_hook(
+                lambda m, a, _n=name: self._stack.append((_n, type(m).__name__))))
+            self._handles.append(module.register_forward_hook(self._post_hook(name)))
 
     def __exit__(self, *exc) -> None:
         self._mode.__exit__(*exc)

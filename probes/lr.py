@@ -152,7 +152,7 @@ def lr_sweep(ctx: ProbeContext):
     data = dict(lr=lr, steps=steps, wanted_steps=wanted, start_loss=start, loss_lr10=runs[0.1]["final"], loss_lr=runs[1.0]["final"],
                 loss_lrx10=runs[10.0]["final"], drop_lr10=d[0.1], drop_lr=d[1.0], drop_lrx10=d[10.0],
                 lr_low=lr * 0.1, lr_high=lr * 10)
-    up = max((f for f in d if f > 1 and math.isfinite(d[f])), key=lambda f: d[f], default=10.0)
+    up = _up(d)
     data.update(up_factor=up, lr_up=lr * up, drop_up=d[up])
     best = max(d, key=lambda f: d[f])
     data["best_lr"] = lr * best
@@ -175,16 +175,34 @@ def lr_sweep(ctx: ProbeContext):
             + (f", lr*100 ({lr * 100:.3g}) {pct(100.0)}" if 100.0 in d else ""))
     data["text"] = text
     arts = [plot, table]
-    if d[1.0] < MOVES and d[up] >= d[1.0] + BETTER:
-        return failed("too-low", text, arts, **data)
-    if math.isfinite(d[0.1]) and (not math.isfinite(d[1.0]) or d[0.1] >= d[1.0] + BETTER):
-        return failed("too-high", text, arts, **data)
-    if max(d.values()) < MOVES:
+    outcome = sweep_outcome(d)
+    if outcome in ("too-low", "too-high"):
+        return failed(outcome, text, arts, **data)
+    if outcome == "none-learns":
         if steps < wanted:  # no setting moved it in the few steps the budget fits: not a finding
             return cannot_run(f"{text}: no setting moved the loss within the {steps} steps the budget fits (of "
                            f"{wanted}); too few to say none learns", **data, reason="budget")
         return failed("none-learns", text, arts, **data)
     return passed(text, artifacts=arts, **data)
+
+
+def _up(d: dict[float, float]) -> float:
+    """The higher factor (above 1) that removed the most loss while staying finite."""
+    return max((f for f in d if f > 1 and math.isfinite(d[f])), key=lambda f: d[f], default=10.0)
+
+
+def sweep_outcome(d: dict[float, float]) -> str:
+    """The sweep's verdict from the share of the loss each factor removed (``d[factor]``, -inf when it
+    diverged; factors 0.1, 1 and 10 at least): ``too-low``, ``too-high``, ``none-learns`` or ``ok``.
+    One rule for the module sweep and the sweep over reruns of a script (probes/intervene.py)."""
+    up = _up(d)
+    if d[1.0] < MOVES and math.isfinite(d.get(up, -math.inf)) and d[up] >= d[1.0] + BETTER:
+        return "too-low"
+    if math.isfinite(d[0.1]) and (not math.isfinite(d[1.0]) or d[0.1] >= d[1.0] + BETTER):
+        return "too-high"
+    if max(d.values()) < MOVES:
+        return "none-learns"
+    return "ok"
 
 
 def _noise(losses: list[float]) -> tuple[float, float]:

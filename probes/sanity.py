@@ -116,6 +116,10 @@ def forward_shape(ctx: ProbeContext):
                       f"({data['target_dtype']}): {data['error']}", [layers], **data)
     loss_shape = list(loss.shape) if isinstance(loss, torch.Tensor) else []
     data["loss_shape"] = loss_shape
+    # what the loss receives: a script target's loss reshapes the output as the script did (script_target.ScriptLoss)
+    adapt = getattr(target.loss_fn, "adapt", None)
+    seen = adapt(outputs) if adapt is not None and isinstance(outputs, torch.Tensor) else outputs
+    out_shape = list(seen.shape) if isinstance(seen, torch.Tensor) else out_shape
     if out_shape is not None and out_shape != data["target_shape"] and target.task in ("regression", "binary"):
         try:
             broadcast = list(torch.broadcast_shapes(tuple(out_shape), tuple(data["target_shape"])))
@@ -254,24 +258,37 @@ def overfit_one_batch(ctx: ProbeContext):
     acc = f", accuracy {accuracy:.0%}" if accuracy is not None else ""
     ran = f"{len(losses)} steps" if not cut else f"{len(losses)} steps (of {wanted} wanted; the budget fits {steps})"
     text = f"{len(batch[1])} samples, {ran} of {fn}: loss {first:.4g} -> {last:.4g}{acc}"
-    if not math.isfinite(last):
+    outcome = overfit_outcome(losses, accuracy, moved)
+    if outcome == "diverged":
         bad = next(i for i, l in enumerate(losses) if not math.isfinite(l))
         data["nan_step"] = bad
         return failed("diverged", f"{text}: non-finite at step {bad}", [plot], **data)
-    if moved == 0.0 and (max(losses) - min(losses)) <= 1e-6 * max(abs(first), 1e-12):
+    if outcome == "unchanged":
         return failed("unchanged", f"{text}: no parameter changed (max |delta| = 0) over {len(losses)} steps", [plot], **data)
-    learned = (last < 0.05 or last < 0.1 * first) and (accuracy is None or accuracy >= 0.99)
     # The loss the step returns fell by 90% while the loss of the same model against the batch's own
     # targets did not even halve: the step minimises something other than loss_fn(outputs, targets).
     if last < 0.1 * first and math.isfinite(true_start) and true_end > 0.5 * true_start:
         return failed("target-mismatch", f"{text}, but loss_fn(model(x), y) on the same batch went {true_start:.4g} -> "
                       f"{true_end:.4g}: the step minimises a different loss", [plot], **data)
-    if learned:
+    if outcome == "learns":
         return passed(text, "learns", [plot], **data)
     if cut and len(losses) < wanted and math.isfinite(last):
         # fewer steps than the test is calibrated for: "slow" or "stuck" would be a wrong verdict
         return cannot_run(f"{text}: not learnt within the {len(losses)} steps the budget fits, too few to call it slow "
                        f"or stuck (--budget to give it more)", **data, reason="budget")
-    if last < 0.7 * first:
-        return failed("slow", text, [plot], **data)
-    return failed("stuck", text, [plot], **data)
+    return failed(outcome, text, [plot], **data)
+
+
+def overfit_outcome(losses: list[float], accuracy: float | None = None, moved: float | None = None) -> str:
+    """What a run over one repeated batch shows, from its per-step losses: ``diverged`` (non-finite at
+    the end), ``unchanged`` (no parameter and no loss moved), ``learns`` (the loss fell to near zero or
+    by 90%, with full accuracy where measured), ``slow`` (fell by 30% or more) or ``stuck``. One rule for
+    the module probe and the script rerun (probes/intervene.py)."""
+    first, last = losses[0], losses[-1]
+    if not math.isfinite(last):
+        return "diverged"
+    if moved == 0.0 and (max(losses) - min(losses)) <= 1e-6 * max(abs(first), 1e-12):
+        return "unchanged"
+    if (last < 0.05 or last < 0.1 * first) and (accuracy is None or accuracy >= 0.99):
+        return "learns"
+    return "slow" if last < 0.7 * first else "stuck"

@@ -91,6 +91,7 @@ class RunResult:
     scratch: Path | None = None
     seconds: float = 0.0
     warnings: list[str] = field(default_factory=list)
+    import_s: float = 0.0   # seconds spent importing modules that were not loaded yet
 
     @property
     def crashed(self) -> bool:
@@ -479,6 +480,7 @@ def run_script(script: Script, args: list[str] | None = None, options: RunOption
     started = time.monotonic()
     saved_out, saved_err = sys.stdout, sys.stderr
     caught: list = []
+    imports = [0.0]
     with preserved_state():
         if opts.seed is not None:
             seed_everything(opts.seed)
@@ -487,7 +489,7 @@ def run_script(script: Script, args: list[str] | None = None, options: RunOption
             if opts.capture:
                 sys.stdout, sys.stderr = out, err
             try:
-                with (sandbox or _null()), recorder, _alarm((opts.time_limit_s or 0) * 1.5 + 5 if opts.time_limit_s else None):
+                with (sandbox or _null()), _timed_imports(imports), recorder, _alarm((opts.time_limit_s or 0) * 1.5 + 5 if opts.time_limit_s else None):
                     try:
                         if script.module is not None:
                             runpy.run_module(script.module, run_name="__main__", alter_sys=True)
@@ -517,10 +519,36 @@ def run_script(script: Script, args: list[str] | None = None, options: RunOption
         raise KeyboardInterrupt
     result = RunResult(script, args, recorder.recording, exit_kind, code, list(lines),
                        sandbox.written() if sandbox else [], scratch, round(time.monotonic() - started, 3),
-                       list(dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught))[:8])
+                       list(dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught))[:8],
+                       round(imports[0], 3))
     return result
 
 
 @contextmanager
 def _null():
     yield None
+
+
+@contextmanager
+def _timed_imports(spent: list[float]):
+    """Adds to ``spent[0]`` the seconds the script spends importing modules not loaded before (a rerun
+    finds them in sys.modules, so its start-up is the observed one less this)."""
+    real = builtins.__import__
+    depth = [0]
+
+    def timed(name, globals=None, locals=None, fromlist=(), level=0):
+        if level or name in sys.modules or depth[0]:
+            return real(name, globals, locals, fromlist, level)
+        depth[0] += 1
+        t0 = time.perf_counter()
+        try:
+            return real(name, globals, locals, fromlist, level)
+        finally:
+            depth[0] -= 1
+            spent[0] += time.perf_counter() - t0
+
+    builtins.__import__ = timed
+    try:
+        yield
+    finally:
+        builtins.__import__ = real

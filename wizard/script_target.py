@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -30,7 +31,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from nnwizard.recorder import LossCall, ModelInfo, Recording
-from nnwizard.script_run import RunOptions, RunResult, Script, run_script
+from nnwizard.script_run import DEFAULT_LIMIT_BATCHES, RunOptions, RunResult, Script, run_script
 from nnwizard.target import Target
 
 CLASSIFICATION_FNS = ("cross_entropy", "nll_loss", "multi_margin_loss")
@@ -118,6 +119,7 @@ class ScriptTarget(Target):
         self.recording = run.recording
         self.script: Script = run.script
         self.capture_problem: str | None = None
+        self.reruns: list[Rerun] = []   # the interventions run so far (shown in the report)
         rec = run.recording
         info = main_model(rec)
         self.model_info = info
@@ -243,18 +245,80 @@ class ScriptTarget(Target):
 
     # -- interventions ----------------------------------------------------------------------------
     def rerun(self, *, same_batch: bool = False, lr_scale: float | None = None, seed: int | None = 0,
-              max_steps: int | None = None, time_limit_s: float | None = None) -> RunResult:
-        """The script again, sandboxed, under an intervention."""
+              max_steps: int | None = None, time_limit_s: float | None = None, listeners: list | None = None,
+              limit_batches: int | None = DEFAULT_LIMIT_BATCHES) -> RunResult:
+        """The script again, sandboxed, under an intervention: ``same_batch`` (every DataLoader batch is
+        the first one), ``lr_scale`` (every optimizer's learning rates times this), ``seed`` (None: the
+        script's own seeding only), ``listeners`` (recorder listeners, e.g. an op tracer)."""
         replace = _SameBatch() if same_batch else None
         opts = RunOptions(max_steps=max_steps or len(self.recording.steps) or 40, seed=seed,
                           time_limit_s=time_limit_s or 30.0, replace_batch=replace, lr_scale=lr_scale,
+                          listeners=list(listeners or []), limit_batches=limit_batches,
                           scratch=(self.run.scratch / f"rerun-{_count()}") if self.run.scratch else None)
-        return run_script(self.script, self.run.args, opts)
+        result = run_script(self.script, self.run.args, opts)
+        steps = result.recording.steps
+        self.reruns.append(Rerun(_describe(same_batch, lr_scale, seed, listeners), opts.max_steps, len(steps),
+                                 result.seconds, result.exit, float(steps[0].t) if steps else None))
+        return result
+
+    @property
+    def startup_s(self) -> float:
+        """Seconds a rerun takes before its first optimizer step (data, model, one step): the observed
+        run's less its first-time imports, or what a rerun already measured."""
+        steps = self.recording.steps
+        observed = max(0.0, (float(steps[0].t) if steps else float(self.run.seconds)) - self.run.import_s)
+        # the observed run paid for the first imports; a rerun that reached a step shows the real cost
+        return min([observed] + [r.startup_s for r in self.reruns if r.startup_s is not None])
+
+    def rerun_cost(self, steps: int) -> float:
+        """A rerun of ``steps`` optimizer steps, in plain steps of the observed run (start-up included)."""
+        step = self.measured_step_s or 0.0
+        return steps + (self.startup_s / step if step else 0.0)
+
+    @property
+    def feeds_one_batch(self) -> bool | None:
+        """Whether the observed run fed its model the same inputs at every recorded training forward
+        (a full-batch loop), None when too little was recorded to tell."""
+        info = self.model_info
+        inputs = [a for i, a in self.recording.model_inputs if info is not None and i == info.index]
+        if len(inputs) < 2:
+            return None
+        first = inputs[0]
+        return all(len(a) == len(first) and all(isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)
+                                                and x.shape == y.shape and torch.equal(x, y) for x, y in zip(a, first))
+                   for a in inputs[1:])
 
     # -- what was observed ------------------------------------------------------------------------
     def observed(self) -> dict[str, Any]:
         from nnwizard.script_view import observed
         return observed(self)
+
+
+@dataclass
+class Rerun:
+    """One re-execution of the script under an intervention, for the report."""
+    what: str
+    max_steps: int | None
+    steps: int
+    seconds: float
+    exit: str
+    startup_s: float | None = None   # seconds before its first optimizer step
+
+
+def _describe(same_batch: bool, lr_scale: float | None, seed: int | None, listeners) -> str:
+    parts = ["the first batch every step"] if same_batch else []
+    if lr_scale is not None:
+        parts.append(f"learning rate x{lr_scale:g}")
+    parts.append("no seed from nnwizard" if seed is None else f"seed {seed}")
+    if listeners:
+        parts.append("ops traced")
+    return ", ".join(parts)
+
+
+def trained_model(run: RunResult) -> nn.Module | None:
+    """The model the run trained (the script's own object, in the state the run left it)."""
+    info = main_model(run.recording)
+    return info.module if info is not None else None
 
 
 class _NoLoss:

@@ -49,6 +49,8 @@ def observed(target) -> dict[str, Any]:
         "trace": trace, "written": [{"path": a, "saved_as": b} for a, b in run.written],
         "scratch": str(run.scratch) if run.scratch else None,
         "output_tail": run.output[-OUTPUT_TAIL:], "warnings": run.warnings, "note": note,
+        "reruns": [{"what": r.what, "max_steps": r.max_steps, "steps": r.steps, "seconds": r.seconds, "exit": r.exit}
+                   for r in getattr(target, "reruns", [])],   # the interventions (probes/intervene.py)
     }
 
 
@@ -160,6 +162,11 @@ def markdown_lines(obs: dict) -> list[str]:
                         _short(s["grad_norm"]), _short(s["lr"]), "yes" if s["zero_grad"] else "no", s["backwards"],
                         "-" if s["training"] is None else ("train" if s["training"] else "eval")] for s in obs["trace"]])
         out.append("")
+    if obs.get("reruns"):
+        out += ["### Reruns of the script (interventions)", ""]
+        out += _table(["intervention", "optimizer steps (planned)", "seconds", "ended"],
+                      [[r["what"], f"{r['steps']} ({r['max_steps']})", f"{r['seconds']:.2f}", r["exit"]]
+                       for r in obs["reruns"]]) + [""]
     if obs["written"]:
         out += ["### Files the script wrote (kept out of your folders)", ""]
         out += _table(["path the script used", "saved as"], [[w["path"], w["saved_as"]] for w in obs["written"]]) + [""]

@@ -1,0 +1,462 @@
+"""Counterfactual probes through the user's own script (script mode, CONTRACT §6, issue #10 item 4).
+
+Each probe re-executes the real script (``ScriptTarget.rerun``: runpy in this process, sandboxed,
+bounded) under one intervention and reads the new recording, so the user's own loop, reshaping,
+casts and optimizer run exactly as they wrote them:
+
+- ``script-overfit``: the first batch every step (the DataLoader's batches replaced); does the
+  script's loss on that one batch go to zero? Judged by the rule module mode uses
+  (``sanity.overfit_outcome``).
+- ``script-lr-sweep``: the script with every learning rate x0.1 and x10 from the same seed, against
+  the observed run as the x1 arm; the share of the loss each removes is judged by the module sweep's
+  rule (``lr.sweep_outcome``).
+- ``script-determinism``: the script without nnwizard's seeding, and again from the observed run's
+  seed: same losses bitwise?
+- ``script-nan-bisect``: the script up to its first recorded non-finite step, that step traced op by
+  op (``OpTracer``, the tracer nan-bisect uses): the op and the user's file:line that made the first
+  NaN/Inf.
+
+Every rerun is planned with ``ctx.plan_steps`` from the observed run's measured step time and its
+start-up time (``ScriptTarget.rerun_cost``); each summary says which reruns ran and how many steps.
+On a module target every probe here is skipped.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from nnwizard.probes._optrace import OpTracer
+from nnwizard.probes.api import LinePlot, ProbeContext, Table, cannot_run, failed, passed, probe, skipped
+from nnwizard.probes.lr import BETTER, MOVES, sweep_outcome
+from nnwizard.probes.sanity import overfit_outcome
+
+MIN_OVERFIT = 20      # rerun steps below which memorising one batch cannot be told from slow learning
+MIN_SWEEP = 10        # steps per learning rate below which the sweep compares noise
+STEP_SLACK = 3.0      # a rerun's time limit: this many times its planned cost (plus LIMIT_FLOOR_S)
+LIMIT_FLOOR_S = 5.0
+
+
+def _script_target(ctx: ProbeContext):
+    target = ctx.target
+    return target if getattr(target, "mode", "module") == "script" and hasattr(target, "rerun") else None
+
+
+def _not_script():
+    return skipped("script mode only: this probe reruns the user's script")
+
+
+def losses_of(run) -> list[float]:
+    return [s.loss for s in run.recording.steps if s.loss is not None]
+
+
+def _limit_s(target, steps: int) -> float:
+    step = target.measured_step_s or 0.05
+    return STEP_SLACK * (target.startup_s + steps * step) + LIMIT_FLOOR_S
+
+
+def _rerun(ctx, target, steps: int, **how):
+    """The script rerun for ``steps`` recorded losses (optimizer steps per loss as in the observed run:
+    a script stepping two optimizers per backward takes two)."""
+    observed = target.recording.steps
+    per = len(observed) / max(1, len(losses_of(target.run)))
+    ctx.progress(0.0, f"rerunning the script ({steps} steps)")
+    return target.rerun(max_steps=max(1, math.ceil(steps * per)), time_limit_s=_limit_s(target, steps), **how)
+
+
+def _raised(run) -> str | None:
+    err = run.recording.error
+    if err is None:
+        return None
+    return f"{err.type}: {err.message}" + (f" ({err.where})" if err.where else "")
+
+
+def _fmt(v: float) -> str:
+    return f"{v:.4g}" if math.isfinite(v) else str(v)
+
+
+def _accuracy(target, run) -> float | None:
+    """Accuracy of the rerun's trained model on the repeated batch, its outputs reshaped as the
+    script reshaped them for the loss (classification only; None when it cannot be measured)."""
+    from nnwizard.script_target import ScriptLoss, first_training_call, main_model
+
+    if target.task != "classification" or not isinstance(target.loss_fn, ScriptLoss) or not target.capturable:
+        return None
+    rec = run.recording
+    info, call = main_model(rec), first_training_call(rec)
+    inputs = next((a for i, a in rec.model_inputs if info is not None and i == info.index), None)
+    if info is None or call is None or not inputs or len(inputs) != 1 or not isinstance(call.targets, torch.Tensor):
+        return None
+    model = info.module
+    was = model.training
+    buffers = {k: v.detach().clone() for k, v in model.named_buffers()}
+    model.train()
+    for m in model.modules():
+        if isinstance(m, torch.nn.modules.dropout._DropoutNd):
+            m.eval()
+    try:
+        device = next(iter(model.parameters())).device
+        with torch.no_grad():
+            out = target.loss_fn.adapt(model(inputs[0].to(device)))
+        if not isinstance(out, torch.Tensor) or out.dim() != 2 or len(out) != len(call.targets):
+            return None
+        return float((out.argmax(1).cpu() == call.targets.reshape(-1)).float().mean())
+    except Exception:  # noqa: BLE001 - a model we cannot call again outside the script: no accuracy
+        return None
+    finally:
+        with torch.no_grad():
+            for k, v in model.named_buffers():
+                if k in buffers:
+                    v.copy_(buffers[k])
+        model.train(was)
+
+
+def _broadcast(call) -> list | None:
+    """The shape the loss's input and target broadcast to, when it is larger than both (MSE of a
+    (N, 1) prediction against an (N,) target compares every prediction with every target)."""
+    if call is None or call.target_shape is None or list(call.input_shape) == list(call.target_shape):
+        return None
+    try:
+        shape = list(torch.broadcast_shapes(tuple(call.input_shape), tuple(call.target_shape)))
+    except RuntimeError:
+        return None
+    return shape if math.prod(shape) > max(math.prod(call.input_shape), math.prod(call.target_shape)) else None
+
+
+# ------------------------------------------------------------------------------------ overfit
+@probe(
+    "script-overfit",
+    title="Overfit one batch through the script itself (its first batch at every step)",
+    outcomes={"learns": "the script's loss on its one repeated batch approaches zero",
+              "slow": "the loss falls but stays far from zero", "stuck": "the loss does not fall",
+              "unchanged": "loss and parameters do not change at all",
+              "diverged": "the loss becomes NaN/Inf", "crashed": "the rerun raised"},
+    timeout_s=120,
+    share=0.3,
+)
+def script_overfit(ctx: ProbeContext):
+    target = _script_target(ctx)
+    if target is None:
+        return _not_script()
+    rec = target.recording
+    if not rec.steps:
+        return skipped("the script took no optimizer step to repeat")
+    one = target.feeds_one_batch
+    if not rec.loaders and not one:
+        return cannot_run("the script feeds its model without a DataLoader and with inputs that change from step to "
+                          "step: its batches cannot be replaced by one", reason="precondition")
+    wanted = int(ctx.param("steps", 40))
+    steps = ctx.plan_steps(wanted, minimum=MIN_OVERFIT, fixed=target.rerun_cost(0))
+    if not steps:
+        return ctx.unaffordable(MIN_OVERFIT, "rerun steps overfitting one batch needs", wanted=wanted)
+    how = "the same first batch every step" if rec.loaders else "its own full batch (it already repeats it)"
+    run = _rerun(ctx, target, steps, same_batch=bool(rec.loaders), limit_batches=max(2 * steps, 20))
+    losses = losses_of(run)
+    data: dict[str, Any] = dict(steps=len(losses), planned_steps=steps, wanted_steps=wanted, how=how,
+                                rerun_seconds=run.seconds, rerun_exit=run.exit)
+    error = _raised(run)
+    if error is not None and len(losses) < MIN_OVERFIT:
+        return failed("crashed", f"the script rerun with {how} raised after {len(losses)} steps: {error}",
+                      error=error, **data)
+    if len(losses) < MIN_OVERFIT:
+        return cannot_run(f"the script rerun with {how} took only {len(losses)} optimizer steps (of {steps} planned): "
+                          f"too few to tell memorising from slow learning", reason="precondition", **data)
+    updates = [s.update for s in run.recording.steps if s.update is not None]
+    moved = max(updates) if updates else None
+    accuracy = _accuracy(target, run)
+    outcome = overfit_outcome(losses, accuracy, moved)
+    first, last = losses[0], losses[-1]
+    call = target.loss_call
+    samples = None
+    if call is not None and call.target_shape:
+        samples = call.target_shape[0]
+    broadcast = _broadcast(call)
+    data.update(first_loss=first, final_loss=last, best_loss=min((l for l in losses if math.isfinite(l)), default=math.nan),
+                ratio=last / first if first else math.nan, accuracy=accuracy, max_param_change=moved, samples=samples,
+                loss_fn=call.fn if call else None, loss_input_shape=call.input_shape if call else None,
+                loss_target_shape=call.target_shape if call else None, broadcast=broadcast is not None,
+                broadcast_shape=broadcast)
+    acc = f", accuracy {accuracy:.0%}" if accuracy is not None else ""
+    text = f"{len(losses)} rerun steps of {how}: loss {_fmt(first)} -> {_fmt(last)}{acc}"
+    if broadcast is not None and outcome != "learns":
+        text += (f"; {call.fn} compares input {call.input_shape} with target {call.target_shape}, which broadcast to "
+                 f"{broadcast}: every prediction against every target")
+    data["text"] = text
+    plot = LinePlot("script-overfit", f"The script on one repeated batch ({len(losses)} steps)", {"loss": losses},
+                    logy=all(l > 0 for l in losses if math.isfinite(l)))
+    if outcome == "learns":
+        return passed(text, "learns", [plot], **data)
+    if outcome == "diverged":
+        data["nan_step"] = next(i for i, l in enumerate(losses) if not math.isfinite(l)) + 1
+        return failed("diverged", f"{text}: non-finite from step {data['nan_step']}", [plot], **data)
+    if outcome == "unchanged":
+        return failed("unchanged", f"{text}: no parameter changed over {len(losses)} steps", [plot], **data)
+    if len(losses) < wanted and broadcast is None:
+        why = f"the budget fits (of {wanted})" if steps < wanted else f"the script ran (of {steps} planned)"
+        return cannot_run(f"{text}: not learnt within the {len(losses)} steps {why}, too few to call it {outcome}",
+                          reason="budget" if steps < wanted else "precondition", **data)
+    return failed(outcome, text, [plot], **data)
+
+
+# ------------------------------------------------------------------------------------ lr sweep
+def _tail(losses: list[float]) -> float:
+    if not losses or not all(math.isfinite(l) for l in losses):
+        return math.nan
+    k = max(3, len(losses) // 4)
+    return sum(losses[-k:]) / len(losses[-k:])
+
+
+@probe(
+    "script-lr-sweep",
+    title="The script with its learning rates x0.1 and x10, from the same seed, against the observed run",
+    outcomes={"ok": "the configured learning rate moves the loss and no other setting is clearly better",
+              "too-low": "the loss barely moves at lr and clearly falls at lr*10",
+              "too-high": "lr diverges or does clearly worse than lr/10",
+              "none-learns": "no setting of the learning rate moves the loss"},
+    timeout_s=120,
+    share=0.4,
+)
+def script_lr_sweep(ctx: ProbeContext):
+    target = _script_target(ctx)
+    if target is None:
+        return _not_script()
+    observed = losses_of(target.run)
+    if not observed or not target.recording.optimizers:
+        return skipped("the script took no optimizer step")
+    wanted = int(ctx.param("steps", 30))
+    # two reruns (x0.1, x10), a third (x100) when none of them moves the loss
+    steps = ctx.plan_steps(min(wanted, len(observed)), minimum=MIN_SWEEP, runs=3, fixed=3 * target.rerun_cost(0))
+    if not steps:
+        return ctx.unaffordable(MIN_SWEEP, "rerun steps each learning rate needs", wanted=wanted)
+    lr = target.recording.steps[0].lrs[0] if target.recording.steps[0].lrs else None
+    runs: dict[float, list[float]] = {1.0: observed[:steps]}
+    errors = {}
+    for factor in (0.1, 10.0):
+        run = _rerun(ctx, target, steps, lr_scale=factor)
+        runs[factor] = losses_of(run)[:steps]
+        if _raised(run):
+            errors[factor] = _raised(run)
+    # an arm that went non-finite, or whose rerun raised, diverged, however early it stopped
+    diverged = {f for f, v in runs.items() if f in errors or not all(math.isfinite(x) for x in v)}
+    n = min((len(v) for f, v in runs.items() if f not in diverged), default=0)
+    if n < MIN_SWEEP:
+        return cannot_run(f"a rerun took only {n} optimizer steps (of {steps} planned)", reason="precondition", steps=n)
+    start = observed[0]
+    d = {}
+    for f, v in runs.items():
+        tail = math.nan if f in diverged else _tail(v[:n])
+        d[f] = (start - tail) / start if math.isfinite(tail) and start > 0 else -math.inf
+    # a short range test, as the module sweep makes: when no setting moved the loss and lr*10 stayed
+    # finite, try lr*100
+    if max(d.values()) < MOVES and math.isfinite(d[10.0]) and ctx.param("extend", True):
+        run = _rerun(ctx, target, n, lr_scale=100.0)
+        runs[100.0] = losses_of(run)[:n]
+        tail = _tail(runs[100.0]) if len(runs[100.0]) >= n else math.nan
+        d[100.0] = (start - tail) / start if math.isfinite(tail) and start > 0 else -math.inf
+    outcome = sweep_outcome(d)
+    reruns = len(runs) - 1
+    # "too low" is about the run, not the sweep's window: the observed run must barely move over all
+    # its recorded steps too (a healthy rate is slower than lr*10 over the first few steps)
+    whole = (start - _tail(observed)) / start if math.isfinite(_tail(observed)) and start > 0 else -math.inf
+    held = outcome == "too-low" and whole >= MOVES
+    if held:
+        outcome = "ok"
+
+    def pct(f):
+        return f"{d[f]:.0%}" if math.isfinite(d[f]) else "diverged"
+
+    lr_text = (lambda f: f" ({lr * f:.3g})") if lr is not None else (lambda f: "")
+    text = (f"{n} steps from the same seed ({reruns} reruns; x1 is the observed run), share of the loss {_fmt(start)} "
+            f"removed: lr/10{lr_text(0.1)} {pct(0.1)}, lr{lr_text(1.0)} {pct(1.0)}, lr*10{lr_text(10.0)} {pct(10.0)}"
+            + (f", lr*100{lr_text(100.0)} {pct(100.0)}" if 100.0 in d else ""))
+    if held:
+        text += (f"; lr*10 is faster over these {n} steps, but the observed run removed {whole:.0%} of the loss over "
+                 f"its {len(observed)} steps at lr")
+    data = dict(lr=lr, steps=n, drop_observed=whole, observed_steps=len(observed), planned_steps=steps, wanted_steps=wanted, start_loss=start, drop_lr10=d[0.1],
+                drop_lr=d[1.0], drop_lrx10=d[10.0], drop_lrx100=d.get(100.0), reruns=reruns, errors=errors, text=text, moves=MOVES, better=BETTER)
+    if lr is not None:
+        data.update(lr_low=lr * 0.1, lr_high=lr * 10, best_lr=lr * max(d, key=lambda f: d[f]))
+    longest = max(len(v) for v in runs.values())
+    plot = LinePlot("script-lr-sweep", "The script's training loss at lr/10, lr (observed) and lr*10",
+                    {f"lr x{f:g}": [x if math.isfinite(x) else math.nan for x in v] + [math.nan] * (longest - len(v))
+                     for f, v in sorted(runs.items())})
+    table = Table("script-lr-sweep", "Learning-rate reruns", ["lr", "loss at the end (mean of the last steps)", "share removed"],
+                  [[f"x{f:g}" + (f" ({lr * f:.3g})" if lr is not None else ""), _fmt(_tail(runs[f][:n])), pct(f)]
+                   for f in sorted(runs)], marked=[sorted(runs).index(max(d, key=lambda f: d[f]))])
+    if outcome in ("too-low", "too-high"):
+        return failed(outcome, text, [plot, table], **data)
+    if outcome == "none-learns":
+        if n < wanted:
+            return cannot_run(f"{text}: no setting moved the loss within the {n} steps the budget fits (of {wanted})",
+                              reason="budget", **data)
+        return failed("none-learns", text, [plot, table], **data)
+    return passed(text, artifacts=[plot, table], **data)
+
+
+# ------------------------------------------------------------------------------------ determinism
+@probe(
+    "script-determinism",
+    title="The script run twice: without nnwizard's seed, and from the observed run's seed",
+    outcomes={"ok": "run as the user runs it, the script repeats the observed losses bitwise (it seeds itself)",
+              "unseeded": "runs differ unless nnwizard seeds them: the script does not seed its generators",
+              "nondeterministic": "even from the same seed two runs give different losses",
+              "crashed": "a rerun raised"},
+    timeout_s=90,
+    share=0.2,
+)
+def script_determinism(ctx: ProbeContext):
+    from nnwizard.probes.determinism import _scan
+
+    target = _script_target(ctx)
+    if target is None:
+        return _not_script()
+    observed = losses_of(target.run)
+    if len(observed) < 2:
+        return skipped("the script took fewer than 2 optimizer steps to compare")
+    wanted = min(int(ctx.param("steps", 5)), len(observed))
+    steps = ctx.plan_steps(wanted, minimum=2, runs=2, fixed=2 * target.rerun_cost(0))
+    if not steps:
+        return ctx.unaffordable(2, "rerun steps a comparison needs", wanted=wanted)
+    unseeded, draws, seeds_globals = _scan(target.script.files)
+    data: dict[str, Any] = dict(steps=steps, seed=ctx.seed, seeds_globals=seeds_globals, unseeded=unseeded[:6],
+                                global_draws=draws[:6], observed=observed[:steps])
+    plain = _rerun(ctx, target, steps, seed=None)
+    if _raised(plain):
+        return cannot_run(f"the rerun without a seed raised: {_raised(plain)}", "crashed", reason="raised",
+                          error=_raised(plain))
+    a = losses_of(plain)[:steps]
+    data["unseeded_run"] = a
+    if a == observed[:steps]:
+        return passed(f"the script rerun without nnwizard's seed repeats the observed {steps} losses bitwise: it seeds "
+                      f"itself (1 rerun of {steps} steps)", **data)
+    seeded = _rerun(ctx, target, steps, seed=ctx.seed)
+    if _raised(seeded):
+        return cannot_run(f"the seeded rerun raised: {_raised(seeded)}", "crashed", reason="raised", error=_raised(seeded))
+    b = losses_of(seeded)[:steps]
+    data["seeded_run"] = b
+    diff = next((i + 1 for i, (x, y) in enumerate(zip(a, observed)) if x != y), None)
+    data["first_loss_diff"] = diff
+    rows = [["none (as the user runs it)", "no" if a != observed[:steps] else "yes", ", ".join(_fmt(x) for x in a[:4])],
+            [f"torch, random, numpy: {ctx.seed}", "yes" if b == observed[:steps] else "no", ", ".join(_fmt(x) for x in b[:4])]]
+    table = Table("script-determinism", f"The script's first losses against the observed run ({', '.join(_fmt(x) for x in observed[:4])})",
+                  ["seeded by nnwizard", "identical", "losses"], rows)
+    where = "; ".join(unseeded[:3] + draws[:2])
+    data["where"] = where or "the script draws from torch / random / numpy without a seed of its own"
+    if b == observed[:steps]:
+        return failed("unseeded", f"2 reruns of {steps} steps: without a seed the losses differ from step {diff} "
+                      f"({_fmt(a[diff - 1]) if diff and diff <= len(a) else '?'} vs {_fmt(observed[diff - 1]) if diff else '?'}); "
+                      f"seeded as the observed run, they repeat it bitwise: the script never seeds its generators"
+                      + (f" ({where})" if where else ""), [table], **data)
+    bdiff = next((i + 1 for i, (x, y) in enumerate(zip(b, observed)) if x != y), None)
+    data["seeded_diff"] = bdiff
+    return failed("nondeterministic", f"2 reruns of {steps} steps: even from the observed run's seed the losses differ "
+                  f"from step {bdiff}: a source nnwizard's seed does not reach (a time- or OS-based seed, "
+                  f"nondeterministic kernels)" + (f"; {where}" if where else ""), [table], **data)
+
+
+# ------------------------------------------------------------------------------------ nan bisect
+def first_nonfinite_step(rec) -> int | None:
+    """The 1-based optimizer step whose loss or gradient was first non-finite, else None."""
+    for s in rec.steps:
+        if (s.loss is not None and not math.isfinite(s.loss)) or s.grads_nonfinite:
+            return s.step
+    return None
+
+
+class _StepTracer:
+    """Recorder listener: traces ops only during optimizer step ``step`` of a rerun (forward, loss,
+    backward and the update), naming them by the model's modules."""
+
+    def __init__(self, tracer: OpTracer, step: int):
+        self.tracer, self.step = tracer, step
+        tracer.enabled = step == 1
+
+    def on_forward(self, rec, info, args):
+        self.tracer.attach(info.module)
+
+    def on_step_pre(self, rec, optimizer, step):
+        self.tracer._in_step = True
+
+    def on_step_post(self, rec, optimizer, step):
+        self.tracer._in_step = False
+        self.tracer._forward_done = False
+        self.tracer.enabled = step.step == self.step - 1
+
+
+@probe(
+    "script-nan-bisect",
+    title="The script rerun to its first non-finite step, that step traced op by op",
+    outcomes={"inputs": "the failing step's model inputs already held NaN/Inf",
+              "forward": "an op inside the model created the first NaN/Inf", "loss": "the loss computation created it",
+              "backward": "forward and loss were finite; a backward op created it",
+              "update": "gradients were finite; the optimizer step made the parameters non-finite",
+              "unlocated": "the traced rerun of that step stayed finite", "crashed": "the rerun raised first"},
+    timeout_s=120,
+    share=0.2,
+)
+def script_nan_bisect(ctx: ProbeContext):
+    import warnings
+
+    target = _script_target(ctx)
+    if target is None:
+        return _not_script()
+    rec = target.recording
+    bad = first_nonfinite_step(rec)
+    if bad is None:
+        return skipped("every recorded loss and gradient norm was finite")
+    grads = [s.grad_norm for s in rec.steps[:bad] if s.grad_norm is not None]
+    data: dict[str, Any] = dict(step=bad, losses=[s.loss for s in rec.steps[:bad]],
+                                grad_growth=(grads[-2] / grads[0]) if len(grads) > 1 and grads[0] and math.isfinite(grads[-2]) else 1.0)
+    if rec.steps[bad - 1].nonfinite_input:
+        data.update(phase="inputs")
+        return failed("inputs", f"step {bad}: the model's inputs already held NaN/Inf before any op ran (recorded)", **data)
+    wanted = bad
+    steps = ctx.plan_steps(wanted, minimum=bad, cost=1.0, fixed=target.rerun_cost(0) + 2)
+    if not steps:
+        return ctx.unaffordable(bad, "rerun steps reaching the first non-finite one need", wanted=wanted)
+    tracer = OpTracer(None, files=target.script.files, backward=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with tracer as trace:
+            ctx.progress(0.0, f"rerunning the script to step {bad}")
+            run = target.rerun(max_steps=bad, time_limit_s=_limit_s(target, bad), listeners=[_StepTracer(tracer, bad)])
+    data.update(rerun_seconds=run.seconds, rerun_steps=len(run.recording.steps), ops_traced=trace.count)
+    rec2, phase = trace.first_nonfinite, None
+    if rec2 is not None and rec2.phase in ("forward", "loss", "other"):
+        phase = "forward" if rec2.phase == "forward" else "loss"
+    elif trace.first_nonfinite_backward is not None:
+        rec2, phase = trace.first_nonfinite_backward, "backward"
+        data["backward_node"] = trace.backward_node
+    elif rec2 is not None and rec2.phase == "update":
+        phase = "update"
+    if phase is None and _raised(run) and len(run.recording.steps) < bad - 1:
+        return cannot_run(f"the rerun raised before step {bad}: {_raised(run)}", "crashed", reason="raised",
+                          error=_raised(run), **data)
+    data["phase"] = phase or "unlocated"
+    if rec2 is not None:
+        data.update(op=rec2.op, layer=rec2.module or "(outside the model)", where=rec2.where or "?", min_abs=rec2.min_abs,
+                    max_abs_in=rec2.max_abs_in, op_text=rec2.describe(), unsafe_op=rec2.min_abs is not None,
+                    zero_input=rec2.min_abs is not None and (rec2.min_abs <= 1e-30 or rec2.negative))
+        arts = [Table("script-nan-bisect", f"Rerun of step {bad}: ops with non-finite outputs (first 12)",
+                      ["#", "op", "phase", "module", "where", "non-finite input"],
+                      [[r.index, r.op, r.phase, r.module or "-", r.where or "?", r.nonfinite_in]
+                       for r in trace.records if r.nonfinite_out][:12], marked=[0])]
+    else:
+        data.update(op="?", where="?", zero_input=False, unsafe_op=False, op_text="?")
+        arts = []
+    head = f"the script rerun to step {bad} (1 rerun, {len(run.recording.steps)} steps, {trace.count} ops traced at step {bad})"
+    big = f"; largest |input| {rec2.max_abs_in:.3g}" if rec2 is not None and rec2.max_abs_in is not None else ""
+    if phase == "forward":
+        return failed("forward", f"{head}: the first NaN/Inf was made by {rec2.describe()} in the forward pass{big}", arts, **data)
+    if phase == "loss":
+        return failed("loss", f"{head}: the first NaN/Inf was made by {rec2.describe()} after the model's forward{big}", arts, **data)
+    if phase == "backward":
+        return failed("backward", f"{head}: forward and loss finite; the backward of {rec2.describe()} "
+                      f"({data.get('backward_node')}) turned finite gradients into NaN/Inf", arts, **data)
+    if phase == "update":
+        return failed("update", f"{head}: gradients finite; the optimizer step made the parameters non-finite "
+                      f"({rec2.describe()})", arts, **data)
+    return failed("unlocated", f"{head}: the traced step stayed finite", arts, **data)
+

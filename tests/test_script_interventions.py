@@ -1,0 +1,231 @@
+"""Script mode, issue #10 item 4: counterfactual reruns of the real script (probes/intervene.py) and the
+model-level probes on the captured model. Each path: a tiny script with the fault (fires) and a
+healthy one (quiet), written in tmp_path and run in this process."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from nnwizard.probes.api import ProbeContext, could_not_run, load_all
+from nnwizard.script_run import RunOptions, load_script, run_script
+from nnwizard.script_target import ScriptTarget
+
+PROBES = load_all()
+
+# a 4-class problem an MLP memorises in a few dozen steps; {LR}, {OPT}, {LOSS}, {SEED}, {EXTRA} are edited
+BASE = '''
+import math, time
+import torch
+from torch import nn
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+{SEED}
+g = torch.Generator().manual_seed(3)
+x = torch.randn(256, 8, generator=g)
+y = (x[:, :2] > 0).long() @ torch.tensor([1, 2])
+loader = DataLoader(TensorDataset(x, y), batch_size=32, shuffle=True)
+model = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 4))
+optimizer = torch.optim.{OPT}(model.parameters(), lr={LR})
+for epoch in range(8):
+    for step, (xb, yb) in enumerate(loader):
+        optimizer.zero_grad()
+        out = model(xb)
+        loss = {LOSS}
+        loss.backward()
+        optimizer.step()
+'''
+
+
+# regression where the loop flattens the targets against the model's (N, 1) prediction
+BROADCAST = BASE.format(LR="3e-3", OPT="Adam", SEED="torch.manual_seed(0)",
+                        LOSS="F.mse_loss(out, yb.float().view(-1))").replace("nn.Linear(64, 4))", "nn.Linear(64, 1))")
+
+
+def script(tmp_path: Path, name: str = "train.py", *, lr="1e-2", opt="Adam", loss="F.cross_entropy(out, yb)",
+           seed="torch.manual_seed(0)", text: str | None = None) -> Path:
+    path = tmp_path / name
+    path.write_text(text or BASE.format(LR=lr, OPT=opt, LOSS=loss, SEED=seed), encoding="utf-8")
+    return path
+
+
+def target_of(path: Path, steps: int = 40) -> ScriptTarget:
+    return ScriptTarget(run_script(load_script(str(path)), [], RunOptions(max_steps=steps)))
+
+
+def run(target, probe_id: str, **params):
+    return PROBES[probe_id](ProbeContext(target, params=params))
+
+
+# ------------------------------------------------------------------------------------ overfit
+def test_overfit_memorises_one_batch_through_the_script(tmp_path):
+    target = target_of(script(tmp_path))
+    result = run(target, "script-overfit")
+    assert result.outcome == "learns", result.summary
+    assert result.data["steps"] == 40 and result.data["final_loss"] < 0.1 * result.data["first_loss"]
+    assert "40 rerun steps of the same first batch" in result.summary
+    assert target.reruns and target.reruns[-1].what.startswith("the first batch every step")
+
+
+def test_overfit_cannot_memorise_through_a_broadcasting_reshape(tmp_path):
+    text = BROADCAST
+    target = target_of(script(tmp_path, text=text))
+    result = run(target, "script-overfit")
+    assert result.outcome in ("stuck", "slow"), result.summary
+    assert result.data["broadcast"] is True and result.data["broadcast_shape"] == [32, 32]
+    assert "broadcast to [32, 32]" in result.summary
+
+
+def test_overfit_skips_module_targets_and_steps_it_cannot_repeat(tmp_path):
+    from nnwizard.target import load_target
+
+    module = load_target("examples.healthy_mlp")
+    assert run(module, "script-overfit").status == "skipped"
+    text = ("import torch\nfrom torch import nn\nm = nn.Linear(4, 2)\no = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+            "for i in range(30):\n    x = torch.randn(8, 4)\n    o.zero_grad()\n"
+            "    nn.functional.cross_entropy(m(x), (x[:, 0] > 0).long()).backward()\n    o.step()\n")
+    result = run(target_of(script(tmp_path, text=text)), "script-overfit")
+    assert could_not_run(result) and "cannot be replaced" in result.summary
+
+
+# ------------------------------------------------------------------------------------ lr sweep
+def test_lr_sweep_finds_a_rate_far_too_high(tmp_path):
+    target = target_of(script(tmp_path, lr="0.5"))
+    result = run(target, "script-lr-sweep")
+    assert result.outcome == "too-high", result.summary
+    assert result.data["drop_lr10"] > result.data["drop_lr"] + 0.1
+    assert "2 reruns; x1 is the observed run" in result.summary
+    assert [r.what for r in target.reruns] == ["learning rate x0.1, seed 0", "learning rate x10, seed 0"]
+
+
+def test_lr_sweep_finds_a_rate_far_too_low(tmp_path):
+    result = run(target_of(script(tmp_path, lr="1e-3", opt="SGD")), "script-lr-sweep")
+    assert result.outcome == "too-low", result.summary
+    assert result.data["reruns"] == 3 and result.data["drop_lrx100"] > result.data["drop_lr"] + 0.1
+
+
+def test_lr_sweep_quiet_on_a_good_rate(tmp_path):
+    result = run(target_of(script(tmp_path)), "script-lr-sweep")
+    assert result.outcome == "ok", result.summary
+
+
+def test_sweep_rule_never_calls_a_diverging_rate_too_low():
+    from nnwizard.probes.lr import sweep_outcome
+
+    assert sweep_outcome({0.1: 0.9, 1.0: -math.inf, 10.0: -math.inf}) == "too-high"
+    assert sweep_outcome({0.1: 0.01, 1.0: 0.02, 10.0: 0.6}) == "too-low"
+
+
+# ------------------------------------------------------------------------------------ determinism
+def test_determinism_quiet_when_the_script_seeds_itself(tmp_path):
+    result = run(target_of(script(tmp_path), steps=10), "script-determinism")
+    assert result.outcome == "ok", result.summary
+
+
+def test_determinism_finds_a_script_that_never_seeds(tmp_path):
+    result = run(target_of(script(tmp_path, seed=""), steps=10), "script-determinism")
+    assert result.outcome == "unseeded", result.summary
+    assert result.data["seeded_run"] == result.data["observed"] != result.data["unseeded_run"]
+
+
+def test_determinism_finds_a_seed_from_the_clock(tmp_path):
+    result = run(target_of(script(tmp_path, seed="torch.manual_seed(time.time_ns() % 100003)"), steps=10),
+                 "script-determinism")
+    assert result.outcome == "nondeterministic", result.summary
+
+
+# ------------------------------------------------------------------------------------ nan bisect
+NAN = '''
+import torch
+from torch import nn
+torch.manual_seed(0)
+x = torch.rand(64, 4) + 0.1
+y = torch.rand(64, 1)
+model = nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for step in range(30):
+    opt.zero_grad()
+    scale = x.sum(1, keepdim=True) * (0.0 if step == 6 else 1.0)
+    pred = model(x) + scale.log()
+    loss = ((pred - y) ** 2).mean()
+    loss.backward()
+    opt.step()
+'''
+
+
+def test_nan_bisect_names_the_op_and_line_of_the_first_nan(tmp_path):
+    path = script(tmp_path, "nan_train.py", text=NAN)
+    target = target_of(path)
+    result = run(target, "script-nan-bisect")
+    assert result.status == "failed" and result.data["step"] == 7, result.summary
+    assert result.data["op"] in ("log", "div") and result.data["where"].startswith("nan_train.py:12"), result.data
+    assert target.reruns[-1].steps == 7
+
+
+def test_nan_bisect_skips_a_finite_run(tmp_path):
+    assert run(target_of(script(tmp_path)), "script-nan-bisect").status == "skipped"
+
+
+# ------------------------------------------------------------------------------------ model level
+SOFTMAX0 = BASE.format(LR="1e-2", OPT="Adam", SEED="torch.manual_seed(0)", LOSS="F.nll_loss(out.log(), yb)").replace(
+    "nn.Linear(64, 4))", "nn.Linear(64, 4), nn.Softmax(dim=0))")
+
+
+@pytest.mark.parametrize("text, outcome", [(SOFTMAX0, "batch-softmax"), (None, "ok")])
+def test_batch_independence_on_the_captured_model(tmp_path, text, outcome):
+    target = target_of(script(tmp_path, text=text) if text else script(tmp_path))
+    assert target.capturable
+    assert run(target, "batch-independence").outcome == outcome
+
+
+def test_model_level_trees_run_on_a_capturable_script(tmp_path):
+    from nnwizard.session import select_trees
+    from nnwizard.tree import load_trees
+
+    trees = select_trees(load_trees(None), target_of(script(tmp_path), steps=5))
+    assert {"classics", "activations", "script-model", "script-interventions", "script-reproducibility"} <= set(trees)
+
+
+def test_forward_shape_sees_the_broadcast_in_the_users_loss_call(tmp_path):
+    text = BROADCAST
+    target = target_of(script(tmp_path, text=text), steps=5)
+    assert run(target, "forward-shape").outcome == "broadcast"
+    assert run(target_of(script(tmp_path, "ok.py"), steps=5), "forward-shape").outcome == "ok"
+    # the script's own squeeze(1) before the loss: no broadcast where the loss is concerned
+    squeezed = BROADCAST.replace("F.mse_loss(out, yb.float().view(-1))", "F.mse_loss(out.squeeze(1), yb.float())")
+    assert run(target_of(script(tmp_path, "squeezed.py", text=squeezed), steps=5), "forward-shape").outcome == "ok"
+
+
+# ------------------------------------------------------------------------------------ tree gate
+def test_reruns_are_not_made_when_the_recording_already_explains_the_run(tmp_path):
+    from nnwizard.session import Options, diagnose
+
+    text = BASE.format(LR="3e-3", OPT="Adam", SEED="torch.manual_seed(0)", LOSS="F.cross_entropy(out, yb)").replace(
+        "        optimizer.zero_grad()\n", "")
+    diagnosis = diagnose(Options(script=str(script(tmp_path, text=text)), symptoms=["oscillating"], max_steps=30))
+    ran = {r.id for r in diagnosis.results}
+    assert "trace-zero-grad" in ran and not ran & {"script-overfit", "script-lr-sweep"}
+    assert diagnosis.target.reruns == []
+
+
+@pytest.mark.slow
+def test_cli_reports_the_reruns_of_an_lr_too_high_script(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    path = script(tmp_path, lr="0.5")
+    out, md = tmp_path / "r.json", tmp_path / "r.md"
+    done = subprocess.run([sys.executable, "-m", "nnwizard", "diagnose", "--script", str(path), "--non-interactive",
+                           "--symptom", "oscillating", "--json", str(out), "--report", str(md)], capture_output=True,
+                          text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["hypotheses"][0]["id"] == "lr-too-high"
+    sweep = next(p for p in report["probes"] if p["id"] == "script-lr-sweep")
+    assert sweep["outcome"] == "too-high" and "2 reruns" in sweep["summary"]
+    assert {"learning rate x0.1, seed 0", "learning rate x10, seed 0"} <= {r["what"] for r in report["script"]["reruns"]}
+    assert "### Reruns of the script (interventions)" in md.read_text()
