@@ -331,19 +331,33 @@ def trace_disconnected(ctx: ProbeContext):
 
 # ------------------------------------------------------------------------------------ evaluation
 def _phases(rec) -> list[list]:
-    """Runs of consecutive model forwards that no backward reached (evaluation phases)."""
+    """Runs of consecutive model forwards that no backward reached and that look like evaluation:
+    the script scored them (a loss, or a prediction: argmax, max, a threshold), ran them over a
+    DataLoader iteration with no backward (a test loop, a validation loader), or put them in eval
+    mode / no_grad itself. An unscored forward in the middle of training (a GAN generator sampling a
+    picture from fixed noise, a logging forward) is not an evaluation phase."""
+    def in_training(f) -> bool:
+        if f.loader is None or f.loader >= len(rec.loaders):
+            return True  # no DataLoader: only scoring or the mode tells
+        backwards = rec.loaders[f.loader].backwards
+        return 0 <= f.iteration < len(backwards) and backwards[f.iteration] > 0
+
+    def evaluates(run) -> bool:
+        return any(f.scored or not f.training or not f.grad_enabled or not in_training(f) for f in run)
+
     phases, current = [], []
     for f in rec.forwards:
         if f.trained:
-            if current:
+            if current and evaluates(current):
                 phases.append(current)
-                current = []
+            current = []
         else:
             current.append(f)
-    if current and not (rec.error is not None or rec.stopped):
-        phases.append(current)  # a trailing run cut by the script's exception or the budget is not an evaluation
-    elif current and all(not f.grad_enabled for f in current):
-        phases.append(current)
+    if current and evaluates(current):
+        if not (rec.error is not None or rec.stopped):
+            phases.append(current)  # a trailing run cut by the script's exception or the budget is not an evaluation
+        elif all(not f.grad_enabled for f in current):
+            phases.append(current)
     return phases
 
 
@@ -579,6 +593,7 @@ def trace_loss_target(ctx: ProbeContext):
     "trace-graph",
     title="Does the script keep loss tensors (and their graphs) alive across steps?",
     outcomes={"ok": "no loss tensor outlives its step",
+              "spans": "a backward ran through the graph of an earlier step (a carried tensor was not detached)",
               "kept": "arithmetic on a backpropagated loss made a graph that lives on (total += loss)",
               "stored": "backpropagated loss tensors pile up (appended to a list instead of .item())"},
     timeout_s=10,
@@ -591,6 +606,15 @@ def trace_graph(ctx: ProbeContext):
         return skipped("needs a full recording with optimizer steps")
     alive = rec.alive_losses
     data = dict(kept=", ".join(rec.graph_kept[:3]), alive_last=alive[-1] if alive else 0, steps=len(rec.steps))
+    if rec.graph_spans:
+        freed = rec.error is not None and "backward through the graph a second time" in rec.error.message
+        data.update(spans=", ".join(rec.graph_spans[:3]), raised=freed)
+        return failed("spans", f"the backward at {rec.graph_spans[0]} reached the graph of a model forward made before "
+                      f"the previous optimizer.step(): a tensor carried over from the earlier step (an RNN hidden state, a "
+                      f"cached output) still holds that step's graph"
+                      + (", so backward() raised 'Trying to backward through the graph a second time'" if freed else
+                         ", so every step backpropagates through all the steps before it")
+                      + "; detach it at each step (hidden = hidden.detach())", **data)
     if rec.graph_kept:
         return failed("kept", f"a loss tensor whose backward already ran was used in arithmetic that keeps a graph "
                       f"alive into the next step ({data['kept']}): accumulate loss.item() instead", **data)

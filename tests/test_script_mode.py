@@ -373,6 +373,8 @@ for it in range(20):
     err_g = bce(D(fake), torch.ones(64, 1))
     err_g.backward()
     opt_g.step()
+    if it % 5 == 0:  # a picture from fixed noise, in train mode with grad on (as pytorch/examples DCGAN does)
+        sample = G(torch.randn(4, 4)).detach()
     print(it, err_d.item(), err_g.item())
 '''
 
@@ -432,3 +434,55 @@ def test_a_layer_rejecting_its_input_size_is_a_layer_shape_mismatch(tmp_path):
     target = record(write(tmp_path, text=CONV_TOO_SMALL))
     assert target.crashed
     assert get("trace-crash")(ProbeContext(target)).outcome == "layer-shape-mismatch"
+
+
+ACCURACY_ONLY_EVAL = [("    model.eval()\n", ""), ("            total += crit(model(x), y).item()",
+                                                      "            total += (model(x).argmax(1) == y).float().mean().item()")]
+
+
+def test_evaluation_without_a_loss_outside_the_training_loader_is_still_evaluation(tmp_path):
+    target = record(write(tmp_path, *ACCURACY_ONLY_EVAL))
+    assert outcome(target, "trace-eval-mode") == "train-mode-in-eval"
+
+
+RNN = '''
+import torch
+from torch import nn
+torch.manual_seed(0)
+
+class Tagger(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rnn = nn.LSTM(4, 8)
+        self.out = nn.Linear(8, 3)
+
+    def forward(self, x, hidden):
+        o, hidden = self.rnn(x, hidden)
+        return self.out(o).view(-1, 3), hidden
+
+model = Tagger()
+opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+hidden = (torch.zeros(1, 2, 8), torch.zeros(1, 2, 8))
+for i in range(12):
+    x, y = torch.randn(5, 2, 4), torch.randint(0, 3, (10,))
+    hidden = tuple(h.detach() for h in hidden)
+    opt.zero_grad()
+    out, hidden = model(x, hidden)
+    loss = nn.functional.cross_entropy(out, y)
+    loss.backward()
+    opt.step()
+'''
+NOT_DETACHED = ("    hidden = tuple(h.detach() for h in hidden)\n", "")
+
+
+@pytest.mark.parametrize("edits, retain, expected", [
+    ((), False, "ok"),                                    # truncated BPTT done right: the hidden state is detached
+    ((NOT_DETACHED,), False, "spans"),                    # raises "backward through the graph a second time"
+    ((NOT_DETACHED, ("loss.backward()", "loss.backward(retain_graph=True)")), True, "spans"),  # then the update breaks it
+])
+def test_graph_carried_across_steps(tmp_path, edits, retain, expected):
+    target = record(write(tmp_path, *edits, text=RNN))
+    if not retain:
+        assert (target.recording.error is not None) == (expected == "spans")
+    result = get("trace-graph")(ProbeContext(target))
+    assert result.outcome == expected, result.summary

@@ -51,6 +51,7 @@ module call; full mode adds the TorchFunctionMode and small copies (see benchmar
 
 from __future__ import annotations
 
+import collections
 import copy
 import functools
 import math
@@ -77,6 +78,7 @@ LOSS_FUNCTIONS = (
 MODE_TYPES = (nn.modules.dropout._DropoutNd, nn.modules.batchnorm._BatchNorm)
 KEEP = 4        # DataLoader batches copied to CPU in full mode
 KEEP_PAIRS = 16  # training model inputs and loss inputs/targets copied to CPU in full mode
+SPAN_CHECKS = 4  # steps at whose first backward full mode looks for the graph of the step before
 
 
 class StopRun(BaseException):
@@ -169,8 +171,11 @@ class ForwardEvent:
     grad_enabled: bool
     step: int
     trained: bool = False        # a later backward reached its output
-    loader: int | None = None
+    loader: int | None = None    # the DataLoader being iterated (innermost) and which of its iterations
+    iteration: int = -1
+    scored: bool = False         # its output went into a loss or a prediction (argmax, max, threshold; full mode)
     node: Any = field(default=None, repr=False)
+    outs: list = field(default_factory=list, repr=False)  # grad_fns of its output tensors (full mode)
 
 
 @dataclass
@@ -219,6 +224,7 @@ class Recording:
     batches: list[Any] = field(default_factory=list)        # CPU copies of the first DataLoader batches
     model_inputs: list[tuple] = field(default_factory=list)  # (model index, args) of the first training forwards
     graph_kept: list[str] = field(default_factory=list)    # ops on a backwarded loss whose result outlived the step
+    graph_spans: list[str] = field(default_factory=list)   # backwards whose graph reached a forward trained before the last step
     alive_losses: list[int] = field(default_factory=list)  # per step: backwarded loss tensors still referenced
     backwards: int = 0
     zero_grads: int = 0
@@ -273,6 +279,7 @@ _NN_METHODS = ("train", "eval", "parameters", "named_parameters", "zero_grad", "
 # ops whose result, taken from a tensor that carries a graph (a model output), is a prediction, not
 # a target; and ops that keep that provenance (reshape, cast)
 _FROM_OUTPUT = {"argmax", "max", "detach", "topk", "round", "__gt__", "__ge__", "gt", "ge", "sign", "clone"}
+_SCORES = {"argmax", "max", "topk", "round", "__gt__", "__ge__", "gt", "ge", "sign", "sigmoid", "softmax"}
 _KEEPS_PROVENANCE = {"view", "reshape", "flatten", "squeeze", "unsqueeze", "long", "float", "int", "to", "type",
                      "__getitem__", "contiguous", "clone", "view_as", "reshape_as", "double", "detach"}
 
@@ -298,6 +305,9 @@ class _GraphMode(TorchFunctionMode):
         if args and isinstance(out, torch.Tensor) and isinstance(args[0], torch.Tensor):
             name = getattr(func, "__name__", "")
             first = args[0]
+            if name in _SCORES and rec._last_out is not None and rec._last_event is not None \
+                    and rec._last_out[1]() is first:
+                rec._last_event.scored = True
             derived = rec._derived
             if (name in _FROM_OUTPUT and first.requires_grad) or (name in _KEEPS_PROVENANCE and id(first) in derived
                                                                  and derived[id(first)]() is first):
@@ -340,6 +350,9 @@ class Recorder:
         self._window_values = []
         self._backward_since_step = 0
         self._last_model: ModelInfo | None = None
+        self._last_event: ForwardEvent | None = None
+        self._trained_nodes: list = []   # grad_fns of forward outputs a backward reached since the last step (full)
+        self._prev_nodes: list = []      # the same, of the steps before the last optimizer step
         self._last_out: tuple | None = None        # (model index, output tensor weakref, shape)
         self._spent: dict[int, weakref.ref] = {}
         self._spent_all: list[weakref.ref] = []
@@ -598,12 +611,14 @@ class Recorder:
         info.forwards += 1
         self._last_model = info
         grad = torch.is_grad_enabled()
-        loader = self._loader_stack[-1].index if self._loader_stack else None
-        event = ForwardEvent(index, module.training, grad, self.steps_taken, loader=loader)
+        top = self._loader_stack[-1] if self._loader_stack else None
+        event = ForwardEvent(index, module.training, grad, self.steps_taken, loader=top.index if top else None,
+                             iteration=top.iterations - 1 if top else -1)
         self._pending_forwards.append(event)
         if len(self._pending_forwards) > 64:
             self.flush_pending(keep=32)
         if self.full:
+            self._last_event = event
             self.recording.forwards.append(event)
             if grad and len(self.recording.model_inputs) < KEEP_PAIRS:
                 self.recording.model_inputs.append((index, cpu_copy(tuple(args))))
@@ -627,7 +642,10 @@ class Recorder:
                 if out is not None:
                     self._last_out = (index, weakref.ref(out), list(out.shape))
                     if self._pending_forwards and self._pending_forwards[-1].model == index:
-                        self._pending_forwards[-1].node = out.grad_fn
+                        event = self._pending_forwards[-1]
+                        event.node = out.grad_fn
+                        if self.full:  # every output (an RNN's hidden state too): for graphs carried across steps
+                            event.outs = [t.grad_fn for t, _ in zip(_tensors(output), range(4)) if t.grad_fn is not None]
         return None
 
     # -- losses -----------------------------------------------------------------------------------
@@ -705,6 +723,8 @@ class Recorder:
         from_model, out_shape = self._from_model(x)
         if self._depth > 0:  # called inside a model's forward (Hugging Face models compute their own loss)
             from_model = True
+        if from_model and self._last_event is not None:
+            self._last_event.scored = True
         same = False
         if isinstance(y, torch.Tensor) and self.full:
             ref = self._derived.get(id(y))
@@ -735,6 +755,10 @@ class Recorder:
         step = self._step_record()
         if self._backward_since_step == 0 and rec.steps and self.full:
             step.carried = self._carried()
+            if self._prev_nodes and loss is not None and len(rec.steps) <= SPAN_CHECKS:
+                if _reached(loss.grad_fn, {id(n) for n in self._prev_nodes}) and len(rec.graph_spans) < 8:
+                    rec.graph_spans.append(f"{self.where() or '?'} at step {len(rec.steps) + 1}")
+            self._prev_nodes = []
         self._backward_since_step += 1
         step.backwards += 1
         if loss is not None and loss.numel():
@@ -762,6 +786,9 @@ class Recorder:
         for event in self._pending_forwards:
             if reached is None or id(event.node) in reached:
                 event.trained, event.node = True, None
+                if self.full and len(self._trained_nodes) < 32:
+                    self._trained_nodes += event.outs
+                event.outs = []
                 step.forwards[event.model] = step.forwards.get(event.model, 0) + 1
                 step.training[event.model] = step.training.get(event.model, True) and event.training
             else:
@@ -918,6 +945,7 @@ class Recorder:
         self.recording.steps.append(step)
         if self.full:
             self._confirm_kept()
+            self._prev_nodes, self._trained_nodes = self._trained_nodes, []
         self._zero_grad_since = False
         self._window_values = []
         self._backward_since_step = 0
@@ -975,6 +1003,8 @@ class Recorder:
         for items in (self._pending_forwards, self._pending_losses):
             for item in items[: max(len(items) - keep, 0)]:
                 item.node = None
+                if isinstance(item, ForwardEvent):
+                    item.outs = []
         self._pending_forwards = self._pending_forwards[len(self._pending_forwards) - keep:] if keep else []
         self._pending_losses = self._pending_losses[len(self._pending_losses) - keep:] if keep else []
 
@@ -987,6 +1017,9 @@ class Recorder:
         self._spent = {}
         for item in self._pending_forwards + self._pending_losses:
             item.node = None
+        for event in self._pending_forwards:
+            event.outs = []
+        self._trained_nodes, self._prev_nodes = [], []
         self._pending_forwards, self._pending_losses = [], []
         return rec
 
@@ -1015,9 +1048,9 @@ def _reached(root, targets: set[int], limit: int = 4000) -> set[int]:
     found: set[int] = set()
     if root is None or not targets:
         return found
-    queue, seen = [root], set()
+    queue, seen = collections.deque([root]), set()
     while queue and len(seen) < limit and len(found) < len(targets):
-        node = queue.pop(0)
+        node = queue.popleft()
         if node is None or id(node) in seen:
             continue
         seen.add(id(node))
