@@ -226,6 +226,15 @@ def trace_backward_step(ctx: ProbeContext):
         data["lrs"] = rec.steps[0].lrs
         return failed("no-update", f"optimizer.step() ran {len(rec.steps)} times with gradient norm up to "
                       f"{max(norms):.3g} but no parameter changed (lr {rec.steps[0].lrs})", **data)
+    manual = sum(s.manual for s in rec.steps)
+    if manual:
+        lrs = sorted(s.lrs[0] for s in rec.steps if s.manual and s.lrs)
+        data.update(manual_steps=manual, effective_lr=lrs[len(lrs) // 2] if lrs else None)
+        return passed(f"{rec.backwards} backward() calls and {manual} hand-written parameter updates (no torch.optim "
+                      f"step{'' if manual == len(rec.steps) else ' for some parameters'}); gradient norm {norms[0]:.3g} "
+                      f"at the first; largest parameter change {max(updates, default=0.0):.3g}"
+                      + (f"; |update| / |gradient| = {data['effective_lr']:.3g} (the learning rate of a plain SGD update)"
+                         if lrs else ""), "manual-update", **data)
     return passed(f"{rec.backwards} backward() and {len(rec.steps)} optimizer.step() calls; gradient norm "
                   f"{norms[0]:.3g} at the first step; largest parameter change {max(updates, default=0.0):.3g}", **data)
 
@@ -277,15 +286,17 @@ def trace_optimizer(ctx: ProbeContext):
     rec = _rec(ctx)
     if rec is None:
         return _not_script()
-    if not rec.optimizers:
+    manual = [s for s in rec.steps if s.manual]
+    if not rec.optimizers and not manual:
         return skipped("the script never stepped an optimizer", "no-optimizer")
     trained = {i for s in rec.steps for i in s.forwards} or {m.index for m in rec.models}
-    held = {id(p) for o in rec.optimizers for g in o.groups for p in g["params"]}
+    held = {id(p) for o in rec.optimizers for g in o.groups for p in g["params"]} | rec.manual_updated
     cover = Coverage.of(((f"{m.name}.{n}", p) for m in rec.models if m.index in trained
                          for n, p in m.module.named_parameters()), held)
     total, missing = cover.total, cover.n_missing
     groups = sum(len(o.groups) for o in rec.optimizers)
-    data = dict(optimizers=", ".join(o.name for o in rec.optimizers), groups=groups, trainable=total,
+    who = ", ".join([o.name for o in rec.optimizers] + (["the hand-written update"] if manual else []))
+    data = dict(optimizers=who, groups=groups, trainable=total, manual_steps=len(manual),
                 missing_params=missing, missing_fraction=cover.fraction, missing_modules=cover.modules,
                 foreign=sum(o.foreign for o in rec.optimizers))
     table = cover.table("Trainable parameters in no optimizer")
@@ -294,9 +305,14 @@ def trace_optimizer(ctx: ProbeContext):
                       f"{total:,} trainable values of the model it trains: it was built over another model instance",
                       table, **data)
     if missing:
+        where = (f"in no param group of {who}" if not manual else f"never changed by {who} ({len(manual)} updates)"
+                 if not rec.optimizers else f"in no param group of {', '.join(o.name for o in rec.optimizers)} and "
+                 f"never changed by the hand-written update")
         return failed("missing", f"{missing:,} of {total:,} trainable values ({data['missing_fraction']:.0%}; "
-                      f"{data['missing_modules']}) are in no param group of {data['optimizers']}: they get gradients "
-                      f"and never change", table, **data)
+                      f"{data['missing_modules']}) are {where}: they get gradients and never change", table, **data)
+    if manual and not rec.optimizers:
+        return passed(f"the hand-written update changed all {total:,} trainable values of the trained model(s) "
+                      f"({len(manual)} updates)", **data)
     return passed(f"{data['optimizers']} ({groups} group(s)) holds all {total:,} trainable values of the trained model(s)", **data)
 
 

@@ -486,3 +486,38 @@ def test_graph_carried_across_steps(tmp_path, edits, retain, expected):
         assert (target.recording.error is not None) == (expected == "spans")
     result = get("trace-graph")(ProbeContext(target))
     assert result.outcome == expected, result.summary
+
+
+MANUAL = '''
+import torch
+from torch import nn
+torch.manual_seed(0)
+X = torch.randn(128, 5)
+Y = X @ torch.randn(5, 1) + 0.1
+model = nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 1))
+lr = 0.05
+for step in range(40):
+    loss = nn.functional.mse_loss(model(X), Y)
+    loss.backward()
+    with torch.no_grad():
+        for p in model.parameters():
+            p -= lr * p.grad
+            p.grad = None
+'''
+
+
+@pytest.mark.parametrize("edits, probe_id, expected", [
+    ((), "trace-backward-step", "manual-update"),
+    ((), "trace-zero-grad", "ok"),
+    ((), "trace-optimizer", "ok"),
+    (((("            p.grad = None\n", "")),), "trace-zero-grad", "carry-over"),
+    ((("for p in model.parameters():", "for p in model[0].parameters():"),), "trace-optimizer", "missing"),
+    ((("            p -= lr * p.grad\n", "            p.data.add_(p.grad, alpha=-lr)\n"),), "trace-backward-step", "manual-update"),
+])
+def test_hand_written_updates_are_audited_as_steps(tmp_path, edits, probe_id, expected):
+    target = record(write(tmp_path, *edits, text=MANUAL))
+    rec = target.recording
+    assert len(rec.steps) == 30 and all(s.manual for s in rec.steps) and not target.untrained
+    assert abs(rec.steps[0].lrs[0] - 0.05) < 1e-3  # |update| / |gradient| of plain SGD is its learning rate
+    result = get(probe_id)(ProbeContext(target))
+    assert result.outcome == expected, result.summary

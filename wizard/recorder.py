@@ -139,6 +139,8 @@ class StepRecord:
     duration_s: float = 0.0      # wall time since the previous step
     none_names: list[str] = field(default_factory=list)  # trainable params with .grad None (full mode, first steps)
     closure: bool = False        # step(closure): measured after the closure's first call
+    manual: bool = False         # a hand-written update (in-place ops on parameters no optimizer holds), not optimizer.step()
+    updated: int = 0             # manual: parameter tensors the update changed, of grads_total
 
 
 @dataclass
@@ -225,6 +227,7 @@ class Recording:
     model_inputs: list[tuple] = field(default_factory=list)  # (model index, args) of the first training forwards
     graph_kept: list[str] = field(default_factory=list)    # ops on a backwarded loss whose result outlived the step
     graph_spans: list[str] = field(default_factory=list)   # backwards whose graph reached a forward trained before the last step
+    manual_updated: set = field(default_factory=set, repr=False)  # id() of parameters a hand-written update changed
     alive_losses: list[int] = field(default_factory=list)  # per step: backwarded loss tensors still referenced
     backwards: int = 0
     zero_grads: int = 0
@@ -279,6 +282,7 @@ _NN_METHODS = ("train", "eval", "parameters", "named_parameters", "zero_grad", "
 # ops whose result, taken from a tensor that carries a graph (a model output), is a prediction, not
 # a target; and ops that keep that provenance (reshape, cast)
 _FROM_OUTPUT = {"argmax", "max", "detach", "topk", "round", "__gt__", "__ge__", "gt", "ge", "sign", "clone"}
+_INPLACE_SETS = {"__set__", "__isub__", "__iadd__", "__imul__", "__itruediv__"}
 _SCORES = {"argmax", "max", "topk", "round", "__gt__", "__ge__", "gt", "ge", "sign", "sigmoid", "softmax"}
 _KEEPS_PROVENANCE = {"view", "reshape", "flatten", "squeeze", "unsqueeze", "long", "float", "int", "to", "type",
                      "__getitem__", "contiguous", "clone", "view_as", "reshape_as", "double", "detach"}
@@ -293,8 +297,12 @@ class _GraphMode(TorchFunctionMode):
         self.recorder = recorder
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
         rec = self.recorder
+        if rec._manual_candidates and args:
+            name = getattr(func, "__name__", "")
+            if (name.endswith("_") and not name.startswith("__")) or name in _INPLACE_SETS:
+                rec._maybe_manual(name, args[0])
+        out = func(*args, **(kwargs or {}))
         spent = rec._spent
         if spent:
             for a in args[:2]:
@@ -353,6 +361,10 @@ class Recorder:
         self._last_event: ForwardEvent | None = None
         self._trained_nodes: list = []   # grad_fns of forward outputs a backward reached since the last step (full)
         self._prev_nodes: list = []      # the same, of the steps before the last optimizer step
+        self._manual_candidates: dict[int, tuple] = {}  # storage ptr / id -> (param, name): trainable, in no optimizer
+        self._manual_key: tuple | None = None
+        self._manual_open: tuple | None = None   # (step, [(param, copy, grad norm)], updated ids) of a hand-written update
+        self._in_opt_step = False
         self._last_out: tuple | None = None        # (model index, output tensor weakref, shape)
         self._spent: dict[int, weakref.ref] = {}
         self._spent_all: list[weakref.ref] = []
@@ -413,6 +425,8 @@ class Recorder:
         def zero_grad_patch(original):
             @functools.wraps(original)
             def zero_grad(this, *args, **kwargs):
+                if rec._manual_open is not None:
+                    rec._close_manual()
                 rec._zero_grad_since = True
                 rec.recording.zero_grads += 1
                 return original(this, *args, **kwargs)
@@ -604,6 +618,8 @@ class Recorder:
         self._depth += 1
         if self._depth != 1 or self._in_loss:
             return None
+        if self._manual_open is not None:
+            self._close_manual()
         index = self._model_index(module)
         if index is None:
             return None
@@ -749,6 +765,8 @@ class Recorder:
 
     # -- backward ---------------------------------------------------------------------------------
     def _before_backward(self, tensors) -> None:
+        if self._manual_open is not None:
+            self._close_manual()
         loss = tensors if isinstance(tensors, torch.Tensor) else next(_tensors(tensors), None)
         rec = self.recording
         rec.backwards += 1
@@ -801,6 +819,8 @@ class Recorder:
         self._pending_forwards, self._pending_losses = keep_f, keep_l
         if self._loader_stack:
             self._loader_stack[-1].backwards[-1] += 1
+        if self.full:
+            self._refresh_manual()
         self._notify("on_backward", loss)
         if self.max_steps is not None and not rec.steps and rec.backwards > self.max_steps:
             rec.stopped = f"the budget of {self.max_steps} backward passes was reached (no optimizer.step() so far)"
@@ -811,6 +831,7 @@ class Recorder:
         backward after a step (cleared gradients are None or all zero)."""
         grads = [p.grad for info in self.recording.optimizers for g in info.optimizer.param_groups
                  for p in g["params"] if p.requires_grad]
+        grads += [p.grad for key, (p, _) in self._manual_candidates.items() if key == id(p)]
         if not grads:
             return None
         live = [g for g in grads if g is not None]
@@ -874,6 +895,7 @@ class Recorder:
         return self._pending
 
     def _step_pre(self, optimizer, args, kwargs):
+        self._in_opt_step = True   # its in-place updates are not hand-written ones
         closure = kwargs.get("closure") if kwargs else None
         if closure is None and len(args) > 1 and callable(args[1]):  # args[0] is the optimizer itself
             closure = args[1]
@@ -929,6 +951,7 @@ class Recorder:
         self._notify("on_step_pre", optimizer, step)
 
     def _step_post(self, optimizer, args, kwargs):
+        self._in_opt_step = False
         step = self._step_record()
         self._pending = None
         info = self._optimizer_info(optimizer)
@@ -956,6 +979,94 @@ class Recorder:
             self.recording.stopped = f"the budget of {self.max_steps} optimizer steps was reached"
             raise StopRun(self.recording.stopped)
         self._check_time()
+
+    # -- hand-written updates (full mode) ---------------------------------------------------------
+    def _refresh_manual(self) -> None:
+        """Trainable parameters of the recorded models that no optimizer holds: an in-place op on one of
+        them after a backward (``p -= lr * p.grad``, ``p.data.add_(...)``) is a hand-written update."""
+        key = (len(self.recording.models), len(self.recording.optimizers))
+        if key == self._manual_key and self._manual_open is None:
+            return
+        self._manual_key = key
+        held = {id(p) for o in self.recording.optimizers for g in o.optimizer.param_groups for p in g["params"]}
+        cand: dict[int, tuple] = {}
+        for m in self.recording.models:
+            for n, p in m.module.named_parameters():
+                if p.requires_grad and id(p) not in held:
+                    name = f"{m.name}.{n}" if len(self.recording.models) > 1 else n
+                    cand[id(p)] = (p, name)
+                    cand[p.untyped_storage().data_ptr()] = (p, name)
+        self._manual_candidates = cand
+
+    def _maybe_manual(self, name: str, first) -> None:
+        if self._in_opt_step:
+            return
+        cand = self._manual_candidates
+        tensors = first if isinstance(first, (list, tuple)) else [first]
+        for t in tensors:
+            if not isinstance(t, torch.Tensor):
+                return
+            hit = cand.get(id(t)) if name == "__set__" or isinstance(t, nn.Parameter) else None
+            if hit is None:
+                try:
+                    hit = cand.get(t.untyped_storage().data_ptr())
+                except Exception:  # noqa: BLE001 - tensors without storage
+                    hit = None
+            if hit is None or hit[0].grad is None:
+                continue
+            if self._manual_open is None:
+                if not self._backward_since_step:
+                    continue
+                self._open_manual()
+            self._manual_open[2].add(id(hit[0]))
+
+    def _open_manual(self) -> None:
+        step = self._step_record()
+        params = [p for key, (p, _) in self._manual_candidates.items() if key == id(p)]
+        step.manual, step.optimizer, step.t = True, -1, self.now()
+        step.zero_grad = self._zero_grad_since
+        step.epoch, step.batch = self._epochs, self._batch_index
+        step.scheduler_steps = len(self.recording.scheduler_steps)
+        step.grad_enabled = torch.is_grad_enabled()
+        with_grad = [p for p in params if p.grad is not None]
+        step.grads_total, step.grads_none = len(params), len(params) - len(with_grad)
+        norms = dict(zip(map(id, with_grad), map(float, torch._foreach_norm([p.grad.detach() for p in with_grad])))) \
+            if with_grad else {}
+        step.grad_norm = math.sqrt(sum(n ** 2 for n in norms.values()))
+        step.grads_nonfinite = not math.isfinite(step.grad_norm)
+        values = self._window_values
+        step.loss_calls, step.loss_call_mean = len(values), (sum(values) / len(values) if values else None)
+        if step.step <= 3 and step.grads_none:
+            names = {id(p): n for key, (p, n) in self._manual_candidates.items() if key == id(p)}
+            step.none_names = [names[id(p)] for p in params if p.grad is None][:40]
+        copies = [(p, p.detach().clone(), norms.get(id(p), 0.0)) for p in params] if step.step <= 64 else []
+        self._manual_open = (step, copies, set())
+
+    def _close_manual(self, budget: bool = True) -> None:
+        step, copies, updated = self._manual_open
+        self._manual_open = None
+        self._pending = None
+        step.updated = len(updated)
+        self.recording.manual_updated |= updated
+        if copies:
+            diffs = [((p.detach() - c).float(), id(p) in updated, g) for p, c, g in copies if p.shape == c.shape]
+            step.update = max((float(d.abs().max()) for d, _, _ in diffs if d.numel()), default=0.0)
+            moved = math.sqrt(sum(float(d.norm()) ** 2 for d, hit, _ in diffs if hit))
+            grad = math.sqrt(sum(g ** 2 for _, hit, g in diffs if hit))
+            step.lrs = [moved / grad] if grad else []  # |update| / |gradient| of the updated tensors: plain SGD's lr
+        now = self.now()
+        step.duration_s, self._last_step_t = now - self._last_step_t, now
+        self.recording.steps.append(step)
+        self._confirm_kept()
+        self._prev_nodes, self._trained_nodes = self._trained_nodes, []
+        self._zero_grad_since, self._window_values, self._backward_since_step = False, [], 0
+        self._manual_key = None  # `.data = ...` gave parameters new storage
+        self._refresh_manual()
+        if budget and self.max_steps is not None and len(self.recording.steps) >= self.max_steps:
+            self.recording.stopped = f"the budget of {self.max_steps} steps (hand-written updates) was reached"
+            raise StopRun(self.recording.stopped)
+        if budget:
+            self._check_time()
 
     # -- schedulers -------------------------------------------------------------------------------
     def _scheduler_seen(self, scheduler) -> dict:
@@ -1011,6 +1122,9 @@ class Recorder:
     def finish(self) -> Recording:
         """Close what is still open (called on exit): pending forwards with no backward are evaluation."""
         rec = self.recording
+        if self._manual_open is not None:
+            self._close_manual(budget=False)
+        self._manual_candidates = {}
         rec.seconds = round(self.now(), 3)
         self._confirm_kept(count=False)
         self._spent_all = []
@@ -1103,6 +1217,8 @@ class _LoaderIter:
         if self.done:  # the epoch re-entered after a cap: count it again
             self.done = False
             rec._loader_stack.append(self.info)
+        if rec._manual_open is not None:
+            rec._close_manual()
         if rec.replace_batch is not None:
             batch = rec.replace_batch(batch, self.count)
         rec._batch_index = self.count
