@@ -521,3 +521,21 @@ def test_hand_written_updates_are_audited_as_steps(tmp_path, edits, probe_id, ex
     assert abs(rec.steps[0].lrs[0] - 0.05) < 1e-3  # |update| / |gradient| of plain SGD is its learning rate
     result = get(probe_id)(ProbeContext(target))
     assert result.outcome == expected, result.summary
+
+
+@pytest.mark.parametrize("reload", [
+    "best = torch.load('model.pt', weights_only=False)",                                     # the whole module
+    "best = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 2))\n"
+    "    best.load_state_dict(torch.load('weights.pt'))",                                    # a state dict into a new instance
+])
+def test_a_model_loaded_from_a_checkpoint_is_a_copy_not_a_second_model(tmp_path, reload):
+    from nnwizard.script_view import _models_line, observed
+
+    tail = ("    main()\n    torch.save(model, 'model.pt'); torch.save(model.state_dict(), 'weights.pt')\n"
+            f"    {reload}\n    best.eval()\n    with torch.no_grad():\n        print(crit(best(X), Y).item())\n")
+    target = record(write(tmp_path, ("    main()\n", tail)), max_steps=100)
+    models = target.recording.models
+    assert len(models) == 2 and models[0].copy_of is None and models[1].copy_of == 0
+    assert "a copy of model 0" in _models_line(observed(target))
+    other = record(write(tmp_path, ("    main()\n", "    main()\n    fresh = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 2))\n    fresh(X)\n"), name="t2.py"), max_steps=100)
+    assert [m.copy_of for m in other.recording.models] == [None, None]  # a new, untrained instance is a second model

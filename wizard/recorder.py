@@ -98,6 +98,7 @@ class ModelInfo:
     forwards: int = 0
     first_step: int = 0          # optimizer steps taken before its first forward
     shadowed: list[str] = field(default_factory=list)  # nn.Module methods the user's class overrides
+    copy_of: int | None = None   # loaded (torch.load / load_state_dict) as a copy of this earlier model (full mode)
 
 
 @dataclass
@@ -365,6 +366,7 @@ class Recorder:
         self._manual_key: tuple | None = None
         self._manual_open: tuple | None = None   # (step, [(param, copy, grad norm)], updated ids) of a hand-written update
         self._in_opt_step = False
+        self._loaded: dict[int, weakref.ref] = {}   # modules returned by torch.load or given a state dict (full)
         self._last_out: tuple | None = None        # (model index, output tensor weakref, shape)
         self._spent: dict[int, weakref.ref] = {}
         self._spent_all: list[weakref.ref] = []
@@ -495,6 +497,26 @@ class Recorder:
 
         self._patch(DataLoader, "__iter__", iter_patch)
 
+        if self.full:  # a checkpoint loaded into a new instance of a model already seen is a copy of it, not a new model
+            def load_patch(original):
+                @functools.wraps(original)
+                def load(*args, **kwargs):
+                    result = original(*args, **kwargs)
+                    if isinstance(result, nn.Module):
+                        rec._loaded[id(result)] = weakref.ref(result)
+                    return result
+                return load
+
+            def load_state_patch(original):
+                @functools.wraps(original)
+                def load_state_dict(this, *args, **kwargs):
+                    rec._loaded[id(this)] = weakref.ref(this)
+                    return original(this, *args, **kwargs)
+                return load_state_dict
+
+            self._patch(torch, "load", load_patch)
+            self._patch(nn.Module, "load_state_dict", load_state_patch)
+
         def scale_patch(original):
             @functools.wraps(original)
             def scale(this, outputs):
@@ -608,6 +630,11 @@ class Recorder:
                     info.initial = copy.deepcopy(module)
                 except Exception:  # noqa: BLE001 - some modules cannot be copied; probes then skip
                     info.initial = None
+            ref = self._loaded.get(key)
+            if ref is not None and ref() is module:
+                shapes = [tuple(p.shape) for p in params]
+                info.copy_of = next((m.index for m in self.recording.models if m.name == info.name
+                                     and [tuple(p.shape) for p in m.module.parameters()] == shapes), None)
             self.recording.models.append(info)
             for opt in self.recording.optimizers:
                 self._link(opt)

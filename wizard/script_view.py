@@ -22,7 +22,7 @@ def _num(v: float | None) -> Any:
 def observed(target) -> dict[str, Any]:
     run, rec = target.run, target.recording
     models = [{"name": m.name, "params": m.params, "trainable": m.trainable, "forwards": m.forwards,
-               "mode_layers": m.mode_layers} for m in rec.models]
+               "mode_layers": m.mode_layers, "copy_of": m.copy_of} for m in rec.models]
     optimizers = [{"name": o.name, "steps": o.steps, "models": [rec.models[i].name for i in o.models],
                    "groups": [{"lr": g["lr"], "tensors": g["tensors"], "values": g["values"]} for g in o.groups]}
                   for o in rec.optimizers]
@@ -81,8 +81,12 @@ def untrained_note(target) -> str | None:
 
 
 def _models_line(obs: dict) -> str:
-    return "; ".join(f"{m['name']} ({m['params']:,} parameters, {m['trainable']:,} trainable, {m['forwards']} forwards)"
-                     for m in obs["models"]) or "none"
+    def one(m: dict) -> str:
+        if m.get("copy_of") is not None:
+            return (f"{m['name']} loaded from a checkpoint (a copy of model {m['copy_of']}, not a second model; "
+                    f"{m['forwards']} forwards)")
+        return f"{m['name']} ({m['params']:,} parameters, {m['trainable']:,} trainable, {m['forwards']} forwards)"
+    return "; ".join(one(m) for m in obs["models"]) or "none"
 
 
 def _optimizers_line(obs: dict) -> str:
