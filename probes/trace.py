@@ -655,7 +655,8 @@ def trace_graph(ctx: ProbeContext):
               "nan-after-growth": "the gradient norm grew over the steps before the loss turned non-finite",
               "nan-at-start": "non-finite from the first step, before any update",
               "nan": "non-finite at a later step without a growing gradient",
-              "spike": "finite, but the loss jumped over 100x its first value within the run"},
+              "spike": "finite, but the loss jumped over 100x its first value within the run",
+              "spike-carry-over": "the loss jumped over 100x while gradients were never cleared between steps"},
     timeout_s=10,
 )
 def trace_nan(ctx: ProbeContext):
@@ -671,6 +672,13 @@ def trace_nan(ctx: ProbeContext):
         if len(losses) >= 4 and losses[0] > 0:
             peak = max(range(len(losses)), key=lambda i: losses[i])
             if losses[peak] > 100 * losses[0]:
+                carried = [x.carried for x in rec.steps[1:] if x.carried is not None]
+                if carried and sum(carried) / len(carried) > 0.5:  # the steps grew because gradients piled up
+                    return failed("spike-carry-over", f"the loss jumped from {losses[0]:.4g} at step 1 to {losses[peak]:.4g} "
+                                  f"at step {peak + 1} ({losses[peak] / losses[0]:.3g}x): the gradients were never cleared "
+                                  f"between steps (trace-zero-grad), so each update applied the sum of all earlier "
+                                  f"gradients; the learning rate is not what to change first", step=peak + 1,
+                                  first=losses[0], peak=losses[peak], last=losses[-1])
                 return failed("spike", f"the loss jumped from {losses[0]:.4g} at step 1 to {losses[peak]:.4g} at step "
                               f"{peak + 1} ({losses[peak] / losses[0]:.3g}x) and ended at {losses[-1]:.4g}: updates far too "
                               f"large for this model (lr {_fmt(rec.steps[0].lrs[0] if rec.steps[0].lrs else None, '.3g')})",

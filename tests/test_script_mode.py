@@ -345,6 +345,7 @@ def test_cli_script_mode_end_to_end(tmp_path):
     assert data["hypotheses"][0]["id"] == "missing-zero-grad" and data["verdict"] == "problems-found"
     assert data["script"]["steps"] == 20 and data["script"]["models"][0]["name"] == "Sequential"
     assert "Per-step trace" in md.read_text()
+    assert "trace-run-curves.png" in md.read_text()  # the script's loss curve with a declared symptom too
     bad = subprocess.run([sys.executable, "-m", "nnwizard", "diagnose", "--script", str(tmp_path / "nope.py"),
                           "--non-interactive"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1
