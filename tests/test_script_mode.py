@@ -540,3 +540,18 @@ def test_a_model_loaded_from_a_checkpoint_is_a_copy_not_a_second_model(tmp_path,
     assert "a copy of model 0" in _models_line(observed(target))
     other = record(write(tmp_path, ("    main()\n", "    main()\n    fresh = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 2))\n    fresh(X)\n"), name="t2.py"), max_steps=100)
     assert [m.copy_of for m in other.recording.models] == [None, None]  # a new, untrained instance is a second model
+
+
+def test_batch_cap_fits_slow_steps_to_the_time_limit():
+    from types import SimpleNamespace as NS
+
+    from nnwizard.script_run import BatchCap
+
+    def rec(step_s):
+        steps = [NS(step=i + 1, duration_s=step_s) for i in range(3)]
+        return NS(limit_batches=20, recording=NS(steps=steps, notes=[]))
+    slow, fast = rec(1.5), rec(0.01)
+    for r in (slow, fast):
+        BatchCap(20, 30.0).on_step_post(r, None, r.recording.steps[2])
+    assert slow.limit_batches == 8 and "capped at 8" in slow.recording.notes[0]  # 30 s / (2.5 passes x 1.5 s)
+    assert fast.limit_batches == 20 and not fast.recording.notes                  # small models keep the default
