@@ -12,22 +12,26 @@ target (no recording) every one of them is skipped.
 
 from __future__ import annotations
 
+import functools
 import math
-from typing import Any
+from typing import Any, Callable
 
 from nnwizard.curves import Curves, classify
 from nnwizard.probes._instrument import error_kind
 from nnwizard.probes.loop import Coverage
 from nnwizard.probes.triage import CURVE_OUTCOMES
-from nnwizard.probes.api import LinePlot, ProbeContext, Table, failed, passed, probe, skipped
+from nnwizard.probes.api import LinePlot, ProbeContext, Table, cannot_run, failed, passed, probe, skipped
 
 
-def _rec(ctx: ProbeContext):
-    return getattr(ctx.target, "recording", None)
-
-
-def _not_script():
-    return skipped("script mode only: this audit reads the recording of a script run")
+def _on_recording(audit: Callable[[ProbeContext, Any], Any]) -> Callable[[ProbeContext], Any]:
+    """An audit of the recording: called as ``audit(ctx, recording)``; skipped on a module target."""
+    @functools.wraps(audit)
+    def run(ctx: ProbeContext):
+        rec = getattr(ctx.target, "recording", None)
+        if rec is None:
+            return skipped("script mode only: this audit reads the recording of a script run")
+        return audit(ctx, rec)
+    return run
 
 
 def _fmt(v, spec=".4g") -> str:
@@ -79,10 +83,8 @@ def eval_curve(rec) -> tuple[list[float], list[int]]:
               "too-short": "too few optimizer steps were recorded to read a curve"},
     timeout_s=30,
 )
-def trace_run(ctx: ProbeContext):
-    rec = _rec(ctx)
-    if rec is None:
-        return _not_script()
+@_on_recording
+def trace_run(ctx: ProbeContext, rec):
     target = ctx.target
     train = [s.loss if s.loss is not None else (s.loss_call_mean if s.loss_call_mean is not None else math.nan)
              for s in rec.steps]
@@ -109,6 +111,10 @@ def trace_run(ctx: ProbeContext):
         return failed("crashed", f"the script raised after {err.step} optimizer steps at {err.where or '?'}: "
                       f"{err.type}: {err.message}", [table, *plots], **info)
     if len(train) < 4:
+        if rec.stopped:  # the budget cut the run before its curve could be read: a measurement missing
+            return cannot_run(f"only {len(train)} optimizer steps fit the budget ({rec.stopped}): too few to read a "
+                              f"curve (its steps are slow for the script-mode time limit: a smaller batch or model size would fit)", "too-short",
+                              reason="budget", **info)
         return skipped(f"only {len(train)} optimizer steps were recorded: too few to read a curve", "too-short", **info)
     shape = classify(Curves(train=train, val=val or None, val_steps=val_steps or None), reference)
     symptoms = list(shape.symptoms)
@@ -142,10 +148,8 @@ def trace_run(ctx: ProbeContext):
               "too-short": "fewer than two optimizer steps were recorded"},
     timeout_s=10,
 )
-def trace_zero_grad(ctx: ProbeContext):
-    rec = _rec(ctx)
-    if rec is None:
-        return _not_script()
+@_on_recording
+def trace_zero_grad(ctx: ProbeContext, rec):
     later = rec.steps[1:]
     measured = [s.carried for s in later if s.carried is not None]
     if not later or not measured:
@@ -177,10 +181,8 @@ def trace_zero_grad(ctx: ProbeContext):
               "no-training": "no model and no loss in grad mode: nothing to audit"},
     timeout_s=10,
 )
-def trace_backward_step(ctx: ProbeContext):
-    rec = _rec(ctx)
-    if rec is None:
-        return _not_script()
+@_on_recording
+def trace_backward_step(ctx: ProbeContext, rec):
     train_calls = [c for c in rec.loss_calls if c.grad_enabled]
     trainable = sum(m.trainable for m in rec.models)
     data: dict[str, Any] = dict(backwards=rec.backwards, steps=len(rec.steps), loss_calls=len(train_calls),
@@ -282,10 +284,8 @@ def _moved(rec) -> bool:
               "no-optimizer": "no optimizer was used"},
     timeout_s=10,
 )
-def trace_optimizer(ctx: ProbeContext):
-    rec = _rec(ctx)
-    if rec is None:
-        return _not_script()
+@_on_recording
+def trace_optimizer(ctx: ProbeContext, rec):
     manual = [s for s in rec.steps if s.manual]
     if not rec.optimizers and not manual:
         return skipped("the script never stepped an optimizer", "no-optimizer")
@@ -323,10 +323,8 @@ def trace_optimizer(ctx: ProbeContext):
               "disconnected": "some trainable parameters had .grad None at every recorded step"},
     timeout_s=10,
 )
-def trace_disconnected(ctx: ProbeContext):
-    rec = _rec(ctx)
-    if rec is None:
-        return _not_script()
+@_on_recording
+def trace_disconnected(ctx: ProbeContext, rec):
     steps = [s for s in rec.steps[:3] if s.grads_total]
     if not steps:
         return skipped("no optimizer step with trainable parameters was recorded")
@@ -390,10 +388,8 @@ def _mode_models(rec) -> dict[int, Any]:
               "no-eval": "the script never evaluated (no forward without a backward)"},
     timeout_s=10,
 )
-def trace_eval_mode(ctx: ProbeContext):
-    rec = _rec(ctx)
-    if rec is None:
-        return _not_script()
+@_on_recording
+def trace_eval_mode(ctx: ProbeContext, rec):
     phases = _phases(rec)
     if not phases:
         return passed("the script never ran a forward without a backward: no evaluation to audit", "no-eval")
@@ -421,10 +417,8 @@ def trace_eval_mode(ctx: ProbeContext):
               "no-eval": "the script never evaluated"},
     timeout_s=10,
 )
-def trace_eval_grad(ctx: ProbeContext):
-    rec = _rec(ctx)
-    if rec is None:
-        return _not_script()
+@_on_recording
+def trace_eval_grad(ctx: ProbeContext, rec):
     phases = _phases(rec)
     evals = [f for p in phases for f in p if rec.models[f.model].trainable]
     if not evals:
@@ -446,10 +440,8 @@ def trace_eval_grad(ctx: ProbeContext):
               "no-mode-layers": "the model has no Dropout or BatchNorm, so the mode changes nothing"},
     timeout_s=10,
 )
-def trace_train_mode(ctx: ProbeContext):
-    rec = _rec(ctx)
-    if rec is None:
-        return _not_script()
+@_on_recording
+def trace_train_mode(ctx: ProbeContext, rec):
     layered = _mode_models(rec)
     trained = [(i, f) for i, f in enumerate(rec.forwards) if f.trained and f.model in layered]
     if not trained:
@@ -482,14 +474,12 @@ def trace_train_mode(ctx: ProbeContext):
               "no-scheduler": "the script builds no scheduler"},
     timeout_s=10,
 )
-def trace_scheduler(ctx: ProbeContext):
+@_on_recording
+def trace_scheduler(ctx: ProbeContext, rec):
     from torch.optim import lr_scheduler as S
 
     from nnwizard.probes.schedule import intended_cadence
 
-    rec = _rec(ctx)
-    if rec is None:
-        return _not_script()
     if not rec.schedulers:
         return passed("the script builds no learning-rate scheduler", "no-scheduler")
     sched = rec.schedulers[0]
@@ -540,10 +530,8 @@ def trace_scheduler(ctx: ProbeContext):
               "sum-reduction": "the loss sums over the samples (reduction='sum') and is not divided"},
     timeout_s=10,
 )
-def trace_loss_scale(ctx: ProbeContext):
-    rec = _rec(ctx)
-    if rec is None:
-        return _not_script()
+@_on_recording
+def trace_loss_scale(ctx: ProbeContext, rec):
     calls = [c for c in rec.loss_calls if not c.eval and c.value is not None and math.isfinite(c.value)]
     if not rec.steps or not calls:
         return skipped("no optimizer step with a recorded loss call")
@@ -584,10 +572,8 @@ def trace_loss_scale(ctx: ProbeContext):
               "not-from-model": "the loss input does not come from the model's output"},
     timeout_s=10,
 )
-def trace_loss_target(ctx: ProbeContext):
-    rec = _rec(ctx)
-    if rec is None:
-        return _not_script()
+@_on_recording
+def trace_loss_target(ctx: ProbeContext, rec):
     calls = _train_calls(rec)
     if not calls:
         return skipped("no loss call reached by a backward was recorded")
@@ -614,10 +600,8 @@ def trace_loss_target(ctx: ProbeContext):
               "stored": "backpropagated loss tensors pile up (appended to a list instead of .item())"},
     timeout_s=10,
 )
-def trace_graph(ctx: ProbeContext):
-    rec = _rec(ctx)
-    if rec is None:
-        return _not_script()
+@_on_recording
+def trace_graph(ctx: ProbeContext, rec):
     if rec.mode != "full" or not rec.steps:
         return skipped("needs a full recording with optimizer steps")
     alive = rec.alive_losses
@@ -659,10 +643,8 @@ def trace_graph(ctx: ProbeContext):
               "spike-carry-over": "the loss jumped over 100x while gradients were never cleared between steps"},
     timeout_s=10,
 )
-def trace_nan(ctx: ProbeContext):
-    rec = _rec(ctx)
-    if rec is None:
-        return _not_script()
+@_on_recording
+def trace_nan(ctx: ProbeContext, rec):
     if not rec.steps:
         return skipped("no optimizer step was recorded")
     bad = next((s for s in rec.steps if (s.loss is not None and not math.isfinite(s.loss)) or s.grads_nonfinite
@@ -714,12 +696,10 @@ CRASH_IDS = ("target-shape-mismatch", "no-parameters", "module-method-shadowed",
               **{h: f"the exception is evidence for {h}" for h in CRASH_IDS}},
     timeout_s=10,
 )
-def trace_crash(ctx: ProbeContext):
+@_on_recording
+def trace_crash(ctx: ProbeContext, rec):
     from nnwizard.probes._crash import classify_exception
 
-    rec = _rec(ctx)
-    if rec is None:
-        return _not_script()
     err = rec.error
     if err is None:
         return passed("the script ran without raising")
@@ -758,12 +738,10 @@ def trace_crash(ctx: ProbeContext):
               "double-sigmoid": "binary_cross_entropy_with_logits gets values already squashed into [0, 1]"},
     timeout_s=10,
 )
-def trace_loss_input(ctx: ProbeContext):
+@_on_recording
+def trace_loss_input(ctx: ProbeContext, rec):
     import torch
 
-    rec = _rec(ctx)
-    if rec is None:
-        return _not_script()
     calls = [c for c in rec.loss_calls if c.inputs is not None and isinstance(c.inputs, torch.Tensor)
              and c.inputs.is_floating_point() and c.inputs.numel()]
     if not calls:

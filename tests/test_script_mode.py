@@ -555,3 +555,11 @@ def test_batch_cap_fits_slow_steps_to_the_time_limit():
         BatchCap(20, 30.0).on_step_post(r, None, r.recording.steps[2])
     assert slow.limit_batches == 8 and "capped at 8" in slow.recording.notes[0]  # 30 s / (2.5 passes x 1.5 s)
     assert fast.limit_batches == 20 and not fast.recording.notes                  # small models keep the default
+
+
+def test_a_curve_cut_short_by_the_budget_is_a_missing_measurement(tmp_path):
+    cut = get("trace-run")(ProbeContext(record(write(tmp_path), max_steps=3)))
+    assert cut.status == "skipped" and cut.data.get("cannot_run") == "budget"
+    short = write(tmp_path, ("for epoch in range(3):", "for epoch in range(1):"), ("batch_size=32", "batch_size=128"), name="short.py")
+    ended = get("trace-run")(ProbeContext(record(short)))  # the script itself took only 2 steps
+    assert ended.status == "skipped" and "cannot_run" not in ended.data
