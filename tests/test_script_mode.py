@@ -563,3 +563,41 @@ def test_a_curve_cut_short_by_the_budget_is_a_missing_measurement(tmp_path):
     short = write(tmp_path, ("for epoch in range(3):", "for epoch in range(1):"), ("batch_size=32", "batch_size=128"), name="short.py")
     ended = get("trace-run")(ProbeContext(record(short)))  # the script itself took only 2 steps
     assert ended.status == "skipped" and "cannot_run" not in ended.data
+
+
+SPARSE_GRAPH = '''
+import os
+import numpy as np
+import torch
+from torch import nn
+os.makedirs("graph", exist_ok=True)
+with open("graph/feats.txt", "w") as f:          # written by the script, then read back with numpy
+    for i in range(40):
+        f.write(" ".join(str((i * k) % 3) for k in range(6)) + f" {i % 2}\\n")
+table = np.genfromtxt("graph/feats.txt")
+x, y = torch.tensor(table[:, :-1], dtype=torch.float32), torch.tensor(table[:, -1], dtype=torch.long)
+adj = (torch.eye(40) + torch.diag(torch.ones(39), 1)).to_sparse()   # a sparse adjacency matrix as model input
+
+class GraphNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(6, 2)
+
+    def forward(self, x, adj):
+        return torch.sparse.mm(adj, self.lin(x))
+
+model = GraphNet()
+opt = torch.optim.Adam(model.parameters(), lr=0.05)
+for step in range(8):
+    opt.zero_grad()
+    loss = nn.functional.cross_entropy(model(x, adj), y)
+    loss.backward()
+    opt.step()
+'''
+
+
+def test_sparse_inputs_and_files_read_back_with_numpy_run_as_in_plain_python(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    target = record(write(tmp_path, text=SPARSE_GRAPH))
+    assert target.recording.error is None and len(target.recording.steps) == 8
+    assert not (tmp_path / "graph").exists()  # the script's folder and file went to the scratch folder

@@ -666,6 +666,8 @@ class Recorder:
             if grad and len(self.recording.model_inputs) < KEEP_PAIRS:
                 self.recording.model_inputs.append((index, cpu_copy(tuple(args))))
             for t in _tensors(args):
+                if t.layout != torch.strided:
+                    continue  # sparse inputs (a graph's adjacency matrix): isfinite has no sparse kernel
                 if t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all()):
                     self._step_record().nonfinite_input = True
                     break

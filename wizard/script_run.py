@@ -411,7 +411,15 @@ class Sandbox:
             import numpy as np
             real_np_load = np.load
             self._set(np, "load", lambda file, *a, **k: real_np_load(sb.redirect_read(file), *a, **k))
-        except ImportError:  # pragma: no cover
+            from numpy.lib import _datasource  # genfromtxt / loadtxt open files with the io.open numpy kept at import
+            openers = _datasource._file_openers
+            openers._load()
+            table = openers._file_openers
+            real_np_open = table.get(None)
+            if real_np_open is not None:
+                table[None] = sandboxed_open
+                self._undo.append(lambda: table.__setitem__(None, real_np_open))
+        except (ImportError, AttributeError):  # pragma: no cover - another numpy layout: its text loaders are not followed
             pass
         return self
 
