@@ -540,6 +540,8 @@ def trace_loss_scale(ctx: ProbeContext, rec):
         window = [c for c in calls if c.step == s.step - 1]
         if s.closure or not window or not s.losses or len({(c.fn, tuple(c.input_shape[1:])) for c in window}) != 1:
             continue
+        if len(window) > 1 and s.backwards < 2:
+            continue  # several loss terms summed into one backward (an episode's per-step losses): one objective
         mean = sum(c.value for c in window) / len(window)
         if abs(mean) < 1e-12 or len({c.where for c in window}) > 1:
             continue  # losses from different lines are terms of one objective (a GAN's real and fake halves), not accumulation

@@ -601,3 +601,43 @@ def test_sparse_inputs_and_files_read_back_with_numpy_run_as_in_plain_python(tmp
     target = record(write(tmp_path, text=SPARSE_GRAPH))
     assert target.recording.error is None and len(target.recording.steps) == 8
     assert not (tmp_path / "graph").exists()  # the script's folder and file went to the scratch folder
+
+
+ACTOR_CRITIC = '''
+import torch
+from torch import nn
+import torch.nn.functional as F
+torch.manual_seed(0)
+
+class Policy(nn.Module):  # two heads: action probabilities and a state value
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Linear(4, 32)
+        self.action, self.value = nn.Linear(32, 2), nn.Linear(32, 1)
+
+    def forward(self, x):
+        h = F.relu(self.body(x))
+        return F.softmax(self.action(h), dim=-1), self.value(h)
+
+model = Policy()
+opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+for episode in range(12):
+    saved = []
+    for t in range(8):  # one forward per time step, one backward per episode
+        probs, value = model(torch.randn(1, 4))
+        a = torch.distributions.Categorical(probs).sample()
+        saved.append((torch.log(probs[0, a]), value, float(torch.rand(()))))
+    policy_losses = [-lp * (r - v.item()) for lp, v, r in saved]
+    value_losses = [F.smooth_l1_loss(v, torch.tensor([[r]])) for _, v, r in saved]
+    opt.zero_grad()
+    loss = torch.stack(policy_losses).sum() + torch.stack(value_losses).sum()
+    loss.backward()
+    opt.step()
+'''
+
+
+def test_an_episode_of_summed_loss_terms_is_one_objective_from_the_model(tmp_path):
+    target = record(write(tmp_path, text=ACTOR_CRITIC))
+    for probe_id in ("trace-loss-scale", "trace-loss-target"):
+        result = get(probe_id)(ProbeContext(target))
+        assert result.status in ("passed", "skipped"), (probe_id, result.summary)

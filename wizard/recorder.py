@@ -740,6 +740,11 @@ class Recorder:
             if node == target:
                 return True, shape
             stack.extend(fn for fn, _ in node.next_functions)
+        # any output of a forward no backward has reached yet (a second output, e.g. an actor-critic's value
+        # head, or an output saved over an episode before one backward)
+        outs = {id(n) for e in self._pending_forwards[-64:] for n in e.outs}
+        if outs and x.grad_fn is not None and _reached(x.grad_fn, outs, limit=200):
+            return True, shape
         return False, shape
 
     def _loss_called(self, name: str, args, kwargs, value, original=None) -> None:
