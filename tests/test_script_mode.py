@@ -641,3 +641,9 @@ def test_an_episode_of_summed_loss_terms_is_one_objective_from_the_model(tmp_pat
     for probe_id in ("trace-loss-scale", "trace-loss-target"):
         result = get(probe_id)(ProbeContext(target))
         assert result.status in ("passed", "skipped"), (probe_id, result.summary)
+
+
+def test_gradients_of_parameters_in_no_optimizer_are_not_carry_over(tmp_path):
+    # only the head is optimized: the body's gradients pile up, but nothing updates them (that is the optimizer's finding)
+    target = record(write(tmp_path, ("SGD(model.parameters()", "SGD(model[3].parameters()")))
+    assert outcome(target, "trace-zero-grad") == "ok" and outcome(target, "trace-optimizer") == "missing"

@@ -865,7 +865,8 @@ class Recorder:
         backward after a step (cleared gradients are None or all zero)."""
         grads = [p.grad for info in self.recording.optimizers for g in info.optimizer.param_groups
                  for p in g["params"] if p.requires_grad]
-        grads += [p.grad for key, (p, _) in self._manual_candidates.items() if key == id(p)]
+        updated = self.recording.manual_updated   # parameters a hand-written update changed (not merely outside every optimizer)
+        grads += [p.grad for key, (p, _) in self._manual_candidates.items() if key == id(p) and key in updated]
         if not grads:
             return None
         live = [g for g in grads if g is not None]
