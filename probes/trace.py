@@ -12,22 +12,26 @@ target (no recording) every one of them is skipped.
 
 from __future__ import annotations
 
+import functools
 import math
-from typing import Any
+from typing import Any, Callable
 
 from nnwizard.curves import Curves, classify
 from nnwizard.probes._instrument import error_kind
 from nnwizard.probes.loop import Coverage
 from nnwizard.probes.triage import CURVE_OUTCOMES
-from nnwizard.probes.api import LinePlot, ProbeContext, Table, failed, passed, probe, skipped
+from nnwizard.probes.api import LinePlot, ProbeContext, Table, cannot_run, failed, passed, probe, skipped
 
 
-def _rec(ctx: ProbeContext):
-    return getattr(ctx.target, "recording", None)
-
-
-def _not_script():
-    return skipped("script mode only: this audit reads the recording of a script run")
+def _on_recording(audit: Callable[[ProbeContext, Any], Any]) -> Callable[[ProbeContext], Any]:
+    """An audit of the recording: called as ``audit(ctx, recording)``; skipped on a module target."""
+    @functools.wraps(audit)
+    def run(ctx: ProbeContext):
+        rec = getattr(ctx.target, "recording", None)
+        if rec is None:
+            return skipped("script mode only: this audit reads the recording of a script run")
+        return audit(ctx, rec)
+    return run
 
 
 def _fmt(v, spec=".4g") -> str:
@@ -79,10 +83,8 @@ def eval_curve(rec) -> tuple[list[float], list[int]]:
               "too-short": "too few optimizer steps were recorded to read a curve"},
     timeout_s=30,
 )
-def trace_run(ctx: ProbeContext):
-    rec = _rec(ctx)
-    if rec is None:
-        return _not_script()
+@_on_recording
+def trace_run(ctx: ProbeContext, rec):
     target = ctx.target
     train = [s.loss if s.loss is not None else (s.loss_call_mean if s.loss_call_mean is not None else math.nan)
              for s in rec.steps]
@@ -109,6 +111,10 @@ def trace_run(ctx: ProbeContext):
         return failed("crashed", f"the script raised after {err.step} optimizer steps at {err.where or '?'}: "
                       f"{err.type}: {err.message}", [table, *plots], **info)
     if len(train) < 4:
+        if rec.stopped:  # the budget cut the run before its curve could be read: a measurement missing
+            return cannot_run(f"only {len(train)} optimizer steps fit the budget ({rec.stopped}): too few to read a "
+                              f"curve (its steps are slow for the script-mode time limit: a smaller batch or model size would fit)", "too-short",
+                              reason="budget", **info)
         return skipped(f"only {len(train)} optimizer steps were recorded: too few to read a curve", "too-short", **info)
     shape = classify(Curves(train=train, val=val or None, val_steps=val_steps or None), reference)
     symptoms = list(shape.symptoms)
@@ -142,10 +148,8 @@ def trace_run(ctx: ProbeContext):
               "too-short": "fewer than two optimizer steps were recorded"},
     timeout_s=10,
 )
-def trace_zero_grad(ctx: ProbeContext):
-    rec = _rec(ctx)
-    if rec is None:
-        return _not_script()
+@_on_recording
+def trace_zero_grad(ctx: ProbeContext, rec):
     later = rec.steps[1:]
     measured = [s.carried for s in later if s.carried is not None]
     if not later or not measured:
@@ -177,10 +181,8 @@ def trace_zero_grad(ctx: ProbeContext):
               "no-training": "no model and no loss in grad mode: nothing to audit"},
     timeout_s=10,
 )
-def trace_backward_step(ctx: ProbeContext):
-    rec = _rec(ctx)
-    if rec is None:
-        return _not_script()
+@_on_recording
+def trace_backward_step(ctx: ProbeContext, rec):
     train_calls = [c for c in rec.loss_calls if c.grad_enabled]
     trainable = sum(m.trainable for m in rec.models)
     data: dict[str, Any] = dict(backwards=rec.backwards, steps=len(rec.steps), loss_calls=len(train_calls),
@@ -226,6 +228,15 @@ def trace_backward_step(ctx: ProbeContext):
         data["lrs"] = rec.steps[0].lrs
         return failed("no-update", f"optimizer.step() ran {len(rec.steps)} times with gradient norm up to "
                       f"{max(norms):.3g} but no parameter changed (lr {rec.steps[0].lrs})", **data)
+    manual = sum(s.manual for s in rec.steps)
+    if manual:
+        lrs = sorted(s.lrs[0] for s in rec.steps if s.manual and s.lrs)
+        data.update(manual_steps=manual, effective_lr=lrs[len(lrs) // 2] if lrs else None)
+        return passed(f"{rec.backwards} backward() calls and {manual} hand-written parameter updates (no torch.optim "
+                      f"step{'' if manual == len(rec.steps) else ' for some parameters'}); gradient norm {norms[0]:.3g} "
+                      f"at the first; largest parameter change {max(updates, default=0.0):.3g}"
+                      + (f"; |update| / |gradient| = {data['effective_lr']:.3g} (the learning rate of a plain SGD update)"
+                         if lrs else ""), "manual-update", **data)
     return passed(f"{rec.backwards} backward() and {len(rec.steps)} optimizer.step() calls; gradient norm "
                   f"{norms[0]:.3g} at the first step; largest parameter change {max(updates, default=0.0):.3g}", **data)
 
@@ -273,19 +284,19 @@ def _moved(rec) -> bool:
               "no-optimizer": "no optimizer was used"},
     timeout_s=10,
 )
-def trace_optimizer(ctx: ProbeContext):
-    rec = _rec(ctx)
-    if rec is None:
-        return _not_script()
-    if not rec.optimizers:
+@_on_recording
+def trace_optimizer(ctx: ProbeContext, rec):
+    manual = [s for s in rec.steps if s.manual]
+    if not rec.optimizers and not manual:
         return skipped("the script never stepped an optimizer", "no-optimizer")
     trained = {i for s in rec.steps for i in s.forwards} or {m.index for m in rec.models}
-    held = {id(p) for o in rec.optimizers for g in o.groups for p in g["params"]}
+    held = {id(p) for o in rec.optimizers for g in o.groups for p in g["params"]} | rec.manual_updated
     cover = Coverage.of(((f"{m.name}.{n}", p) for m in rec.models if m.index in trained
                          for n, p in m.module.named_parameters()), held)
     total, missing = cover.total, cover.n_missing
     groups = sum(len(o.groups) for o in rec.optimizers)
-    data = dict(optimizers=", ".join(o.name for o in rec.optimizers), groups=groups, trainable=total,
+    who = ", ".join([o.name for o in rec.optimizers] + (["the hand-written update"] if manual else []))
+    data = dict(optimizers=who, groups=groups, trainable=total, manual_steps=len(manual),
                 missing_params=missing, missing_fraction=cover.fraction, missing_modules=cover.modules,
                 foreign=sum(o.foreign for o in rec.optimizers))
     table = cover.table("Trainable parameters in no optimizer")
@@ -294,9 +305,14 @@ def trace_optimizer(ctx: ProbeContext):
                       f"{total:,} trainable values of the model it trains: it was built over another model instance",
                       table, **data)
     if missing:
+        where = (f"in no param group of {who}" if not manual else f"never changed by {who} ({len(manual)} updates)"
+                 if not rec.optimizers else f"in no param group of {', '.join(o.name for o in rec.optimizers)} and "
+                 f"never changed by the hand-written update")
         return failed("missing", f"{missing:,} of {total:,} trainable values ({data['missing_fraction']:.0%}; "
-                      f"{data['missing_modules']}) are in no param group of {data['optimizers']}: they get gradients "
-                      f"and never change", table, **data)
+                      f"{data['missing_modules']}) are {where}: they get gradients and never change", table, **data)
+    if manual and not rec.optimizers:
+        return passed(f"the hand-written update changed all {total:,} trainable values of the trained model(s) "
+                      f"({len(manual)} updates)", **data)
     return passed(f"{data['optimizers']} ({groups} group(s)) holds all {total:,} trainable values of the trained model(s)", **data)
 
 
@@ -307,10 +323,8 @@ def trace_optimizer(ctx: ProbeContext):
               "disconnected": "some trainable parameters had .grad None at every recorded step"},
     timeout_s=10,
 )
-def trace_disconnected(ctx: ProbeContext):
-    rec = _rec(ctx)
-    if rec is None:
-        return _not_script()
+@_on_recording
+def trace_disconnected(ctx: ProbeContext, rec):
     steps = [s for s in rec.steps[:3] if s.grads_total]
     if not steps:
         return skipped("no optimizer step with trainable parameters was recorded")
@@ -331,19 +345,33 @@ def trace_disconnected(ctx: ProbeContext):
 
 # ------------------------------------------------------------------------------------ evaluation
 def _phases(rec) -> list[list]:
-    """Runs of consecutive model forwards that no backward reached (evaluation phases)."""
+    """Runs of consecutive model forwards that no backward reached and that look like evaluation:
+    the script scored them (a loss, or a prediction: argmax, max, a threshold), ran them over a
+    DataLoader iteration with no backward (a test loop, a validation loader), or put them in eval
+    mode / no_grad itself. An unscored forward in the middle of training (a GAN generator sampling a
+    picture from fixed noise, a logging forward) is not an evaluation phase."""
+    def in_training(f) -> bool:
+        if f.loader is None or f.loader >= len(rec.loaders):
+            return True  # no DataLoader: only scoring or the mode tells
+        backwards = rec.loaders[f.loader].backwards
+        return 0 <= f.iteration < len(backwards) and backwards[f.iteration] > 0
+
+    def evaluates(run) -> bool:
+        return any(f.scored or not f.training or not f.grad_enabled or not in_training(f) for f in run)
+
     phases, current = [], []
     for f in rec.forwards:
         if f.trained:
-            if current:
+            if current and evaluates(current):
                 phases.append(current)
-                current = []
+            current = []
         else:
             current.append(f)
-    if current and not (rec.error is not None or rec.stopped):
-        phases.append(current)  # a trailing run cut by the script's exception or the budget is not an evaluation
-    elif current and all(not f.grad_enabled for f in current):
-        phases.append(current)
+    if current and evaluates(current):
+        if not (rec.error is not None or rec.stopped):
+            phases.append(current)  # a trailing run cut by the script's exception or the budget is not an evaluation
+        elif all(not f.grad_enabled for f in current):
+            phases.append(current)
     return phases
 
 
@@ -360,10 +388,8 @@ def _mode_models(rec) -> dict[int, Any]:
               "no-eval": "the script never evaluated (no forward without a backward)"},
     timeout_s=10,
 )
-def trace_eval_mode(ctx: ProbeContext):
-    rec = _rec(ctx)
-    if rec is None:
-        return _not_script()
+@_on_recording
+def trace_eval_mode(ctx: ProbeContext, rec):
     phases = _phases(rec)
     if not phases:
         return passed("the script never ran a forward without a backward: no evaluation to audit", "no-eval")
@@ -391,10 +417,8 @@ def trace_eval_mode(ctx: ProbeContext):
               "no-eval": "the script never evaluated"},
     timeout_s=10,
 )
-def trace_eval_grad(ctx: ProbeContext):
-    rec = _rec(ctx)
-    if rec is None:
-        return _not_script()
+@_on_recording
+def trace_eval_grad(ctx: ProbeContext, rec):
     phases = _phases(rec)
     evals = [f for p in phases for f in p if rec.models[f.model].trainable]
     if not evals:
@@ -416,10 +440,8 @@ def trace_eval_grad(ctx: ProbeContext):
               "no-mode-layers": "the model has no Dropout or BatchNorm, so the mode changes nothing"},
     timeout_s=10,
 )
-def trace_train_mode(ctx: ProbeContext):
-    rec = _rec(ctx)
-    if rec is None:
-        return _not_script()
+@_on_recording
+def trace_train_mode(ctx: ProbeContext, rec):
     layered = _mode_models(rec)
     trained = [(i, f) for i, f in enumerate(rec.forwards) if f.trained and f.model in layered]
     if not trained:
@@ -452,14 +474,12 @@ def trace_train_mode(ctx: ProbeContext):
               "no-scheduler": "the script builds no scheduler"},
     timeout_s=10,
 )
-def trace_scheduler(ctx: ProbeContext):
+@_on_recording
+def trace_scheduler(ctx: ProbeContext, rec):
     from torch.optim import lr_scheduler as S
 
     from nnwizard.probes.schedule import intended_cadence
 
-    rec = _rec(ctx)
-    if rec is None:
-        return _not_script()
     if not rec.schedulers:
         return passed("the script builds no learning-rate scheduler", "no-scheduler")
     sched = rec.schedulers[0]
@@ -510,10 +530,8 @@ def trace_scheduler(ctx: ProbeContext):
               "sum-reduction": "the loss sums over the samples (reduction='sum') and is not divided"},
     timeout_s=10,
 )
-def trace_loss_scale(ctx: ProbeContext):
-    rec = _rec(ctx)
-    if rec is None:
-        return _not_script()
+@_on_recording
+def trace_loss_scale(ctx: ProbeContext, rec):
     calls = [c for c in rec.loss_calls if not c.eval and c.value is not None and math.isfinite(c.value)]
     if not rec.steps or not calls:
         return skipped("no optimizer step with a recorded loss call")
@@ -522,6 +540,8 @@ def trace_loss_scale(ctx: ProbeContext):
         window = [c for c in calls if c.step == s.step - 1]
         if s.closure or not window or not s.losses or len({(c.fn, tuple(c.input_shape[1:])) for c in window}) != 1:
             continue
+        if len(window) > 1 and s.backwards < 2:
+            continue  # several loss terms summed into one backward (an episode's per-step losses): one objective
         mean = sum(c.value for c in window) / len(window)
         if abs(mean) < 1e-12 or len({c.where for c in window}) > 1:
             continue  # losses from different lines are terms of one objective (a GAN's real and fake halves), not accumulation
@@ -554,10 +574,8 @@ def trace_loss_scale(ctx: ProbeContext):
               "not-from-model": "the loss input does not come from the model's output"},
     timeout_s=10,
 )
-def trace_loss_target(ctx: ProbeContext):
-    rec = _rec(ctx)
-    if rec is None:
-        return _not_script()
+@_on_recording
+def trace_loss_target(ctx: ProbeContext, rec):
     calls = _train_calls(rec)
     if not calls:
         return skipped("no loss call reached by a backward was recorded")
@@ -579,18 +597,26 @@ def trace_loss_target(ctx: ProbeContext):
     "trace-graph",
     title="Does the script keep loss tensors (and their graphs) alive across steps?",
     outcomes={"ok": "no loss tensor outlives its step",
+              "spans": "a backward ran through the graph of an earlier step (a carried tensor was not detached)",
               "kept": "arithmetic on a backpropagated loss made a graph that lives on (total += loss)",
               "stored": "backpropagated loss tensors pile up (appended to a list instead of .item())"},
     timeout_s=10,
 )
-def trace_graph(ctx: ProbeContext):
-    rec = _rec(ctx)
-    if rec is None:
-        return _not_script()
+@_on_recording
+def trace_graph(ctx: ProbeContext, rec):
     if rec.mode != "full" or not rec.steps:
         return skipped("needs a full recording with optimizer steps")
     alive = rec.alive_losses
     data = dict(kept=", ".join(rec.graph_kept[:3]), alive_last=alive[-1] if alive else 0, steps=len(rec.steps))
+    if rec.graph_spans:
+        freed = rec.error is not None and "backward through the graph a second time" in rec.error.message
+        data.update(spans=", ".join(rec.graph_spans[:3]), raised=freed)
+        return failed("spans", f"the backward at {rec.graph_spans[0]} reached the graph of a model forward made before "
+                      f"the previous optimizer.step(): a tensor carried over from the earlier step (an RNN hidden state, a "
+                      f"cached output) still holds that step's graph"
+                      + (", so backward() raised 'Trying to backward through the graph a second time'" if freed else
+                         ", so every step backpropagates through all the steps before it")
+                      + "; detach it at each step (hidden = hidden.detach())", **data)
     if rec.graph_kept:
         return failed("kept", f"a loss tensor whose backward already ran was used in arithmetic that keeps a graph "
                       f"alive into the next step ({data['kept']}): accumulate loss.item() instead", **data)
@@ -615,13 +641,12 @@ def trace_graph(ctx: ProbeContext):
               "nan-after-growth": "the gradient norm grew over the steps before the loss turned non-finite",
               "nan-at-start": "non-finite from the first step, before any update",
               "nan": "non-finite at a later step without a growing gradient",
-              "spike": "finite, but the loss jumped over 100x its first value within the run"},
+              "spike": "finite, but the loss jumped over 100x its first value within the run",
+              "spike-carry-over": "the loss jumped over 100x while gradients were never cleared between steps"},
     timeout_s=10,
 )
-def trace_nan(ctx: ProbeContext):
-    rec = _rec(ctx)
-    if rec is None:
-        return _not_script()
+@_on_recording
+def trace_nan(ctx: ProbeContext, rec):
     if not rec.steps:
         return skipped("no optimizer step was recorded")
     bad = next((s for s in rec.steps if (s.loss is not None and not math.isfinite(s.loss)) or s.grads_nonfinite
@@ -631,6 +656,13 @@ def trace_nan(ctx: ProbeContext):
         if len(losses) >= 4 and losses[0] > 0:
             peak = max(range(len(losses)), key=lambda i: losses[i])
             if losses[peak] > 100 * losses[0]:
+                carried = [x.carried for x in rec.steps[1:] if x.carried is not None]
+                if carried and sum(carried) / len(carried) > 0.5:  # the steps grew because gradients piled up
+                    return failed("spike-carry-over", f"the loss jumped from {losses[0]:.4g} at step 1 to {losses[peak]:.4g} "
+                                  f"at step {peak + 1} ({losses[peak] / losses[0]:.3g}x): the gradients were never cleared "
+                                  f"between steps (trace-zero-grad), so each update applied the sum of all earlier "
+                                  f"gradients; the learning rate is not what to change first", step=peak + 1,
+                                  first=losses[0], peak=losses[peak], last=losses[-1])
                 return failed("spike", f"the loss jumped from {losses[0]:.4g} at step 1 to {losses[peak]:.4g} at step "
                               f"{peak + 1} ({losses[peak] / losses[0]:.3g}x) and ended at {losses[-1]:.4g}: updates far too "
                               f"large for this model (lr {_fmt(rec.steps[0].lrs[0] if rec.steps[0].lrs else None, '.3g')})",
@@ -666,12 +698,10 @@ CRASH_IDS = ("target-shape-mismatch", "no-parameters", "module-method-shadowed",
               **{h: f"the exception is evidence for {h}" for h in CRASH_IDS}},
     timeout_s=10,
 )
-def trace_crash(ctx: ProbeContext):
+@_on_recording
+def trace_crash(ctx: ProbeContext, rec):
     from nnwizard.probes._crash import classify_exception
 
-    rec = _rec(ctx)
-    if rec is None:
-        return _not_script()
     err = rec.error
     if err is None:
         return passed("the script ran without raising")
@@ -710,12 +740,10 @@ def trace_crash(ctx: ProbeContext):
               "double-sigmoid": "binary_cross_entropy_with_logits gets values already squashed into [0, 1]"},
     timeout_s=10,
 )
-def trace_loss_input(ctx: ProbeContext):
+@_on_recording
+def trace_loss_input(ctx: ProbeContext, rec):
     import torch
 
-    rec = _rec(ctx)
-    if rec is None:
-        return _not_script()
     calls = [c for c in rec.loss_calls if c.inputs is not None and isinstance(c.inputs, torch.Tensor)
              and c.inputs.is_floating_point() and c.inputs.numel()]
     if not calls:

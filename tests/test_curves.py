@@ -131,3 +131,11 @@ def test_curve_command(tmp_path):
     assert "![loss curve]" in out_md.read_text() and list((tmp_path / "c_files").glob("*.png"))
     missing = CliRunner().invoke(app, ["curve", str(tmp_path / "nope.csv")])
     assert missing.exit_code != 0
+
+
+def test_a_finite_divergence_is_not_measured_as_nan():
+    decay = [1.4 * math.exp(-i / 8) + 0.1 for i in range(40)]
+    finite = classify(Curves(decay + [30.0 * (1 + 0.1 * (k % 3)) for k in range(15)]))
+    assert finite.shape == "diverged" and finite.symptoms == ["oscillating"]  # every value is finite
+    blown = classify(Curves(decay + [30.0, 900.0, float("inf")]))
+    assert blown.shape == "diverged" and blown.symptoms == ["nan"]

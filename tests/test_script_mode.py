@@ -345,6 +345,7 @@ def test_cli_script_mode_end_to_end(tmp_path):
     assert data["hypotheses"][0]["id"] == "missing-zero-grad" and data["verdict"] == "problems-found"
     assert data["script"]["steps"] == 20 and data["script"]["models"][0]["name"] == "Sequential"
     assert "Per-step trace" in md.read_text()
+    assert "trace-run-curves.png" in md.read_text()  # the script's loss curve with a declared symptom too
     bad = subprocess.run([sys.executable, "-m", "nnwizard", "diagnose", "--script", str(tmp_path / "nope.py"),
                           "--non-interactive"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1
@@ -373,6 +374,8 @@ for it in range(20):
     err_g = bce(D(fake), torch.ones(64, 1))
     err_g.backward()
     opt_g.step()
+    if it % 5 == 0:  # a picture from fixed noise, in train mode with grad on (as pytorch/examples DCGAN does)
+        sample = G(torch.randn(4, 4)).detach()
     print(it, err_d.item(), err_g.item())
 '''
 
@@ -432,3 +435,215 @@ def test_a_layer_rejecting_its_input_size_is_a_layer_shape_mismatch(tmp_path):
     target = record(write(tmp_path, text=CONV_TOO_SMALL))
     assert target.crashed
     assert get("trace-crash")(ProbeContext(target)).outcome == "layer-shape-mismatch"
+
+
+ACCURACY_ONLY_EVAL = [("    model.eval()\n", ""), ("            total += crit(model(x), y).item()",
+                                                      "            total += (model(x).argmax(1) == y).float().mean().item()")]
+
+
+def test_evaluation_without_a_loss_outside_the_training_loader_is_still_evaluation(tmp_path):
+    target = record(write(tmp_path, *ACCURACY_ONLY_EVAL))
+    assert outcome(target, "trace-eval-mode") == "train-mode-in-eval"
+
+
+RNN = '''
+import torch
+from torch import nn
+torch.manual_seed(0)
+
+class Tagger(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rnn = nn.LSTM(4, 8)
+        self.out = nn.Linear(8, 3)
+
+    def forward(self, x, hidden):
+        o, hidden = self.rnn(x, hidden)
+        return self.out(o).view(-1, 3), hidden
+
+model = Tagger()
+opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+hidden = (torch.zeros(1, 2, 8), torch.zeros(1, 2, 8))
+for i in range(12):
+    x, y = torch.randn(5, 2, 4), torch.randint(0, 3, (10,))
+    hidden = tuple(h.detach() for h in hidden)
+    opt.zero_grad()
+    out, hidden = model(x, hidden)
+    loss = nn.functional.cross_entropy(out, y)
+    loss.backward()
+    opt.step()
+'''
+NOT_DETACHED = ("    hidden = tuple(h.detach() for h in hidden)\n", "")
+
+
+@pytest.mark.parametrize("edits, retain, expected", [
+    ((), False, "ok"),                                    # truncated BPTT done right: the hidden state is detached
+    ((NOT_DETACHED,), False, "spans"),                    # raises "backward through the graph a second time"
+    ((NOT_DETACHED, ("loss.backward()", "loss.backward(retain_graph=True)")), True, "spans"),  # then the update breaks it
+])
+def test_graph_carried_across_steps(tmp_path, edits, retain, expected):
+    target = record(write(tmp_path, *edits, text=RNN))
+    if not retain:
+        assert (target.recording.error is not None) == (expected == "spans")
+    result = get("trace-graph")(ProbeContext(target))
+    assert result.outcome == expected, result.summary
+
+
+MANUAL = '''
+import torch
+from torch import nn
+torch.manual_seed(0)
+X = torch.randn(128, 5)
+Y = X @ torch.randn(5, 1) + 0.1
+model = nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 1))
+lr = 0.05
+for step in range(40):
+    loss = nn.functional.mse_loss(model(X), Y)
+    loss.backward()
+    with torch.no_grad():
+        for p in model.parameters():
+            p -= lr * p.grad
+            p.grad = None
+'''
+
+
+@pytest.mark.parametrize("edits, probe_id, expected", [
+    ((), "trace-backward-step", "manual-update"),
+    ((), "trace-zero-grad", "ok"),
+    ((), "trace-optimizer", "ok"),
+    (((("            p.grad = None\n", "")),), "trace-zero-grad", "carry-over"),
+    ((("for p in model.parameters():", "for p in model[0].parameters():"),), "trace-optimizer", "missing"),
+    ((("            p -= lr * p.grad\n", "            p.data.add_(p.grad, alpha=-lr)\n"),), "trace-backward-step", "manual-update"),
+])
+def test_hand_written_updates_are_audited_as_steps(tmp_path, edits, probe_id, expected):
+    target = record(write(tmp_path, *edits, text=MANUAL))
+    rec = target.recording
+    assert len(rec.steps) == 30 and all(s.manual for s in rec.steps) and not target.untrained
+    assert abs(rec.steps[0].lrs[0] - 0.05) < 1e-3  # |update| / |gradient| of plain SGD is its learning rate
+    result = get(probe_id)(ProbeContext(target))
+    assert result.outcome == expected, result.summary
+
+
+@pytest.mark.parametrize("reload", [
+    "best = torch.load('model.pt', weights_only=False)",                                     # the whole module
+    "best = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 2))\n"
+    "    best.load_state_dict(torch.load('weights.pt'))",                                    # a state dict into a new instance
+])
+def test_a_model_loaded_from_a_checkpoint_is_a_copy_not_a_second_model(tmp_path, reload):
+    from nnwizard.script_view import _models_line, observed
+
+    tail = ("    main()\n    torch.save(model, 'model.pt'); torch.save(model.state_dict(), 'weights.pt')\n"
+            f"    {reload}\n    best.eval()\n    with torch.no_grad():\n        print(crit(best(X), Y).item())\n")
+    target = record(write(tmp_path, ("    main()\n", tail)), max_steps=100)
+    models = target.recording.models
+    assert len(models) == 2 and models[0].copy_of is None and models[1].copy_of == 0
+    assert "a copy of model 0" in _models_line(observed(target))
+    other = record(write(tmp_path, ("    main()\n", "    main()\n    fresh = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 2))\n    fresh(X)\n"), name="t2.py"), max_steps=100)
+    assert [m.copy_of for m in other.recording.models] == [None, None]  # a new, untrained instance is a second model
+
+
+def test_batch_cap_fits_slow_steps_to_the_time_limit():
+    from types import SimpleNamespace as NS
+
+    from nnwizard.script_run import BatchCap
+
+    def rec(step_s):
+        steps = [NS(step=i + 1, duration_s=step_s) for i in range(3)]
+        return NS(limit_batches=20, recording=NS(steps=steps, notes=[]))
+    slow, fast = rec(1.5), rec(0.01)
+    for r in (slow, fast):
+        BatchCap(20, 30.0).on_step_post(r, None, r.recording.steps[2])
+    assert slow.limit_batches == 8 and "capped at 8" in slow.recording.notes[0]  # 30 s / (2.5 passes x 1.5 s)
+    assert fast.limit_batches == 20 and not fast.recording.notes                  # small models keep the default
+
+
+def test_a_curve_cut_short_by_the_budget_is_a_missing_measurement(tmp_path):
+    cut = get("trace-run")(ProbeContext(record(write(tmp_path), max_steps=3)))
+    assert cut.status == "skipped" and cut.data.get("cannot_run") == "budget"
+    short = write(tmp_path, ("for epoch in range(3):", "for epoch in range(1):"), ("batch_size=32", "batch_size=128"), name="short.py")
+    ended = get("trace-run")(ProbeContext(record(short)))  # the script itself took only 2 steps
+    assert ended.status == "skipped" and "cannot_run" not in ended.data
+
+
+SPARSE_GRAPH = '''
+import os
+import numpy as np
+import torch
+from torch import nn
+os.makedirs("graph", exist_ok=True)
+with open("graph/feats.txt", "w") as f:          # written by the script, then read back with numpy
+    for i in range(40):
+        f.write(" ".join(str((i * k) % 3) for k in range(6)) + f" {i % 2}\\n")
+table = np.genfromtxt("graph/feats.txt")
+x, y = torch.tensor(table[:, :-1], dtype=torch.float32), torch.tensor(table[:, -1], dtype=torch.long)
+adj = (torch.eye(40) + torch.diag(torch.ones(39), 1)).to_sparse()   # a sparse adjacency matrix as model input
+
+class GraphNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(6, 2)
+
+    def forward(self, x, adj):
+        return torch.sparse.mm(adj, self.lin(x))
+
+model = GraphNet()
+opt = torch.optim.Adam(model.parameters(), lr=0.05)
+for step in range(8):
+    opt.zero_grad()
+    loss = nn.functional.cross_entropy(model(x, adj), y)
+    loss.backward()
+    opt.step()
+'''
+
+
+def test_sparse_inputs_and_files_read_back_with_numpy_run_as_in_plain_python(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    target = record(write(tmp_path, text=SPARSE_GRAPH))
+    assert target.recording.error is None and len(target.recording.steps) == 8
+    assert not (tmp_path / "graph").exists()  # the script's folder and file went to the scratch folder
+
+
+ACTOR_CRITIC = '''
+import torch
+from torch import nn
+import torch.nn.functional as F
+torch.manual_seed(0)
+
+class Policy(nn.Module):  # two heads: action probabilities and a state value
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Linear(4, 32)
+        self.action, self.value = nn.Linear(32, 2), nn.Linear(32, 1)
+
+    def forward(self, x):
+        h = F.relu(self.body(x))
+        return F.softmax(self.action(h), dim=-1), self.value(h)
+
+model = Policy()
+opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+for episode in range(12):
+    saved = []
+    for t in range(8):  # one forward per time step, one backward per episode
+        probs, value = model(torch.randn(1, 4))
+        a = torch.distributions.Categorical(probs).sample()
+        saved.append((torch.log(probs[0, a]), value, float(torch.rand(()))))
+    policy_losses = [-lp * (r - v.item()) for lp, v, r in saved]
+    value_losses = [F.smooth_l1_loss(v, torch.tensor([[r]])) for _, v, r in saved]
+    opt.zero_grad()
+    loss = torch.stack(policy_losses).sum() + torch.stack(value_losses).sum()
+    loss.backward()
+    opt.step()
+'''
+
+
+def test_an_episode_of_summed_loss_terms_is_one_objective_from_the_model(tmp_path):
+    target = record(write(tmp_path, text=ACTOR_CRITIC))
+    for probe_id in ("trace-loss-scale", "trace-loss-target"):
+        result = get(probe_id)(ProbeContext(target))
+        assert result.status in ("passed", "skipped"), (probe_id, result.summary)
+
+
+def test_gradients_of_parameters_in_no_optimizer_are_not_carry_over(tmp_path):
+    # only the head is optimized: the body's gradients pile up, but nothing updates them (that is the optimizer's finding)
+    target = record(write(tmp_path, ("SGD(model.parameters()", "SGD(model[3].parameters()")))
+    assert outcome(target, "trace-zero-grad") == "ok" and outcome(target, "trace-optimizer") == "missing"

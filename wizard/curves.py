@@ -243,9 +243,11 @@ def classify(curves: Curves, reference: float | None = None) -> Shape:
         jump = next((lo_i + j for j, v in enumerate(after) if v > start), None)
         if jump is not None and end > start:
             raw = next((i for i in range(max(lo_i, jump - window), n) if train[i] > start), jump)
-            return _make("diverged", f"the loss fell from {_fmt(start)} to {_fmt(lo)} by step {_at(xs, lo_i)}, then rose "
-                         f"above its starting level at step {_at(xs, raw)} and ended at {_fmt(end)}", _at(xs, raw),
-                         diverge_step=_at(xs, raw), **base)
+            found = _make("diverged", f"the loss fell from {_fmt(start)} to {_fmt(lo)} by step {_at(xs, lo_i)}, then rose "
+                          f"above its starting level at step {_at(xs, raw)} and ended at {_fmt(end)} (finite throughout)",
+                          _at(xs, raw), diverge_step=_at(xs, raw), **base)
+            found.symptoms = ["oscillating"]  # every value is finite: the symptom the numbers show is not "nan"
+            return found
 
     # flat: the start, every quarter of the run and the end all sit within FLAT_RANGE of each other
     # (quarter medians, so that minibatch noise does not count as movement)

@@ -51,6 +51,7 @@ module call; full mode adds the TorchFunctionMode and small copies (see benchmar
 
 from __future__ import annotations
 
+import collections
 import copy
 import functools
 import math
@@ -77,6 +78,7 @@ LOSS_FUNCTIONS = (
 MODE_TYPES = (nn.modules.dropout._DropoutNd, nn.modules.batchnorm._BatchNorm)
 KEEP = 4        # DataLoader batches copied to CPU in full mode
 KEEP_PAIRS = 16  # training model inputs and loss inputs/targets copied to CPU in full mode
+SPAN_CHECKS = 4  # steps at whose first backward full mode looks for the graph of the step before
 
 
 class StopRun(BaseException):
@@ -96,6 +98,7 @@ class ModelInfo:
     forwards: int = 0
     first_step: int = 0          # optimizer steps taken before its first forward
     shadowed: list[str] = field(default_factory=list)  # nn.Module methods the user's class overrides
+    copy_of: int | None = None   # loaded (torch.load / load_state_dict) as a copy of this earlier model (full mode)
 
 
 @dataclass
@@ -137,6 +140,8 @@ class StepRecord:
     duration_s: float = 0.0      # wall time since the previous step
     none_names: list[str] = field(default_factory=list)  # trainable params with .grad None (full mode, first steps)
     closure: bool = False        # step(closure): measured after the closure's first call
+    manual: bool = False         # a hand-written update (in-place ops on parameters no optimizer holds), not optimizer.step()
+    updated: int = 0             # manual: parameter tensors the update changed, of grads_total
 
 
 @dataclass
@@ -169,8 +174,11 @@ class ForwardEvent:
     grad_enabled: bool
     step: int
     trained: bool = False        # a later backward reached its output
-    loader: int | None = None
+    loader: int | None = None    # the DataLoader being iterated (innermost) and which of its iterations
+    iteration: int = -1
+    scored: bool = False         # its output went into a loss or a prediction (argmax, max, threshold; full mode)
     node: Any = field(default=None, repr=False)
+    outs: list = field(default_factory=list, repr=False)  # grad_fns of its output tensors (full mode)
 
 
 @dataclass
@@ -219,6 +227,8 @@ class Recording:
     batches: list[Any] = field(default_factory=list)        # CPU copies of the first DataLoader batches
     model_inputs: list[tuple] = field(default_factory=list)  # (model index, args) of the first training forwards
     graph_kept: list[str] = field(default_factory=list)    # ops on a backwarded loss whose result outlived the step
+    graph_spans: list[str] = field(default_factory=list)   # backwards whose graph reached a forward trained before the last step
+    manual_updated: set = field(default_factory=set, repr=False)  # id() of parameters a hand-written update changed
     alive_losses: list[int] = field(default_factory=list)  # per step: backwarded loss tensors still referenced
     backwards: int = 0
     zero_grads: int = 0
@@ -273,6 +283,8 @@ _NN_METHODS = ("train", "eval", "parameters", "named_parameters", "zero_grad", "
 # ops whose result, taken from a tensor that carries a graph (a model output), is a prediction, not
 # a target; and ops that keep that provenance (reshape, cast)
 _FROM_OUTPUT = {"argmax", "max", "detach", "topk", "round", "__gt__", "__ge__", "gt", "ge", "sign", "clone"}
+_INPLACE_SETS = {"__set__", "__isub__", "__iadd__", "__imul__", "__itruediv__"}
+_SCORES = {"argmax", "max", "topk", "round", "__gt__", "__ge__", "gt", "ge", "sign", "sigmoid", "softmax"}
 _KEEPS_PROVENANCE = {"view", "reshape", "flatten", "squeeze", "unsqueeze", "long", "float", "int", "to", "type",
                      "__getitem__", "contiguous", "clone", "view_as", "reshape_as", "double", "detach"}
 
@@ -286,8 +298,12 @@ class _GraphMode(TorchFunctionMode):
         self.recorder = recorder
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
         rec = self.recorder
+        if rec._manual_candidates and args:
+            name = getattr(func, "__name__", "")
+            if (name.endswith("_") and not name.startswith("__")) or name in _INPLACE_SETS:
+                rec._maybe_manual(name, args[0])
+        out = func(*args, **(kwargs or {}))
         spent = rec._spent
         if spent:
             for a in args[:2]:
@@ -298,6 +314,9 @@ class _GraphMode(TorchFunctionMode):
         if args and isinstance(out, torch.Tensor) and isinstance(args[0], torch.Tensor):
             name = getattr(func, "__name__", "")
             first = args[0]
+            if name in _SCORES and rec._last_out is not None and rec._last_event is not None \
+                    and rec._last_out[1]() is first:
+                rec._last_event.scored = True
             derived = rec._derived
             if (name in _FROM_OUTPUT and first.requires_grad) or (name in _KEEPS_PROVENANCE and id(first) in derived
                                                                  and derived[id(first)]() is first):
@@ -340,6 +359,14 @@ class Recorder:
         self._window_values = []
         self._backward_since_step = 0
         self._last_model: ModelInfo | None = None
+        self._last_event: ForwardEvent | None = None
+        self._trained_nodes: list = []   # grad_fns of forward outputs a backward reached since the last step (full)
+        self._prev_nodes: list = []      # the same, of the steps before the last optimizer step
+        self._manual_candidates: dict[int, tuple] = {}  # storage ptr / id -> (param, name): trainable, in no optimizer
+        self._manual_key: tuple | None = None
+        self._manual_open: tuple | None = None   # (step, [(param, copy, grad norm)], updated ids) of a hand-written update
+        self._in_opt_step = False
+        self._loaded: dict[int, weakref.ref] = {}   # modules returned by torch.load or given a state dict (full)
         self._last_out: tuple | None = None        # (model index, output tensor weakref, shape)
         self._spent: dict[int, weakref.ref] = {}
         self._spent_all: list[weakref.ref] = []
@@ -400,6 +427,8 @@ class Recorder:
         def zero_grad_patch(original):
             @functools.wraps(original)
             def zero_grad(this, *args, **kwargs):
+                if rec._manual_open is not None:
+                    rec._close_manual()
                 rec._zero_grad_since = True
                 rec.recording.zero_grads += 1
                 return original(this, *args, **kwargs)
@@ -467,6 +496,26 @@ class Recorder:
             return __iter__
 
         self._patch(DataLoader, "__iter__", iter_patch)
+
+        if self.full:  # a checkpoint loaded into a new instance of a model already seen is a copy of it, not a new model
+            def load_patch(original):
+                @functools.wraps(original)
+                def load(*args, **kwargs):
+                    result = original(*args, **kwargs)
+                    if isinstance(result, nn.Module):
+                        rec._loaded[id(result)] = weakref.ref(result)
+                    return result
+                return load
+
+            def load_state_patch(original):
+                @functools.wraps(original)
+                def load_state_dict(this, *args, **kwargs):
+                    rec._loaded[id(this)] = weakref.ref(this)
+                    return original(this, *args, **kwargs)
+                return load_state_dict
+
+            self._patch(torch, "load", load_patch)
+            self._patch(nn.Module, "load_state_dict", load_state_patch)
 
         def scale_patch(original):
             @functools.wraps(original)
@@ -581,6 +630,11 @@ class Recorder:
                     info.initial = copy.deepcopy(module)
                 except Exception:  # noqa: BLE001 - some modules cannot be copied; probes then skip
                     info.initial = None
+            ref = self._loaded.get(key)
+            if ref is not None and ref() is module:
+                shapes = [tuple(p.shape) for p in params]
+                info.copy_of = next((m.index for m in self.recording.models if m.name == info.name
+                                     and [tuple(p.shape) for p in m.module.parameters()] == shapes), None)
             self.recording.models.append(info)
             for opt in self.recording.optimizers:
                 self._link(opt)
@@ -591,6 +645,8 @@ class Recorder:
         self._depth += 1
         if self._depth != 1 or self._in_loss:
             return None
+        if self._manual_open is not None:
+            self._close_manual()
         index = self._model_index(module)
         if index is None:
             return None
@@ -598,16 +654,20 @@ class Recorder:
         info.forwards += 1
         self._last_model = info
         grad = torch.is_grad_enabled()
-        loader = self._loader_stack[-1].index if self._loader_stack else None
-        event = ForwardEvent(index, module.training, grad, self.steps_taken, loader=loader)
+        top = self._loader_stack[-1] if self._loader_stack else None
+        event = ForwardEvent(index, module.training, grad, self.steps_taken, loader=top.index if top else None,
+                             iteration=top.iterations - 1 if top else -1)
         self._pending_forwards.append(event)
         if len(self._pending_forwards) > 64:
             self.flush_pending(keep=32)
         if self.full:
+            self._last_event = event
             self.recording.forwards.append(event)
             if grad and len(self.recording.model_inputs) < KEEP_PAIRS:
                 self.recording.model_inputs.append((index, cpu_copy(tuple(args))))
             for t in _tensors(args):
+                if t.layout != torch.strided:
+                    continue  # sparse inputs (a graph's adjacency matrix): isfinite has no sparse kernel
                 if t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all()):
                     self._step_record().nonfinite_input = True
                     break
@@ -627,7 +687,10 @@ class Recorder:
                 if out is not None:
                     self._last_out = (index, weakref.ref(out), list(out.shape))
                     if self._pending_forwards and self._pending_forwards[-1].model == index:
-                        self._pending_forwards[-1].node = out.grad_fn
+                        event = self._pending_forwards[-1]
+                        event.node = out.grad_fn
+                        if self.full:  # every output (an RNN's hidden state too): for graphs carried across steps
+                            event.outs = [t.grad_fn for t, _ in zip(_tensors(output), range(4)) if t.grad_fn is not None]
         return None
 
     # -- losses -----------------------------------------------------------------------------------
@@ -677,6 +740,11 @@ class Recorder:
             if node == target:
                 return True, shape
             stack.extend(fn for fn, _ in node.next_functions)
+        # any output of a forward no backward has reached yet (a second output, e.g. an actor-critic's value
+        # head, or an output saved over an episode before one backward)
+        outs = {id(n) for e in self._pending_forwards[-64:] for n in e.outs}
+        if outs and x.grad_fn is not None and _reached(x.grad_fn, outs, limit=200):
+            return True, shape
         return False, shape
 
     def _loss_called(self, name: str, args, kwargs, value, original=None) -> None:
@@ -705,6 +773,8 @@ class Recorder:
         from_model, out_shape = self._from_model(x)
         if self._depth > 0:  # called inside a model's forward (Hugging Face models compute their own loss)
             from_model = True
+        if from_model and self._last_event is not None:
+            self._last_event.scored = True
         same = False
         if isinstance(y, torch.Tensor) and self.full:
             ref = self._derived.get(id(y))
@@ -729,12 +799,18 @@ class Recorder:
 
     # -- backward ---------------------------------------------------------------------------------
     def _before_backward(self, tensors) -> None:
+        if self._manual_open is not None:
+            self._close_manual()
         loss = tensors if isinstance(tensors, torch.Tensor) else next(_tensors(tensors), None)
         rec = self.recording
         rec.backwards += 1
         step = self._step_record()
         if self._backward_since_step == 0 and rec.steps and self.full:
             step.carried = self._carried()
+            if self._prev_nodes and loss is not None and len(rec.steps) <= SPAN_CHECKS:
+                if _reached(loss.grad_fn, {id(n) for n in self._prev_nodes}) and len(rec.graph_spans) < 8:
+                    rec.graph_spans.append(f"{self.where() or '?'} at step {len(rec.steps) + 1}")
+            self._prev_nodes = []
         self._backward_since_step += 1
         step.backwards += 1
         if loss is not None and loss.numel():
@@ -762,6 +838,9 @@ class Recorder:
         for event in self._pending_forwards:
             if reached is None or id(event.node) in reached:
                 event.trained, event.node = True, None
+                if self.full and len(self._trained_nodes) < 32:
+                    self._trained_nodes += event.outs
+                event.outs = []
                 step.forwards[event.model] = step.forwards.get(event.model, 0) + 1
                 step.training[event.model] = step.training.get(event.model, True) and event.training
             else:
@@ -774,6 +853,8 @@ class Recorder:
         self._pending_forwards, self._pending_losses = keep_f, keep_l
         if self._loader_stack:
             self._loader_stack[-1].backwards[-1] += 1
+        if self.full:
+            self._refresh_manual()
         self._notify("on_backward", loss)
         if self.max_steps is not None and not rec.steps and rec.backwards > self.max_steps:
             rec.stopped = f"the budget of {self.max_steps} backward passes was reached (no optimizer.step() so far)"
@@ -784,6 +865,8 @@ class Recorder:
         backward after a step (cleared gradients are None or all zero)."""
         grads = [p.grad for info in self.recording.optimizers for g in info.optimizer.param_groups
                  for p in g["params"] if p.requires_grad]
+        updated = self.recording.manual_updated   # parameters a hand-written update changed (not merely outside every optimizer)
+        grads += [p.grad for key, (p, _) in self._manual_candidates.items() if key == id(p) and key in updated]
         if not grads:
             return None
         live = [g for g in grads if g is not None]
@@ -847,6 +930,7 @@ class Recorder:
         return self._pending
 
     def _step_pre(self, optimizer, args, kwargs):
+        self._in_opt_step = True   # its in-place updates are not hand-written ones
         closure = kwargs.get("closure") if kwargs else None
         if closure is None and len(args) > 1 and callable(args[1]):  # args[0] is the optimizer itself
             closure = args[1]
@@ -902,6 +986,7 @@ class Recorder:
         self._notify("on_step_pre", optimizer, step)
 
     def _step_post(self, optimizer, args, kwargs):
+        self._in_opt_step = False
         step = self._step_record()
         self._pending = None
         info = self._optimizer_info(optimizer)
@@ -918,6 +1003,7 @@ class Recorder:
         self.recording.steps.append(step)
         if self.full:
             self._confirm_kept()
+            self._prev_nodes, self._trained_nodes = self._trained_nodes, []
         self._zero_grad_since = False
         self._window_values = []
         self._backward_since_step = 0
@@ -928,6 +1014,94 @@ class Recorder:
             self.recording.stopped = f"the budget of {self.max_steps} optimizer steps was reached"
             raise StopRun(self.recording.stopped)
         self._check_time()
+
+    # -- hand-written updates (full mode) ---------------------------------------------------------
+    def _refresh_manual(self) -> None:
+        """Trainable parameters of the recorded models that no optimizer holds: an in-place op on one of
+        them after a backward (``p -= lr * p.grad``, ``p.data.add_(...)``) is a hand-written update."""
+        key = (len(self.recording.models), len(self.recording.optimizers))
+        if key == self._manual_key and self._manual_open is None:
+            return
+        self._manual_key = key
+        held = {id(p) for o in self.recording.optimizers for g in o.optimizer.param_groups for p in g["params"]}
+        cand: dict[int, tuple] = {}
+        for m in self.recording.models:
+            for n, p in m.module.named_parameters():
+                if p.requires_grad and id(p) not in held:
+                    name = f"{m.name}.{n}" if len(self.recording.models) > 1 else n
+                    cand[id(p)] = (p, name)
+                    cand[p.untyped_storage().data_ptr()] = (p, name)
+        self._manual_candidates = cand
+
+    def _maybe_manual(self, name: str, first) -> None:
+        if self._in_opt_step:
+            return
+        cand = self._manual_candidates
+        tensors = first if isinstance(first, (list, tuple)) else [first]
+        for t in tensors:
+            if not isinstance(t, torch.Tensor):
+                return
+            hit = cand.get(id(t)) if name == "__set__" or isinstance(t, nn.Parameter) else None
+            if hit is None:
+                try:
+                    hit = cand.get(t.untyped_storage().data_ptr())
+                except Exception:  # noqa: BLE001 - tensors without storage
+                    hit = None
+            if hit is None or hit[0].grad is None:
+                continue
+            if self._manual_open is None:
+                if not self._backward_since_step:
+                    continue
+                self._open_manual()
+            self._manual_open[2].add(id(hit[0]))
+
+    def _open_manual(self) -> None:
+        step = self._step_record()
+        params = [p for key, (p, _) in self._manual_candidates.items() if key == id(p)]
+        step.manual, step.optimizer, step.t = True, -1, self.now()
+        step.zero_grad = self._zero_grad_since
+        step.epoch, step.batch = self._epochs, self._batch_index
+        step.scheduler_steps = len(self.recording.scheduler_steps)
+        step.grad_enabled = torch.is_grad_enabled()
+        with_grad = [p for p in params if p.grad is not None]
+        step.grads_total, step.grads_none = len(params), len(params) - len(with_grad)
+        norms = dict(zip(map(id, with_grad), map(float, torch._foreach_norm([p.grad.detach() for p in with_grad])))) \
+            if with_grad else {}
+        step.grad_norm = math.sqrt(sum(n ** 2 for n in norms.values()))
+        step.grads_nonfinite = not math.isfinite(step.grad_norm)
+        values = self._window_values
+        step.loss_calls, step.loss_call_mean = len(values), (sum(values) / len(values) if values else None)
+        if step.step <= 3 and step.grads_none:
+            names = {id(p): n for key, (p, n) in self._manual_candidates.items() if key == id(p)}
+            step.none_names = [names[id(p)] for p in params if p.grad is None][:40]
+        copies = [(p, p.detach().clone(), norms.get(id(p), 0.0)) for p in params] if step.step <= 64 else []
+        self._manual_open = (step, copies, set())
+
+    def _close_manual(self, budget: bool = True) -> None:
+        step, copies, updated = self._manual_open
+        self._manual_open = None
+        self._pending = None
+        step.updated = len(updated)
+        self.recording.manual_updated |= updated
+        if copies:
+            diffs = [((p.detach() - c).float(), id(p) in updated, g) for p, c, g in copies if p.shape == c.shape]
+            step.update = max((float(d.abs().max()) for d, _, _ in diffs if d.numel()), default=0.0)
+            moved = math.sqrt(sum(float(d.norm()) ** 2 for d, hit, _ in diffs if hit))
+            grad = math.sqrt(sum(g ** 2 for _, hit, g in diffs if hit))
+            step.lrs = [moved / grad] if grad else []  # |update| / |gradient| of the updated tensors: plain SGD's lr
+        now = self.now()
+        step.duration_s, self._last_step_t = now - self._last_step_t, now
+        self.recording.steps.append(step)
+        self._confirm_kept()
+        self._prev_nodes, self._trained_nodes = self._trained_nodes, []
+        self._zero_grad_since, self._window_values, self._backward_since_step = False, [], 0
+        self._manual_key = None  # `.data = ...` gave parameters new storage
+        self._refresh_manual()
+        if budget and self.max_steps is not None and len(self.recording.steps) >= self.max_steps:
+            self.recording.stopped = f"the budget of {self.max_steps} steps (hand-written updates) was reached"
+            raise StopRun(self.recording.stopped)
+        if budget:
+            self._check_time()
 
     # -- schedulers -------------------------------------------------------------------------------
     def _scheduler_seen(self, scheduler) -> dict:
@@ -975,18 +1149,26 @@ class Recorder:
         for items in (self._pending_forwards, self._pending_losses):
             for item in items[: max(len(items) - keep, 0)]:
                 item.node = None
+                if isinstance(item, ForwardEvent):
+                    item.outs = []
         self._pending_forwards = self._pending_forwards[len(self._pending_forwards) - keep:] if keep else []
         self._pending_losses = self._pending_losses[len(self._pending_losses) - keep:] if keep else []
 
     def finish(self) -> Recording:
         """Close what is still open (called on exit): pending forwards with no backward are evaluation."""
         rec = self.recording
+        if self._manual_open is not None:
+            self._close_manual(budget=False)
+        self._manual_candidates = {}
         rec.seconds = round(self.now(), 3)
         self._confirm_kept(count=False)
         self._spent_all = []
         self._spent = {}
         for item in self._pending_forwards + self._pending_losses:
             item.node = None
+        for event in self._pending_forwards:
+            event.outs = []
+        self._trained_nodes, self._prev_nodes = [], []
         self._pending_forwards, self._pending_losses = [], []
         return rec
 
@@ -1015,9 +1197,9 @@ def _reached(root, targets: set[int], limit: int = 4000) -> set[int]:
     found: set[int] = set()
     if root is None or not targets:
         return found
-    queue, seen = [root], set()
+    queue, seen = collections.deque([root]), set()
     while queue and len(seen) < limit and len(found) < len(targets):
-        node = queue.pop(0)
+        node = queue.popleft()
         if node is None or id(node) in seen:
             continue
         seen.add(id(node))
@@ -1070,6 +1252,8 @@ class _LoaderIter:
         if self.done:  # the epoch re-entered after a cap: count it again
             self.done = False
             rec._loader_stack.append(self.info)
+        if rec._manual_open is not None:
+            rec._close_manual()
         if rec.replace_batch is not None:
             batch = rec.replace_batch(batch, self.count)
         rec._batch_index = self.count

@@ -22,7 +22,7 @@ def _num(v: float | None) -> Any:
 def observed(target) -> dict[str, Any]:
     run, rec = target.run, target.recording
     models = [{"name": m.name, "params": m.params, "trainable": m.trainable, "forwards": m.forwards,
-               "mode_layers": m.mode_layers} for m in rec.models]
+               "mode_layers": m.mode_layers, "copy_of": m.copy_of} for m in rec.models]
     optimizers = [{"name": o.name, "steps": o.steps, "models": [rec.models[i].name for i in o.models],
                    "groups": [{"lr": g["lr"], "tensors": g["tensors"], "values": g["values"]} for g in o.groups]}
                   for o in rec.optimizers]
@@ -43,6 +43,7 @@ def observed(target) -> dict[str, Any]:
         "loss": (f"{target.loss_call.fn} (input {target.loss_call.input_shape} {target.loss_call.input_dtype}, target "
                  f"{target.loss_call.target_shape} {target.loss_call.target_dtype})") if target.loss_call else None,
         "eval_loss_calls": evals, "measured_step_s": target.measured_step_s,
+        "manual_steps": sum(1 for s in steps if s.manual), "recording_notes": list(rec.notes),
         "error": ({"type": rec.error.type, "message": rec.error.message, "where": rec.error.where, "step": rec.error.step}
                   if rec.error else None),
         "capture": target.capture_problem or "ok",
@@ -83,8 +84,12 @@ def untrained_note(target) -> str | None:
 
 
 def _models_line(obs: dict) -> str:
-    return "; ".join(f"{m['name']} ({m['params']:,} parameters, {m['trainable']:,} trainable, {m['forwards']} forwards)"
-                     for m in obs["models"]) or "none"
+    def one(m: dict) -> str:
+        if m.get("copy_of") is not None:
+            return (f"{m['name']} loaded from a checkpoint (a copy of model {m['copy_of']}, not a second model; "
+                    f"{m['forwards']} forwards)")
+        return f"{m['name']} ({m['params']:,} parameters, {m['trainable']:,} trainable, {m['forwards']} forwards)"
+    return "; ".join(one(m) for m in obs["models"]) or "none"
 
 
 def _optimizers_line(obs: dict) -> str:
@@ -114,7 +119,9 @@ def print_observed(console, obs: dict) -> None:
     c.print(f"  optimizers: {_optimizers_line(obs)}", highlight=False)
     if obs["schedulers"]:
         c.print("  schedulers: " + ", ".join(f"{s['name']} ({s['steps']} steps)" for s in obs["schedulers"]), highlight=False)
-    c.print(f"  loss: {obs['loss'] or 'no loss call recorded'}; {obs['steps']} optimizer steps, {obs['backwards']} "
+    for note in obs.get("recording_notes") or []:
+        c.print(f"  [dim]while recording: {escape(note)}[/]", highlight=False)
+    c.print(f"  loss: {obs['loss'] or 'no loss call recorded'}; {_steps_text(obs)}, {obs['backwards']} "
             f"backward calls, {obs['eval_loss_calls']} evaluation loss calls", highlight=False)
     if obs["trace"]:
         table = Table("step", "epoch.batch", "loss", "grad norm", "lr", "zero_grad", "bwd", "mode", box=None, padding=(0, 1))
@@ -132,6 +139,13 @@ def print_observed(console, obs: dict) -> None:
             c.print(f"  [dim]│ {escape(line)}[/]", highlight=False)  # the script's text, never read as markup
     if obs["note"]:
         c.print(f"[bold yellow]{obs['note']}[/]", highlight=False)
+
+
+def _steps_text(obs: dict) -> str:
+    manual = obs.get("manual_steps") or 0
+    if manual and manual == obs["steps"]:
+        return f"{manual} steps, all hand-written parameter updates (no torch.optim optimizer)"
+    return f"{obs['steps']} optimizer steps" + (f" ({manual} of them hand-written updates)" if manual else "")
 
 
 def _short(v) -> str:
@@ -152,7 +166,8 @@ def markdown_lines(obs: dict) -> list[str]:
             f"- Models: {_models_line(obs)}", f"- Optimizers: {_optimizers_line(obs)}"]
     if obs["schedulers"]:
         out.append("- Schedulers: " + ", ".join(f"{s['name']} ({s['steps']} steps)" for s in obs["schedulers"]))
-    out += [f"- Loss: {obs['loss'] or 'no loss call recorded'}", f"- {obs['steps']} optimizer steps, {obs['backwards']} "
+    out += [f"- While recording: {note}" for note in obs.get("recording_notes") or []]
+    out += [f"- Loss: {obs['loss'] or 'no loss call recorded'}", f"- {_steps_text(obs)}, {obs['backwards']} "
             f"backward calls, {obs['eval_loss_calls']} evaluation loss calls; measured step time "
             f"{_short(obs['measured_step_s'])} s", ""]
     if obs["trace"]:
