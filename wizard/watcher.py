@@ -188,6 +188,7 @@ class Watch:
             recorder.__enter__()
             self._owns_recorder = True
         self._recorder = recorder
+        recorder.norm_every_max = self.every  # every logged step has the gradient norms measured
         # after the recorder's own pre-hook: ours runs second and sees the closure (if any)
         self._handles.append(optimizer_mod.register_optimizer_step_pre_hook(self._step_pre_hook))
         return self
@@ -371,21 +372,28 @@ class Watch:
                                "targets": [l["target"] for l in cur["losses"]]})
         self._current = self._fresh()
 
+    @staticmethod
+    def _grad_norm(optimizer) -> float | None:
+        grads = [p.grad.detach() for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+        if not grads:
+            return None
+        return float(torch.linalg.vector_norm(torch.stack([n.float() for n in torch._foreach_norm(grads)])))
+
     def _check(self, optimizer, closure_result=None) -> None:
         """At the optimizer's pre-step point (parameters not yet updated): triggers, log, bundle."""
         self._checked.add(id(optimizer))
         step_rec = self._pending.get(id(optimizer))
         self.steps = int(getattr(step_rec, "step", self.steps + 1))
-        if closure_result is not None or step_rec is None or step_rec.grad_norm is None:  # after a closure: recount
-            grads = [p.grad.detach() for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
-            norm = float(torch.linalg.vector_norm(torch.stack([n.float() for n in torch._foreach_norm(grads)]))) if grads else 0.0
-        else:  # the recorder measured it already (one _foreach_norm per step, not two)
+        if step_rec is None:  # no recorder measurement of this step: measure here
+            norm = self._grad_norm(optimizer)
+            grads = norm is not None
+        else:  # the recorder measured it (None: not on this step, see Recorder._norm_due)
             grads = step_rec.grads_total > step_rec.grads_none
-            norm = float(step_rec.grad_norm)
+            norm = step_rec.grad_norm
         loss = getattr(step_rec, "loss", None)
         if isinstance(closure_result, torch.Tensor) and closure_result.numel() == 1:
             loss = float(closure_result.detach())
-        lrs = [float(g["lr"]) for g in optimizer.param_groups if "lr" in g]
+        lrs = step_rec.lrs if step_rec is not None else [float(g["lr"]) for g in optimizer.param_groups if "lr" in g]
         index = 0
         if self._recorder is not None:
             info = self._recorder._opt_ids.get(id(optimizer))
@@ -405,9 +413,15 @@ class Watch:
         if sampled:
             line = dict(entry)
             keyed, names = self._names(optimizer)
-            params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+            measured = self._recorder.grad_norms if self._recorder is not None and norm is not None else None
+            if measured is not None:  # the recorder's per-tensor norms of this very step
+                params, norms = measured[0], [float(n) for n in measured[1]]
+            else:
+                params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+                norms = [float(n) for n in torch._foreach_norm([p.grad.detach() for p in params])] if params else []
+                if grads and line["grad_norm"] is None:  # an anomaly between two measured steps
+                    line["grad_norm"] = math.sqrt(sum(n * n for n in norms))
             if params:
-                norms = [float(n) for n in torch._foreach_norm([p.grad.detach() for p in params])]
                 order = sorted(range(len(norms)), key=lambda i: -norms[i] if math.isfinite(norms[i]) else -math.inf)
                 bad = [i for i, n in enumerate(norms) if not math.isfinite(n)]
                 line["top_grads"] = {names.get(id(params[i]), f"param{i}"): norms[i] for i in (bad + order)[:TOP_LAYERS]}
