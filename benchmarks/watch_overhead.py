@@ -171,11 +171,12 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=10)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--only", choices=["overhead"], help="only the overhead table (no bundle or replay timings)")
+    parser.add_argument("--model", choices=list(MODELS), action="append", help="only this model (repeatable)")
     parser.add_argument("--markdown", action="store_true", help="print the README tables")
     args = parser.parse_args()
     torch.set_num_threads(min(args.threads, torch.get_num_threads()))
     results = [measure(name, args.steps if name == "small MLP" else max(args.steps // 5, 20), args.repeats, args.every,
-                       args.skip) for name in MODELS]
+                       args.skip) for name in (args.model or MODELS)]
     bundle = bundle_time() if not args.only else None
     replays = replay_steps() if not args.only else []
     if args.markdown:

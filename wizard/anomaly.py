@@ -69,6 +69,7 @@ class Detector:
     _zero_since: int | None = None
     _last: float | None = None
     _first: list = field(default_factory=list)
+    _first_level: float = math.nan   # median of the first 5 losses (computed once they are in)
     _first_norms: list = field(default_factory=list)
 
     def _fire(self, kind: str) -> bool:
@@ -90,9 +91,10 @@ class Detector:
         spike = explode = False
         if loss is not None and len(self._first) < 5:
             self._first.append(loss)
+            self._first_level = abs(statistics.median(self._first))
         if loss is not None and len(self.losses) >= t.min_history:
             hi, lo = max(self.losses), min(self.losses)
-            limit = max(hi + t.spike_ranges * (hi - lo), hi + t.spike_floor * abs(statistics.median(self._first)))
+            limit = max(hi + t.spike_ranges * (hi - lo), hi + t.spike_floor * self._first_level)
             if loss > limit and hi > lo:
                 spike = True
                 if self._fire("loss-spike"):

@@ -351,7 +351,7 @@ class Recorder:
         self._in_loss = 0
         self._in_backward = 0
         self._in_sched = 0
-        self._module_ids: dict[int, int | None] = {}   # id(module) -> model index (None: a submodule / loss)
+        self._module_ids: dict[int, tuple] = {}   # id(module) -> (weakref, model index; None: a submodule / loss)
         self._pending: StepRecord | None = None
         self._pending_forwards: list[ForwardEvent] = []
         self._pending_losses: list[LossCall] = []
@@ -602,8 +602,9 @@ class Recorder:
     # -- models -----------------------------------------------------------------------------------
     def _model_index(self, module: nn.Module) -> int | None:
         key = id(module)
-        if key in self._module_ids:
-            return self._module_ids[key]
+        known = self._module_ids.get(key)
+        if known is not None and known[0]() is module:  # (an id of a module freed since may be reused)
+            return known[1]
         index = None
         if isinstance(module, nn.modules.loss._Loss):
             index = None
@@ -627,7 +628,10 @@ class Recorder:
             self.recording.models.append(info)
             for opt in self.recording.optimizers:
                 self._link(opt)
-        self._module_ids[key] = index
+        try:
+            self._module_ids[key] = (weakref.ref(module), index)
+        except TypeError:  # pragma: no cover - a module that cannot be weakly referenced
+            self._module_ids[key] = (lambda: module, index)
         return index
 
     def _forward_pre(self, module, args):
@@ -664,7 +668,8 @@ class Recorder:
     def _forward_post(self, module, args, output):
         self._depth = max(self._depth - 1, 0)
         if self._depth == 0 and not self._in_loss:
-            index = self._module_ids.get(id(module))
+            known = self._module_ids.get(id(module))
+            index = known[1] if known is not None else None
             if index is not None and self.full:
                 out = next(_tensors(output), None)
                 if out is not None:

@@ -38,6 +38,7 @@ DEFAULT_OUT = "nnwizard-watch"
 DEFAULT_EVERY = 10
 HISTORY = 200
 TOP_LAYERS = 3
+FLUSH_S = 1.0  # watch.jsonl is flushed at most this often (and at every anomaly and at the end)
 
 
 def _tensors(obj: Any):
@@ -118,6 +119,13 @@ def _loss_slots(out: Any) -> list[tuple[Any, torch.Tensor]]:
     return slots
 
 
+def _total_norm(tensors: list[torch.Tensor]) -> float:
+    norms = torch._foreach_norm(tensors)
+    if len(norms) <= 32 and not norms[0].is_cuda:  # a few CPU tensors: Python adds up faster than a stack
+        return math.sqrt(sum(float(n) ** 2 for n in norms))
+    return float(torch.linalg.vector_norm(torch.stack([n.float() for n in norms])))
+
+
 MAX_PER_STEP = 64  # model calls / loss calls / backwards kept for one step (a loop with no step() stays bounded)
 
 
@@ -158,6 +166,8 @@ class Watch:
         self._t0 = time.monotonic()
         self._last_line_t = self._t0
         self._last_line_step = 0
+        self._flushed = 0.0
+        self._named: tuple | None = None       # (key, result) of the last _names call
         self._pending: dict[int, Any] = {}      # id(optimizer) -> the recorder's StepRecord being filled
         self._checked: set[int] = set()         # optimizers whose current step was checked already
         self._before: list[torch.Tensor] | None = None
@@ -233,8 +243,16 @@ class Watch:
         return found
 
     def _names(self, optimizer) -> tuple[dict[str, nn.Module], dict[int, str]]:
+        models = self._models()
+        key = (id(optimizer), tuple(id(m) for m in models), tuple(len(g["params"]) for g in optimizer.param_groups))
+        if self._named is None or self._named[0] != key:
+            self._named = (key, self._names_of(optimizer, models))
+        return self._named[1]
+
+    @staticmethod
+    def _names_of(optimizer, found: list[nn.Module]) -> tuple[dict[str, nn.Module], dict[int, str]]:
         params = {id(p) for g in optimizer.param_groups for p in g["params"]}
-        models = [m for m in self._models() if any(id(p) in params for p in m.parameters())]
+        models = [m for m in found if any(id(p) in params for p in m.parameters())]
         keyed = {("model" if i == 0 else f"model{i}"): m for i, m in enumerate(models)}
         names: dict[int, str] = {}
         for key, m in keyed.items():
@@ -356,9 +374,8 @@ class Watch:
                 if len(params) == len(self._before):
                     with torch.no_grad():
                         delta = torch._foreach_sub([p.detach() for p in params], self._before)
-                        dn = torch.linalg.vector_norm(torch.stack([d.float() for d in torch._foreach_norm(delta)]))
-                        wn = torch.linalg.vector_norm(torch.stack([w.float() for w in torch._foreach_norm(self._before)]))
-                    line["update_ratio"] = float(dn / wn) if float(wn) > 0 else None
+                        dn, wn = _total_norm(delta), _total_norm(self._before)
+                    line["update_ratio"] = dn / wn if wn > 0 else None
                 self._before = None
             self._write(line)
         self._rotate()
@@ -367,17 +384,16 @@ class Watch:
     def _rotate(self) -> None:
         cur = self._current
         if self.ring_size and (cur["calls"] or cur["losses"]):
-            self._ring.append({"step": self.steps, "rng": cur["rng"],
-                               "calls": [{"module": c["module"], "args": c["args"], "kwargs": c["kwargs"]} for c in cur["calls"]],
+            for c in cur["calls"]:
+                c.pop("out", None)  # the output (and its graph) is not kept past its step
+            self._ring.append({"step": self.steps, "rng": cur["rng"], "calls": cur["calls"],
                                "targets": [l["target"] for l in cur["losses"]]})
         self._current = self._fresh()
 
     @staticmethod
     def _grad_norm(optimizer) -> float | None:
         grads = [p.grad.detach() for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
-        if not grads:
-            return None
-        return float(torch.linalg.vector_norm(torch.stack([n.float() for n in torch._foreach_norm(grads)])))
+        return _total_norm(grads) if grads else None
 
     def _check(self, optimizer, closure_result=None) -> None:
         """At the optimizer's pre-step point (parameters not yet updated): triggers, log, bundle."""
@@ -546,7 +562,10 @@ class Watch:
         if self._log is None:
             return
         self._log.write(json.dumps(_jsonable(line)) + "\n")
-        self._log.flush()
+        now = time.monotonic()
+        if "anomaly" in line or now - self._flushed >= FLUSH_S:  # a flush is a system call: at most once a second
+            self._log.flush()
+            self._flushed = now
         if self._tb is not None:
             step = line["step"]
             for key in ("loss", "grad_norm", "lr", "update_ratio"):
