@@ -45,8 +45,17 @@ recorder first:
 A listener may raise :class:`StopRun` to end the run cleanly. Listener exceptions of other kinds
 are swallowed (counted in ``recording.listener_errors``): watching must never break the user's run.
 
-Overhead: light mode does per step one ``_foreach_norm`` over the gradients and O(1) Python per
-module call; full mode adds the TorchFunctionMode and small copies (see benchmarks/recorder_overhead.py).
+Light mode (watch) is built to cost little on a long run: the global module hooks stay only until
+every optimizer's parameters belong to a model seen (or DISCOVERY_STEPS steps), then every module
+call runs torch's hook-free path again (a new optimizer brings them back until its model is seen);
+the loss functions are patched only when a listener asks for loss calls; the loss is read once per
+step (at the optimizer's pre-step point, one device sync on GPU); the gradient norm
+(``_foreach_norm``) is measured on the first NORM_FIRST steps and then at an interval chosen from its
+measured cost so that it stays within NORM_SHARE of the measured step time (``recording.norm_interval``,
+at most ``norm_every_max``; ``StepRecord.grad_norm`` is None on the other steps); only the last
+LIGHT_KEEP step records and scheduler events are kept (``recording.total_steps`` counts them all),
+no loss calls and no forward events. Full mode adds the TorchFunctionMode and small copies (see
+benchmarks/recorder_overhead.py).
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 ``with nnwizard.watch(model, optimizer):`` around the user's own loop, or ``nnwizard watch --script
 train.py`` (``watch_cmd``), both feed one :class:`Watch`, a listener of the shared recorder
 (``nnwizard.recorder``, light mode). Per optimizer step it reads the loss (the tensor ``backward()``
-ran on) and the global gradient norm the recorder already measured, and runs the anomaly triggers
-(``nnwizard.anomaly``); every ``every`` steps (and at each anomaly) it also measures the largest
+ran on) and the global gradient norm the recorder measured (on the steps its interval picks, always
+on the logged ones), and runs the anomaly triggers (``nnwizard.anomaly``); every ``every`` steps (and at each anomaly) it also measures the largest
 per-layer gradient norms and the update/weight ratio, and writes one JSON line to
 ``DIR/watch.jsonl`` (and TensorBoard scalars under ``DIR/tensorboard`` when ``tensorboard`` is
 installed). At an anomaly it saves ``DIR/anomaly-step<N>/`` (``nnwizard.bundle``) *inside* the
@@ -520,7 +520,7 @@ class Watch:
             if self._current["rng"] is not None:
                 rng["torch"] = self._current["rng"]
             meta = {"step": anomaly.step, "trigger": anomaly.kind, "reason": anomaly.reason, "loss": anomaly.loss,
-                    "grad_norm": anomaly.grad_norm, "lrs": [g.get("lr") for g in optimizer.param_groups],
+                    "grad_norm": anomaly.grad_norm if anomaly.grad_norm is not None else line.get("grad_norm"), "lrs": [g.get("lr") for g in optimizer.param_groups],
                     "history": list(self._history), "first": self._first, "script": self.script, "argv": list(sys.argv),
                     "cwd": str(Path.cwd()), "models": {k: type(m).__name__ for k, m in keyed.items()},
                     "optimizer": type(optimizer).__name__, "line": {k: v for k, v in line.items() if k != "bundle"},
