@@ -38,6 +38,7 @@ DEFAULT_OUT = "nnwizard-watch"
 DEFAULT_EVERY = 10
 HISTORY = 200
 TOP_LAYERS = 3
+UPDATE_SHARE = 0.02  # the update/weight ratio may cost this share of the steps since it was last measured
 FLUSH_S = 1.0  # watch.jsonl is flushed at most this often (and at every anomaly and at the end)
 
 
@@ -167,6 +168,9 @@ class Watch:
         self._last_line_t = self._t0
         self._last_line_step = 0
         self._flushed = 0.0
+        self._ratio_cost = 0.0                  # seconds the update ratio took (copy and difference)
+        self._ratio_step = 0
+        self._ratio_started = 0.0
         self._named: tuple | None = None       # (key, result) of the last _names call
         self._pending: dict[int, Any] = {}      # id(optimizer) -> the recorder's StepRecord being filled
         self._checked: set[int] = set()         # optimizers whose current step was checked already
@@ -377,6 +381,8 @@ class Watch:
                         dn, wn = _total_norm(delta), _total_norm(self._before)
                     line["update_ratio"] = dn / wn if wn > 0 else None
                 self._before = None
+                cost = time.perf_counter() - self._ratio_started
+                self._ratio_cost = cost if not self._ratio_cost else 0.8 * self._ratio_cost + 0.2 * cost
             self._write(line)
         self._rotate()
 
@@ -447,7 +453,12 @@ class Watch:
             line["step_s"] = round((now - self._last_line_t) / steps, 6) if steps > 0 else None
             self._last_line_t, self._last_line_step = now, self.steps
             trainable = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
-            if anomaly is None and trainable:
+            line["update_ratio"] = None
+            # the update ratio copies every parameter: on the logged steps where the steps since the last
+            # one paid for it (at most UPDATE_SHARE of their measured time)
+            if anomaly is None and trainable and (steps <= 0 or line["step_s"] is None or
+                                                  self._ratio_cost <= UPDATE_SHARE * line["step_s"] * (self.steps - self._ratio_step)):
+                self._ratio_started, self._ratio_step = time.perf_counter(), self.steps
                 self._before = [p.detach().clone() for p in trainable]
             self._sampled = line
         if anomaly is not None:
