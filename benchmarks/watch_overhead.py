@@ -3,12 +3,18 @@
 steps), for a small MLP and a ~10M-parameter MLP; the time to save a replay bundle inside the step;
 and how many steps a replay re-executes to localise the bundled examples' anomalies.
 
-    python benchmarks/watch_overhead.py [--steps 300] [--repeats 5] [--every 10] [--markdown]
+    python benchmarks/watch_overhead.py [--steps 100] [--repeats 40] [--every 10] [--markdown]
 
-Plain, bare-recorder and watched blocks of ``--steps`` steps alternate (``--repeats`` rounds), each
-mode on its own copy of the model, and the median step times are compared, so a machine busy with
-other work slows all three alike.
-Step time is wall time of forward, loss, backward and optimizer.step on CPU, batches prepared ahead.
+Method (robust on a shared machine): plain, bare-recorder (light mode) and watched blocks of
+``--steps`` steps alternate, ``--repeats`` rounds, each mode on its own copy of the model. A block's
+step time is the *mean* over its steps after the first ``--skip`` (the recorder's model discovery and
+first gradient norms; the steps that log a JSON line or measure norms stay in, so their cost is
+averaged in, not hidden by a median). Each round gives one ratio per mode (its block mean over the
+plain block mean of the same round); the reported overhead is the median of those per-round ratios,
+and the step times are the medians of the block means. Work of other processes that slows one block
+falls out as an outlier round.
+Step time is wall time of forward, loss, zero_grad, backward and optimizer.step on CPU, batches
+prepared ahead, 2 torch threads (1 with ``--threads 1``).
 """
 
 from __future__ import annotations
@@ -53,16 +59,16 @@ def _loop(model, optimizer, batches, loss_fn) -> list[float]:
     return times
 
 
-def measure(name: str, steps: int, repeats: int, every: int) -> dict:
-    """Median step time plain, under the bare recorder (light mode) and under watch, in alternating
-    blocks of ``steps`` steps (``repeats`` rounds), each on its own copy of the model."""
+def measure(name: str, steps: int, repeats: int, every: int, skip: int = 10) -> dict:
+    """Step time plain, under the bare recorder (light mode) and under watch, in alternating blocks of
+    ``steps`` steps (``repeats`` rounds), each on its own copy of the model (see the module docstring)."""
     import nnwizard
     from nnwizard.recorder import Recorder
 
     torch.manual_seed(0)
     base, features, batch = MODELS[name]()
     params = sum(p.numel() for p in base.parameters())
-    batches = [(torch.randn(batch, features), torch.randint(0, 10, (batch,))) for _ in range(steps)]
+    batches = [(torch.randn(batch, features), torch.randint(0, 10, (batch,))) for _ in range(steps + skip)]
     loss_fn = nn.CrossEntropyLoss()
     runs = {}
     for mode in ("plain", "recorder", "watch"):
@@ -70,22 +76,26 @@ def measure(name: str, steps: int, repeats: int, every: int) -> dict:
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
         _loop(model, optimizer, batches[:3], loss_fn)  # warm-up
         runs[mode] = (model, optimizer)
-    times: dict[str, list[float]] = {m: [] for m in runs}
+    blocks: dict[str, list[float]] = {m: [] for m in runs}
+    ratios: dict[str, list[float]] = {"recorder": [], "watch": []}
     for _ in range(repeats):
         for mode, (model, optimizer) in runs.items():
             if mode == "plain":
-                times[mode] += _loop(model, optimizer, batches, loss_fn)
+                times = _loop(model, optimizer, batches, loss_fn)
             elif mode == "recorder":
                 with Recorder("light"):
-                    times[mode] += _loop(model, optimizer, batches, loss_fn)
+                    times = _loop(model, optimizer, batches, loss_fn)
             else:
                 with tempfile.TemporaryDirectory() as out, \
                         nnwizard.watch(model, optimizer, out=out, every=every, tensorboard=False, quiet=True):
-                    times[mode] += _loop(model, optimizer, batches, loss_fn)
-    med = {m: statistics.median(t) for m, t in times.items()}
+                    times = _loop(model, optimizer, batches, loss_fn)
+            blocks[mode].append(statistics.fmean(times[skip:]))
+        for mode in ratios:
+            ratios[mode].append(blocks[mode][-1] / blocks["plain"][-1])
+    med = {m: statistics.median(t) for m, t in blocks.items()}
     return {"model": name, "params": params, "plain_ms": med["plain"] * 1e3, "recorder_ms": med["recorder"] * 1e3,
-            "watch_ms": med["watch"] * 1e3, "recorder_ratio": med["recorder"] / med["plain"],
-            "ratio": med["watch"] / med["plain"], "steps": len(times["plain"])}
+            "watch_ms": med["watch"] * 1e3, "recorder_ratio": statistics.median(ratios["recorder"]),
+            "ratio": statistics.median(ratios["watch"]), "steps": steps * repeats, "rounds": repeats}
 
 
 def bundle_time(repeats: int = 3) -> dict:
@@ -155,21 +165,27 @@ def replay_steps() -> list[dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=50, help="steps per block")
-    parser.add_argument("--repeats", type=int, default=20, help="alternating rounds of blocks")
+    parser.add_argument("--steps", type=int, default=100, help="steps per block (the ~10M model: a fifth, at least 20)")
+    parser.add_argument("--repeats", type=int, default=40, help="alternating rounds of blocks")
+    parser.add_argument("--skip", type=int, default=10, help="first steps of each block left out of its mean")
     parser.add_argument("--every", type=int, default=10)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--only", choices=["overhead"], help="only the overhead table (no bundle or replay timings)")
+    parser.add_argument("--model", choices=list(MODELS), action="append", help="only this model (repeatable)")
     parser.add_argument("--markdown", action="store_true", help="print the README tables")
     args = parser.parse_args()
-    torch.set_num_threads(min(2, torch.get_num_threads()))
-    results = [measure(name, args.steps if name == "small MLP" else max(args.steps // 5, 10), args.repeats, args.every)
-               for name in MODELS]
-    bundle = bundle_time()
-    replays = replay_steps()
+    torch.set_num_threads(min(args.threads, torch.get_num_threads()))
+    results = [measure(name, args.steps if name == "small MLP" else max(args.steps // 5, 20), args.repeats, args.every,
+                       args.skip) for name in (args.model or MODELS)]
+    bundle = bundle_time() if not args.only else None
+    replays = replay_steps() if not args.only else []
     if args.markdown:
         print("| model | parameters | plain step | recorder alone (light) | watched step | watch overhead |\n|---|---|---|---|---|---|")
         for r in results:
             print(f"| {r['model']} | {r['params'] / 1e6:.2f}M | {r['plain_ms']:.3f} ms | {r['recorder_ms']:.3f} ms "
                   f"({r['recorder_ratio']:.3f}x) | {r['watch_ms']:.3f} ms | {r['ratio']:.3f}x |")
+        if bundle is None:
+            return
         print(f"\nBundle of the ~10M model ({bundle['bundle_mb']:.0f} MB) saved inside its step in {bundle['bundle_s']:.2f} s.\n")
         print("| example | caught at | trigger | replay's top hypothesis | steps re-executed to localise | replay wall |\n|---|---|---|---|---|---|")
         for r in replays:

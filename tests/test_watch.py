@@ -101,7 +101,9 @@ def test_watch_logs_healthy_run_without_bundles(tmp_path):
     assert [l["step"] for l in lines][:3] == [1, 10, 20]
     for key in ("step", "loss", "grad_norm", "lr", "top_grads", "update_ratio", "nonfinite"):
         assert key in lines[-1]
-    assert math.isfinite(lines[-1]["loss"]) and lines[-1]["update_ratio"] > 0
+    assert math.isfinite(lines[-1]["loss"])
+    ratios = [l["update_ratio"] for l in lines if l["update_ratio"] is not None]  # measured as its cost allows
+    assert ratios and all(r > 0 for r in ratios)
 
 
 def test_watch_saves_bundle_at_first_nan_step_and_continues(tmp_path):

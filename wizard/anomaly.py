@@ -65,9 +65,11 @@ class Detector:
     norms: deque = field(default_factory=deque)
     fired: set = field(default_factory=set)
     _still: int = 0
-    _zero: int = 0
+    _zero: int = 0               # steps since the first of a run of measured norms that were all exactly 0
+    _zero_since: int | None = None
     _last: float | None = None
     _first: list = field(default_factory=list)
+    _first_level: float = math.nan   # median of the first 5 losses (computed once they are in)
     _first_norms: list = field(default_factory=list)
 
     def _fire(self, kind: str) -> bool:
@@ -89,9 +91,10 @@ class Detector:
         spike = explode = False
         if loss is not None and len(self._first) < 5:
             self._first.append(loss)
+            self._first_level = abs(statistics.median(self._first))
         if loss is not None and len(self.losses) >= t.min_history:
             hi, lo = max(self.losses), min(self.losses)
-            limit = max(hi + t.spike_ranges * (hi - lo), hi + t.spike_floor * abs(statistics.median(self._first)))
+            limit = max(hi + t.spike_ranges * (hi - lo), hi + t.spike_floor * self._first_level)
             if loss > limit and hi > lo:
                 spike = True
                 if self._fire("loss-spike"):
@@ -114,7 +117,9 @@ class Detector:
             still = self._last is not None and abs(loss - self._last) <= 1e-7 * max(abs(loss), abs(self._last), 1e-12)
             self._still = self._still + 1 if still else 0
             self._last = loss
-        self._zero = self._zero + 1 if grad_norm == 0.0 else 0
+        if grad_norm is not None:  # a step without a measured norm (watch samples it) keeps the run going
+            self._zero_since = (self._zero_since or step) if grad_norm == 0.0 else None
+        self._zero = step - self._zero_since + 1 if self._zero_since is not None else 0
         if found is None and max(self._still, self._zero) >= t.stall_steps and self._fire("stalled"):
             why = (f"the loss has stayed at {loss:.6g} for {self._still} steps" if self._still >= t.stall_steps
                    else f"the gradient norm has been exactly 0 for {self._zero} steps")

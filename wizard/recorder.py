@@ -45,8 +45,17 @@ recorder first:
 A listener may raise :class:`StopRun` to end the run cleanly. Listener exceptions of other kinds
 are swallowed (counted in ``recording.listener_errors``): watching must never break the user's run.
 
-Overhead: light mode does per step one ``_foreach_norm`` over the gradients and O(1) Python per
-module call; full mode adds the TorchFunctionMode and small copies (see benchmarks/recorder_overhead.py).
+Light mode (watch) is built to cost little on a long run: the global module hooks stay only until
+every optimizer's parameters belong to a model seen (or DISCOVERY_STEPS steps), then every module
+call runs torch's hook-free path again (a new optimizer brings them back until its model is seen);
+the loss functions are patched only when a listener asks for loss calls; the loss is read once per
+step (at the optimizer's pre-step point, one device sync on GPU); the gradient norm
+(``_foreach_norm``) is measured on the first NORM_FIRST steps and then at an interval chosen from its
+measured cost so that it stays within NORM_SHARE of the measured step time (``recording.norm_interval``,
+at most ``norm_every_max``; ``StepRecord.grad_norm`` is None on the other steps); only the last
+LIGHT_KEEP step records and scheduler events are kept (``recording.total_steps`` counts them all),
+no loss calls and no forward events. Full mode adds the TorchFunctionMode and small copies (see
+benchmarks/recorder_overhead.py).
 """
 
 from __future__ import annotations
@@ -54,6 +63,7 @@ from __future__ import annotations
 import collections
 import copy
 import functools
+from collections import deque
 import math
 import sys
 import time
@@ -78,6 +88,11 @@ LOSS_FUNCTIONS = (
 MODE_TYPES = (nn.modules.dropout._DropoutNd, nn.modules.batchnorm._BatchNorm)
 KEEP = 4        # DataLoader batches copied to CPU in full mode
 KEEP_PAIRS = 16  # training model inputs and loss inputs/targets copied to CPU in full mode
+LIGHT_KEEP = 256  # light mode: the last StepRecords / scheduler events kept (a watched run may be very long)
+DISCOVERY_STEPS = 20  # light mode: global module hooks stay at most this many steps once an optimizer stepped
+NORM_SHARE = 0.02  # light mode: the gradient-norm reduction may cost this share of a step (sets its interval)
+NORM_FIRST = 5  # light mode: steps that always measure it (the triggers' starting level)
+NORM_EVERY_MAX = 10  # light mode: the longest interval between two gradient-norm measurements
 SPAN_CHECKS = 4  # steps at whose first backward full mode looks for the graph of the step before
 
 
@@ -239,6 +254,8 @@ class Recording:
     notes: list[str] = field(default_factory=list)   # what the recording changed (e.g. worker processes off)
     seconds: float = 0.0
     mode: str = "full"
+    total_steps: int = 0         # optimizer steps so far (light mode keeps only the last LIGHT_KEEP records)
+    norm_interval: int = 1       # light mode: steps between gradient-norm measurements (last value chosen)
 
     @property
     def loss_curve(self) -> list[float]:
@@ -345,12 +362,24 @@ class Recorder:
         self.max_forwards, self.replace_batch, self.lr_scale = max_forwards, replace_batch, lr_scale
         self.listeners = list(listeners or [])
         self.recording = Recording(mode=mode)
+        if not self.full:  # bounded memory over a long run
+            self.recording.steps = deque(maxlen=LIGHT_KEEP)
+            self.recording.scheduler_steps = deque(maxlen=LIGHT_KEEP)
+        self._fns: dict[str, list] = {}           # listener methods by event name (filled on entry)
+        self._module_hooks: list = []             # the global module forward hooks while installed
+        self._hooked_at = 0                       # steps taken when they were installed
+        self._scheduler_count = 0
+        self.norm_every_max = NORM_EVERY_MAX      # light mode: watch sets its log interval here
+        self.grad_norms: tuple | None = None      # light mode: (grads, per-tensor norms) of the current step
+        self._norm_cost = 0.0                     # light mode: seconds one gradient-norm reduction took
+        self._step_s = 0.0                        # light mode: seconds per step (running mean)
+        self._loss_t: tuple | None = None         # light mode: (loss tensor, GradScaler scale) of the last backward
         self._undo: list[Callable[[], None]] = []
         self._depth = 0
         self._in_loss = 0
         self._in_backward = 0
         self._in_sched = 0
-        self._module_ids: dict[int, int | None] = {}   # id(module) -> model index (None: a submodule / loss)
+        self._module_ids: dict[int, tuple] = {}   # id(module) -> (weakref, model index; None: a submodule / loss)
         self._pending: StepRecord | None = None
         self._pending_forwards: list[ForwardEvent] = []
         self._pending_losses: list[LossCall] = []
@@ -413,13 +442,39 @@ class Recorder:
                 delattr(owner, name)
         self._undo.append(undo)
 
-    def _install(self) -> None:
+    def _hook_modules(self) -> None:
+        """The global module forward hooks (they make every module call of the process slower: light
+        mode keeps them only until the models that own the optimizers' parameters are known)."""
         from torch.nn.modules import module as module_mod
+
+        if not self._module_hooks:
+            self._depth, self._hooked_at = 0, self.recording.total_steps
+            self._module_hooks = [module_mod.register_module_forward_pre_hook(self._forward_pre),
+                                  module_mod.register_module_forward_hook(self._forward_post, always_call=True)]
+
+    def _unhook_modules(self) -> None:
+        while self._module_hooks:
+            self._module_hooks.pop().remove()
+
+    def _discovered(self) -> bool:
+        """Light mode, after a step: every optimizer's parameters belong to models seen (or the
+        discovery budget is spent), so the global module hooks can go."""
+        opts = self.recording.optimizers
+        if self.max_forwards is not None or not opts:
+            return False
+        if all(o.models and not o.foreign for o in opts):
+            return True
+        return self.recording.total_steps - self._hooked_at >= DISCOVERY_STEPS
+
+    def _install(self) -> None:
         from torch.optim import lr_scheduler, optimizer as optimizer_mod
 
-        for h in (module_mod.register_module_forward_pre_hook(self._forward_pre),
-                  module_mod.register_module_forward_hook(self._forward_post, always_call=True),
-                  optimizer_mod.register_optimizer_step_pre_hook(self._step_pre),
+        self._fns = {name: [fn for fn in (getattr(listener, name, None) for listener in self.listeners) if fn is not None]
+                     for name in ("on_batch", "on_forward", "on_loss", "on_loss_args", "on_backward", "on_step_pre",
+                                  "on_step_post", "on_scheduler")}
+        self._hook_modules()
+        self._undo.append(self._unhook_modules)
+        for h in (optimizer_mod.register_optimizer_step_pre_hook(self._step_pre),
                   optimizer_mod.register_optimizer_step_post_hook(self._step_post)):
             self._undo.append(h.remove)
         rec = self
@@ -535,7 +590,7 @@ class Recorder:
         except ImportError:  # pragma: no cover
             pass
 
-        for name in LOSS_FUNCTIONS:
+        for name in LOSS_FUNCTIONS if self.full or self._fns["on_loss"] or self._fns["on_loss_args"] else ():
             if hasattr(F, name):
                 self._patch(F, name, lambda original, name=name: self._loss_wrapper(name, original))
         if self.full:
@@ -572,13 +627,10 @@ class Recorder:
 
     @property
     def steps_taken(self) -> int:
-        return len(self.recording.steps)
+        return self.recording.total_steps
 
     def _notify(self, name: str, *args) -> None:
-        for listener in self.listeners:
-            fn = getattr(listener, name, None)
-            if fn is None:
-                continue
+        for fn in self._fns.get(name, ()):
             try:
                 fn(self, *args)
             except StopRun:
@@ -608,8 +660,9 @@ class Recorder:
     # -- models -----------------------------------------------------------------------------------
     def _model_index(self, module: nn.Module) -> int | None:
         key = id(module)
-        if key in self._module_ids:
-            return self._module_ids[key]
+        known = self._module_ids.get(key)
+        if known is not None and known[0]() is module:  # (an id of a module freed since may be reused)
+            return known[1]
         index = None
         if isinstance(module, nn.modules.loss._Loss):
             index = None
@@ -638,7 +691,10 @@ class Recorder:
             self.recording.models.append(info)
             for opt in self.recording.optimizers:
                 self._link(opt)
-        self._module_ids[key] = index
+        try:
+            self._module_ids[key] = (weakref.ref(module), index)
+        except TypeError:  # pragma: no cover - a module that cannot be weakly referenced
+            self._module_ids[key] = (lambda: module, index)
         return index
 
     def _forward_pre(self, module, args):
@@ -681,8 +737,9 @@ class Recorder:
     def _forward_post(self, module, args, output):
         self._depth = max(self._depth - 1, 0)
         if self._depth == 0 and not self._in_loss:
-            index = self._module_ids.get(id(module))
-            if index is not None:
+            known = self._module_ids.get(id(module))
+            index = known[1] if known is not None else None
+            if index is not None and self.full:
                 out = next(_tensors(output), None)
                 if out is not None:
                     self._last_out = (index, weakref.ref(out), list(out.shape))
@@ -752,6 +809,13 @@ class Recorder:
         y = args[1] if len(args) > 1 else kwargs.get("target")
         if not isinstance(x, torch.Tensor):
             return
+        if not self.full:  # light mode keeps no loss calls (watch runs are long) and reads no value (no sync)
+            light = LossCall(name, list(x.shape), str(x.dtype).replace("torch.", ""), _shape(y), None, None,
+                             kwargs.get("reduction", "mean"), torch.is_grad_enabled(), None, self.steps_taken,
+                             None, True, None)
+            self._notify("on_loss", light)
+            self._notify("on_loss_args", light, args, kwargs, value)  # watch: the live tensors
+            return
         reduction = kwargs.get("reduction", "mean")
         if kwargs.get("size_average") is False or kwargs.get("reduce") is False:
             reduction = "sum" if kwargs.get("reduce") is not False else "none"
@@ -762,14 +826,6 @@ class Recorder:
             v = float(value.detach().float().mean())
         if torch.is_grad_enabled() and v is not None:
             self._window_values.append(v)
-        if not self.full:  # light mode keeps per-step numbers only (watch runs are long)
-            if any(hasattr(listener, "on_loss") or hasattr(listener, "on_loss_args") for listener in self.listeners):
-                light = LossCall(name, list(x.shape), str(x.dtype).replace("torch.", ""), _shape(y),
-                                 None, v, reduction, torch.is_grad_enabled(), None, self.steps_taken,
-                                 None, True, None)
-                self._notify("on_loss", light)
-                self._notify("on_loss_args", light, args, kwargs, value)  # watch: the live tensors
-            return
         from_model, out_shape = self._from_model(x)
         if self._depth > 0:  # called inside a model's forward (Hugging Face models compute their own loss)
             from_model = True
@@ -805,7 +861,7 @@ class Recorder:
         rec = self.recording
         rec.backwards += 1
         step = self._step_record()
-        if self._backward_since_step == 0 and rec.steps and self.full:
+        if self._backward_since_step == 0 and self.steps_taken and self.full:
             step.carried = self._carried()
             if self._prev_nodes and loss is not None and len(rec.steps) <= SPAN_CHECKS:
                 if _reached(loss.grad_fn, {id(n) for n in self._prev_nodes}) and len(rec.graph_spans) < 8:
@@ -813,6 +869,23 @@ class Recorder:
             self._prev_nodes = []
         self._backward_since_step += 1
         step.backwards += 1
+        if not self.full:
+            if loss is not None and loss.numel():
+                scaled = self._scales.pop(id(loss), None) if self._scales else None
+                self._loss_t = (loss.detach(), scaled[1] if scaled is not None and scaled[0]() is loss else None)
+                if len(self._scales) > 16:
+                    self._scales = {k: v for k, v in self._scales.items() if v[0]() is not None}
+            if self._pending_forwards:  # only while the global module hooks are on (discovery)
+                for event in self._pending_forwards:
+                    event.node = None
+                    step.forwards[event.model] = step.forwards.get(event.model, 0) + 1
+                    step.training[event.model] = step.training.get(event.model, True) and event.training
+                self._pending_forwards = []
+            self._notify("on_backward", loss)
+            if self.max_steps is not None and not self.steps_taken and rec.backwards > self.max_steps:
+                rec.stopped = f"the budget of {self.max_steps} backward passes was reached (no optimizer.step() so far)"
+                raise StopRun(rec.stopped)
+            return
         if loss is not None and loss.numel():
             value = float(loss.detach().float().mean()) if loss.numel() > 1 else float(loss.detach())
             scaled = self._scales.pop(id(loss), None)
@@ -856,7 +929,7 @@ class Recorder:
         if self.full:
             self._refresh_manual()
         self._notify("on_backward", loss)
-        if self.max_steps is not None and not rec.steps and rec.backwards > self.max_steps:
+        if self.max_steps is not None and not self.steps_taken and rec.backwards > self.max_steps:
             rec.stopped = f"the budget of {self.max_steps} backward passes was reached (no optimizer.step() so far)"
             raise StopRun(rec.stopped)
 
@@ -912,6 +985,8 @@ class Recorder:
             self._opt_ids[id(optimizer)] = info
             self.recording.optimizers.append(info)
             self._link(info)
+            if not self.full and self._undo and not info.models:  # installed: find the models it trains
+                self._hook_modules()
             if self.lr_scale and id(optimizer) not in self._scaled:
                 self._scaled.add(id(optimizer))
                 for g in optimizer.param_groups:
@@ -952,13 +1027,16 @@ class Recorder:
         return None
 
     def _measure_pre(self, optimizer, closure: bool = False) -> None:
+        if not self.full:
+            self._measure_light(optimizer, closure)
+            return
         info = self._optimizer_info(optimizer)
         step = self._step_record()
         step.closure = closure
         step.optimizer, step.t = info.index, self.now()
         step.zero_grad = self._zero_grad_since
         step.epoch, step.batch = self._epochs, self._batch_index
-        step.scheduler_steps = len(self.recording.scheduler_steps)
+        step.scheduler_steps = self._scheduler_count
         step.lrs = [float(g["lr"]) for g in optimizer.param_groups]
         step.grad_enabled = torch.is_grad_enabled()
         trainable = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
@@ -985,6 +1063,64 @@ class Recorder:
             self._before_step = [p.detach().clone() for p in trainable]
         self._notify("on_step_pre", optimizer, step)
 
+    def _measure_light(self, optimizer, closure: bool) -> None:
+        """Light mode before ``optimizer.step()``: the loss of the last backward (one read), LRs, which
+        gradients exist, and the gradient norm on the steps due (see :meth:`_norm_due`)."""
+        info = self._optimizer_info(optimizer)
+        step = self._step_record()
+        step.closure = closure
+        step.optimizer, step.t = info.index, self.now()
+        step.zero_grad = self._zero_grad_since
+        step.epoch, step.batch = self._epochs, self._batch_index
+        step.scheduler_steps = self._scheduler_count
+        step.lrs = [float(g["lr"]) for g in optimizer.param_groups]
+        step.grad_enabled = torch.is_grad_enabled()
+        if self._loss_t is not None:
+            loss, scale = self._loss_t
+            self._loss_t = None
+            value = float(loss) if loss.numel() == 1 else float(loss.float().mean())
+            step.loss = value / scale if scale else value
+            step.losses.append(step.loss)
+        trainable = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
+        withgrad = [p for p in trainable if p.grad is not None]
+        step.grads_total, step.grads_none = len(trainable), len(trainable) - len(withgrad)
+        self.grad_norms = None
+        if not withgrad:
+            step.grad_norm = 0.0
+        elif self._norm_due(step.step):
+            started = time.perf_counter()
+            grads = [p.grad.detach() if p.grad.requires_grad else p.grad for p in withgrad]
+            norms = torch._foreach_norm(grads)
+            if len(norms) <= 32 and not norms[0].is_cuda:  # a few CPU tensors: Python adds up faster than a stack
+                norms = [float(n) for n in norms]
+                total = math.sqrt(sum(n * n for n in norms))
+            else:
+                try:
+                    total = float(torch.linalg.vector_norm(torch.stack(norms)))
+                except RuntimeError:  # mixed dtypes or devices
+                    total = math.sqrt(sum(float(n) ** 2 for n in norms))
+            step.grad_norm = total
+            step.grads_nonfinite = not math.isfinite(total)
+            self.grad_norms = (withgrad, norms)
+            cost = time.perf_counter() - started
+            self._norm_cost = cost if not self._norm_cost else 0.8 * self._norm_cost + 0.2 * cost
+        self._notify("on_step_pre", optimizer, step)
+
+    def _norm_due(self, n: int) -> bool:
+        """Light mode: is the gradient norm measured at step ``n``? On the first NORM_FIRST steps, then
+        every ``interval`` steps: the smallest divisor of ``norm_every_max`` (watch's log interval)
+        at which one reduction costs at most NORM_SHARE of a step, both as measured in this run."""
+        if n <= NORM_FIRST:
+            return True
+        interval = self.recording.norm_interval
+        if n % interval:
+            return False
+        if self._step_s > 0:
+            need = self._norm_cost / (NORM_SHARE * self._step_s)
+            top = max(int(self.norm_every_max), 1)
+            self.recording.norm_interval = next((d for d in range(1, top + 1) if top % d == 0 and d >= need), top)
+        return True
+
     def _step_post(self, optimizer, args, kwargs):
         self._in_opt_step = False
         step = self._step_record()
@@ -1000,17 +1136,26 @@ class Recorder:
         now = self.now()
         step.duration_s = now - self._last_step_t
         self._last_step_t = now
-        self.recording.steps.append(step)
+        rec = self.recording
+        rec.steps.append(step)
+        rec.total_steps += 1
+        self._zero_grad_since = False
+        self._backward_since_step = 0
         if self.full:
             self._confirm_kept()
+            self._window_values = []
             self._prev_nodes, self._trained_nodes = self._trained_nodes, []
-        self._zero_grad_since = False
-        self._window_values = []
-        self._backward_since_step = 0
-        if not self.full:
-            self._pending_forwards, self._pending_losses = [], []
+        else:
+            if rec.total_steps > 1:  # the first step's time includes the program's start; outliers (an
+                d = step.duration_s   # evaluation between epochs) move the estimate by at most 4x its size
+                self._step_s = d if not self._step_s else 0.9 * self._step_s + 0.1 * min(d, 4 * self._step_s)
+            self.grad_norms = None
+            if self._pending_forwards or self._pending_losses:
+                self._pending_forwards, self._pending_losses = [], []
+            if self._module_hooks and self._discovered():
+                self._unhook_modules()
         self._notify("on_step_post", optimizer, step)
-        if self.max_steps is not None and len(self.recording.steps) >= self.max_steps:
+        if self.max_steps is not None and rec.total_steps >= self.max_steps:
             self.recording.stopped = f"the budget of {self.max_steps} optimizer steps was reached"
             raise StopRun(self.recording.stopped)
         self._check_time()
@@ -1092,12 +1237,13 @@ class Recorder:
         now = self.now()
         step.duration_s, self._last_step_t = now - self._last_step_t, now
         self.recording.steps.append(step)
+        self.recording.total_steps += 1
         self._confirm_kept()
         self._prev_nodes, self._trained_nodes = self._trained_nodes, []
         self._zero_grad_since, self._window_values, self._backward_since_step = False, [], 0
         self._manual_key = None  # `.data = ...` gave parameters new storage
         self._refresh_manual()
-        if budget and self.max_steps is not None and len(self.recording.steps) >= self.max_steps:
+        if budget and self.max_steps is not None and self.recording.total_steps >= self.max_steps:
             self.recording.stopped = f"the budget of {self.max_steps} steps (hand-written updates) was reached"
             raise StopRun(self.recording.stopped)
         if budget:
@@ -1121,6 +1267,7 @@ class Recorder:
         lr = float(opt.param_groups[0]["lr"]) if opt is not None and opt.param_groups else None
         event = SchedulerEvent(entry["name"], entry["index"], self.steps_taken, self._epochs, lr)
         self.recording.scheduler_steps.append(event)
+        self._scheduler_count += 1
         self._notify("on_scheduler", event)
 
     # -- data loaders -----------------------------------------------------------------------------

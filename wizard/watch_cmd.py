@@ -58,7 +58,7 @@ def run(script_spec: str, args: list[str], out: Path, on_anomaly: str = "continu
     finally:
         watch.close()
     rec = result.recording
-    steps = len(rec.steps)
+    steps = rec.total_steps
     summary = f"nnwizard watch: {steps} optimizer steps watched; log {out / 'watch.jsonl'}"
     if watch.bundles:
         summary += "; bundles: " + ", ".join(str(b) for b in watch.bundles)

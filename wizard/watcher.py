@@ -3,8 +3,8 @@
 ``with nnwizard.watch(model, optimizer):`` around the user's own loop, or ``nnwizard watch --script
 train.py`` (``watch_cmd``), both feed one :class:`Watch`, a listener of the shared recorder
 (``nnwizard.recorder``, light mode). Per optimizer step it reads the loss (the tensor ``backward()``
-ran on) and the global gradient norm the recorder already measured, and runs the anomaly triggers
-(``nnwizard.anomaly``); every ``every`` steps (and at each anomaly) it also measures the largest
+ran on) and the global gradient norm the recorder measured (on the steps its interval picks, always
+on the logged ones), and runs the anomaly triggers (``nnwizard.anomaly``); every ``every`` steps (and at each anomaly) it also measures the largest
 per-layer gradient norms and the update/weight ratio, and writes one JSON line to
 ``DIR/watch.jsonl`` (and TensorBoard scalars under ``DIR/tensorboard`` when ``tensorboard`` is
 installed). At an anomaly it saves ``DIR/anomaly-step<N>/`` (``nnwizard.bundle``) *inside* the
@@ -38,6 +38,8 @@ DEFAULT_OUT = "nnwizard-watch"
 DEFAULT_EVERY = 10
 HISTORY = 200
 TOP_LAYERS = 3
+UPDATE_SHARE = 0.02  # the update/weight ratio may cost this share of the steps since it was last measured
+FLUSH_S = 1.0  # watch.jsonl is flushed at most this often (and at every anomaly and at the end)
 
 
 def _tensors(obj: Any):
@@ -118,6 +120,13 @@ def _loss_slots(out: Any) -> list[tuple[Any, torch.Tensor]]:
     return slots
 
 
+def _total_norm(tensors: list[torch.Tensor]) -> float:
+    norms = torch._foreach_norm(tensors)
+    if len(norms) <= 32 and not norms[0].is_cuda:  # a few CPU tensors: Python adds up faster than a stack
+        return math.sqrt(sum(float(n) ** 2 for n in norms))
+    return float(torch.linalg.vector_norm(torch.stack([n.float() for n in norms])))
+
+
 MAX_PER_STEP = 64  # model calls / loss calls / backwards kept for one step (a loop with no step() stays bounded)
 
 
@@ -158,6 +167,11 @@ class Watch:
         self._t0 = time.monotonic()
         self._last_line_t = self._t0
         self._last_line_step = 0
+        self._flushed = 0.0
+        self._ratio_cost = 0.0                  # seconds the update ratio took (copy and difference)
+        self._ratio_step = 0
+        self._ratio_started = 0.0
+        self._named: tuple | None = None       # (key, result) of the last _names call
         self._pending: dict[int, Any] = {}      # id(optimizer) -> the recorder's StepRecord being filled
         self._checked: set[int] = set()         # optimizers whose current step was checked already
         self._before: list[torch.Tensor] | None = None
@@ -188,6 +202,7 @@ class Watch:
             recorder.__enter__()
             self._owns_recorder = True
         self._recorder = recorder
+        recorder.norm_every_max = self.every  # every logged step has the gradient norms measured
         # after the recorder's own pre-hook: ours runs second and sees the closure (if any)
         self._handles.append(optimizer_mod.register_optimizer_step_pre_hook(self._step_pre_hook))
         return self
@@ -232,8 +247,16 @@ class Watch:
         return found
 
     def _names(self, optimizer) -> tuple[dict[str, nn.Module], dict[int, str]]:
+        models = self._models()
+        key = (id(optimizer), tuple(id(m) for m in models), tuple(len(g["params"]) for g in optimizer.param_groups))
+        if self._named is None or self._named[0] != key:
+            self._named = (key, self._names_of(optimizer, models))
+        return self._named[1]
+
+    @staticmethod
+    def _names_of(optimizer, found: list[nn.Module]) -> tuple[dict[str, nn.Module], dict[int, str]]:
         params = {id(p) for g in optimizer.param_groups for p in g["params"]}
-        models = [m for m in self._models() if any(id(p) in params for p in m.parameters())]
+        models = [m for m in found if any(id(p) in params for p in m.parameters())]
         keyed = {("model" if i == 0 else f"model{i}"): m for i, m in enumerate(models)}
         names: dict[int, str] = {}
         for key, m in keyed.items():
@@ -355,10 +378,11 @@ class Watch:
                 if len(params) == len(self._before):
                     with torch.no_grad():
                         delta = torch._foreach_sub([p.detach() for p in params], self._before)
-                        dn = torch.linalg.vector_norm(torch.stack([d.float() for d in torch._foreach_norm(delta)]))
-                        wn = torch.linalg.vector_norm(torch.stack([w.float() for w in torch._foreach_norm(self._before)]))
-                    line["update_ratio"] = float(dn / wn) if float(wn) > 0 else None
+                        dn, wn = _total_norm(delta), _total_norm(self._before)
+                    line["update_ratio"] = dn / wn if wn > 0 else None
                 self._before = None
+                cost = time.perf_counter() - self._ratio_started
+                self._ratio_cost = cost if not self._ratio_cost else 0.8 * self._ratio_cost + 0.2 * cost
             self._write(line)
         self._rotate()
 
@@ -366,26 +390,32 @@ class Watch:
     def _rotate(self) -> None:
         cur = self._current
         if self.ring_size and (cur["calls"] or cur["losses"]):
-            self._ring.append({"step": self.steps, "rng": cur["rng"],
-                               "calls": [{"module": c["module"], "args": c["args"], "kwargs": c["kwargs"]} for c in cur["calls"]],
+            for c in cur["calls"]:
+                c.pop("out", None)  # the output (and its graph) is not kept past its step
+            self._ring.append({"step": self.steps, "rng": cur["rng"], "calls": cur["calls"],
                                "targets": [l["target"] for l in cur["losses"]]})
         self._current = self._fresh()
+
+    @staticmethod
+    def _grad_norm(optimizer) -> float | None:
+        grads = [p.grad.detach() for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+        return _total_norm(grads) if grads else None
 
     def _check(self, optimizer, closure_result=None) -> None:
         """At the optimizer's pre-step point (parameters not yet updated): triggers, log, bundle."""
         self._checked.add(id(optimizer))
         step_rec = self._pending.get(id(optimizer))
         self.steps = int(getattr(step_rec, "step", self.steps + 1))
-        if closure_result is not None or step_rec is None or step_rec.grad_norm is None:  # after a closure: recount
-            grads = [p.grad.detach() for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
-            norm = float(torch.linalg.vector_norm(torch.stack([n.float() for n in torch._foreach_norm(grads)]))) if grads else 0.0
-        else:  # the recorder measured it already (one _foreach_norm per step, not two)
+        if step_rec is None:  # no recorder measurement of this step: measure here
+            norm = self._grad_norm(optimizer)
+            grads = norm is not None
+        else:  # the recorder measured it (None: not on this step, see Recorder._norm_due)
             grads = step_rec.grads_total > step_rec.grads_none
-            norm = float(step_rec.grad_norm)
+            norm = step_rec.grad_norm
         loss = getattr(step_rec, "loss", None)
         if isinstance(closure_result, torch.Tensor) and closure_result.numel() == 1:
             loss = float(closure_result.detach())
-        lrs = [float(g["lr"]) for g in optimizer.param_groups if "lr" in g]
+        lrs = step_rec.lrs if step_rec is not None else [float(g["lr"]) for g in optimizer.param_groups if "lr" in g]
         index = 0
         if self._recorder is not None:
             info = self._recorder._opt_ids.get(id(optimizer))
@@ -405,9 +435,15 @@ class Watch:
         if sampled:
             line = dict(entry)
             keyed, names = self._names(optimizer)
-            params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+            measured = self._recorder.grad_norms if self._recorder is not None and norm is not None else None
+            if measured is not None:  # the recorder's per-tensor norms of this very step
+                params, norms = measured[0], [float(n) for n in measured[1]]
+            else:
+                params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+                norms = [float(n) for n in torch._foreach_norm([p.grad.detach() for p in params])] if params else []
+                if grads and line["grad_norm"] is None:  # an anomaly between two measured steps
+                    line["grad_norm"] = math.sqrt(sum(n * n for n in norms))
             if params:
-                norms = [float(n) for n in torch._foreach_norm([p.grad.detach() for p in params])]
                 order = sorted(range(len(norms)), key=lambda i: -norms[i] if math.isfinite(norms[i]) else -math.inf)
                 bad = [i for i, n in enumerate(norms) if not math.isfinite(n)]
                 line["top_grads"] = {names.get(id(params[i]), f"param{i}"): norms[i] for i in (bad + order)[:TOP_LAYERS]}
@@ -417,7 +453,12 @@ class Watch:
             line["step_s"] = round((now - self._last_line_t) / steps, 6) if steps > 0 else None
             self._last_line_t, self._last_line_step = now, self.steps
             trainable = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
-            if anomaly is None and trainable:
+            line["update_ratio"] = None
+            # the update ratio copies every parameter: on the logged steps where the steps since the last
+            # one paid for it (at most UPDATE_SHARE of their measured time)
+            if anomaly is None and trainable and (steps <= 0 or line["step_s"] is None or
+                                                  self._ratio_cost <= UPDATE_SHARE * line["step_s"] * (self.steps - self._ratio_step)):
+                self._ratio_started, self._ratio_step = time.perf_counter(), self.steps
                 self._before = [p.detach().clone() for p in trainable]
             self._sampled = line
         if anomaly is not None:
@@ -490,7 +531,7 @@ class Watch:
             if self._current["rng"] is not None:
                 rng["torch"] = self._current["rng"]
             meta = {"step": anomaly.step, "trigger": anomaly.kind, "reason": anomaly.reason, "loss": anomaly.loss,
-                    "grad_norm": anomaly.grad_norm, "lrs": [g.get("lr") for g in optimizer.param_groups],
+                    "grad_norm": anomaly.grad_norm if anomaly.grad_norm is not None else line.get("grad_norm"), "lrs": [g.get("lr") for g in optimizer.param_groups],
                     "history": list(self._history), "first": self._first, "script": self.script, "argv": list(sys.argv),
                     "cwd": str(Path.cwd()), "models": {k: type(m).__name__ for k, m in keyed.items()},
                     "optimizer": type(optimizer).__name__, "line": {k: v for k, v in line.items() if k != "bundle"},
@@ -532,7 +573,10 @@ class Watch:
         if self._log is None:
             return
         self._log.write(json.dumps(_jsonable(line)) + "\n")
-        self._log.flush()
+        now = time.monotonic()
+        if "anomaly" in line or now - self._flushed >= FLUSH_S:  # a flush is a system call: at most once a second
+            self._log.flush()
+            self._flushed = now
         if self._tb is not None:
             step = line["step"]
             for key in ("loss", "grad_norm", "lr", "update_ratio"):

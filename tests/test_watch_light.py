@@ -1,0 +1,140 @@
+"""The cheap parts of watch mode: the light recorder's bounded memory, its global module hooks only
+while the models are being found, the gradient norm measured at an interval, and what is still
+caught between two measured steps."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from torch import nn
+
+import nnwizard
+from nnwizard import recorder as recorder_mod
+from nnwizard.anomaly import Detector, Triggers
+from nnwizard.recorder import LIGHT_KEEP, Recorder
+
+
+def _mlp():
+    return nn.Sequential(nn.Linear(6, 12), nn.ReLU(), nn.Linear(12, 3))
+
+
+def _steps(model, opt, n, x=None):
+    torch.manual_seed(1)
+    crit = nn.CrossEntropyLoss()
+    for _ in range(n):
+        xb = torch.randn(8, 6) if x is None else x
+        loss = crit(model(xb), torch.randint(0, 3, (8,)))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
+def test_light_recording_keeps_a_bounded_window_and_counts_every_step():
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with Recorder("light") as rec:
+        _steps(model, opt, LIGHT_KEEP + 44)
+    r = rec.recording
+    assert r.total_steps == LIGHT_KEEP + 44 and len(r.steps) == LIGHT_KEEP
+    assert r.steps[-1].step == LIGHT_KEEP + 44 and r.steps[0].step == 45
+    assert all(s.loss is not None for s in r.steps) and r.loss_calls == []
+    assert r.steps[0].grad_norm is not None or r.norm_interval > 1  # measured or skipped by the interval
+
+
+def test_global_module_hooks_go_once_the_models_are_known_and_come_back_for_a_new_optimizer():
+    hooks = torch.nn.modules.module._global_forward_hooks
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with Recorder("light") as rec:
+        assert len(hooks) == 1
+        _steps(model, opt, 2)
+        assert len(hooks) == 0  # the optimizer's parameters all belong to the model seen
+        assert [m.name for m in rec.recording.models] == ["Sequential"]
+        head = nn.Linear(3, 2)
+        opt2 = torch.optim.SGD(head.parameters(), lr=0.01)  # a new optimizer over a model not seen yet
+        assert len(hooks) == 1
+        loss = head(model(torch.randn(4, 6))).sum()
+        opt2.zero_grad()
+        loss.backward()
+        opt2.step()
+        assert len(hooks) == 0 and [m.name for m in rec.recording.models] == ["Sequential", "Linear"]
+    assert len(hooks) == 0
+
+
+def test_standalone_light_recorder_leaves_the_loss_functions_alone():
+    original = torch.nn.functional.cross_entropy
+    with Recorder("light"):
+        assert torch.nn.functional.cross_entropy is original
+    with Recorder("light", listeners=[type("L", (), {"on_loss_args": lambda *a: None})()]):
+        assert torch.nn.functional.cross_entropy is not original
+    assert torch.nn.functional.cross_entropy is original
+
+
+def test_gradient_norm_interval_follows_its_cost_and_every_logged_line_has_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(recorder_mod, "NORM_SHARE", 1e-9)  # any reduction is too dear: the longest interval
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with nnwizard.watch(model, opt, out=tmp_path, every=5, tensorboard=False, quiet=True) as w:
+        _steps(model, opt, 40)
+    assert w._recorder is None
+    lines = [json.loads(l) for l in (tmp_path / "watch.jsonl").read_text().splitlines()]
+    assert [l["step"] for l in lines] == [1, 5, 10, 15, 20, 25, 30, 35, 40]
+    assert all(l["grad_norm"] is not None and l["top_grads"] for l in lines)
+
+
+def test_recorder_interval_is_one_when_the_reduction_is_cheap(monkeypatch):
+    monkeypatch.setattr(recorder_mod, "NORM_SHARE", 1e9)
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with Recorder("light") as rec:
+        _steps(model, opt, 30)
+    assert rec.recording.norm_interval == 1 and all(s.grad_norm is not None for s in rec.recording.steps)
+
+
+def test_nan_gradient_with_a_finite_loss_between_measured_steps_is_caught_by_the_next_step(tmp_path, monkeypatch):
+    """The gradient norm is measured every 10 steps here; a NaN gradient at step 13 (finite loss)
+    makes the update NaN, so the loss of step 14 is NaN: caught one step later, within the interval."""
+    monkeypatch.setattr(recorder_mod, "NORM_SHARE", 1e-9)
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    weight = model[0].weight
+    step = {"n": 0}
+    weight.register_hook(lambda g: g * float("nan") if step["n"] == 13 else g)
+    crit = nn.CrossEntropyLoss()
+    torch.manual_seed(0)
+    with nnwizard.watch(model, opt, out=tmp_path, every=10, tensorboard=False, quiet=True) as w:
+        for _ in range(30):
+            step["n"] += 1
+            loss = crit(model(torch.randn(8, 6)), torch.randint(0, 3, (8,)))
+            assert torch.isfinite(loss) or step["n"] > 13
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    assert [(a.kind, a.step) for a in w.anomalies][:1] == [("nonfinite", 14)]
+    assert [b.name for b in w.bundles] == ["anomaly-step14"]
+
+
+def test_nan_gradient_on_a_measured_step_is_caught_at_that_step(tmp_path):
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    step = {"n": 0}
+    model[0].weight.register_hook(lambda g: g * float("nan") if step["n"] == 3 else g)  # steps 1-5 always measured
+    crit = nn.CrossEntropyLoss()
+    with nnwizard.watch(model, opt, out=tmp_path, tensorboard=False, quiet=True) as w:
+        for _ in range(8):
+            step["n"] += 1
+            loss = crit(model(torch.randn(8, 6)), torch.randint(0, 3, (8,)))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    assert (w.anomalies[0].kind, w.anomalies[0].step) == ("nonfinite", 3)
+
+
+def test_stalled_fires_on_zero_norms_measured_between_unmeasured_steps():
+    d = Detector(Triggers(stall_steps=100))
+    found = [a for a in (d.check(i, 1.0 + 0.01 * (i % 7), 0.0 if i % 10 == 0 else None) for i in range(1, 200)) if a]
+    assert [a.kind for a in found] == ["stalled"] and found[0].step <= 111
+    quiet = Detector(Triggers(stall_steps=100))
+    assert not [a for a in (quiet.check(i, 1.0 + 0.01 * (i % 7), (0.0 if i % 20 else 1.0) if i % 10 == 0 else None)
+                            for i in range(1, 200)) if a]
