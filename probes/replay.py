@@ -202,7 +202,8 @@ def replay_swap(ctx: ProbeContext):
     files = user_source_files(target)
     history = _history_before(target)
     rng = recent_range(history)
-    norms = [h["grad_norm"] for h in history[-50:] if isinstance(h.get("grad_norm"), (int, float)) and math.isfinite(h["grad_norm"])]
+    # the trigger's window: the last 50 *measured* norms (watch measures the norm every k steps)
+    norms = [h["grad_norm"] for h in history if isinstance(h.get("grad_norm"), (int, float)) and math.isfinite(h["grad_norm"])][-50:]
     med = statistics.median(norms) if norms else None
     model = target.fresh_model(ctx.seed).train()
     try:

@@ -51,9 +51,15 @@ def test_warmup_mistake_caught_and_blamed_on_the_lr(monkeypatch, tmp_path):
     first = json.loads((bundles[0] / "meta.json").read_text())
     # healthy for a few hundred steps: nothing fires before the LR is far beyond the intended 0.01
     assert first["step"] > 300 and first["lrs"][0] > 10 * 0.01
-    data = report_dict(*replay(bundles[0]))
+    diagnosis, target = replay(bundles[0])
+    data = report_dict(diagnosis, target)
     assert data["hypotheses"][0]["id"] == "lr-too-high" and data["verdict"] == "problems-found"
     assert not any(h["id"] in ("nan-in-inputs", "bad-batch") and h["confidence"] >= 0.5 for h in data["hypotheses"])
+    # the replay judges "reproduced" by the trigger's own window (the last 50 *measured* gradient norms:
+    # watch measures the norm every k steps), so the anomaly that fired reproduces and is localised
+    swap = next(r for r in diagnosis.results if r.id == "replay-swap")
+    assert swap.outcome != "not-reproduced", swap.summary
+    assert data["localised"] is not None
 
 
 @pytest.mark.slow

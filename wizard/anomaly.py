@@ -110,7 +110,7 @@ class Detector:
                 explode = True
                 if self._fire("grad-explosion"):
                     found = Anomaly("grad-explosion", step, f"gradient norm {grad_norm:.4g} at step {step} is "
-                                    f"{grad_norm / med:.1f}x the median {med:.4g} of the last {len(self.norms)} steps "
+                                    f"{grad_norm / med:.1f}x the median {med:.4g} of the last {len(self.norms)} measured steps "
                                     f"(max {hi:.4g})", lv, grad_norm)
         # stalled: the loss does not move, or no gradient reaches the parameters
         if loss is not None:

@@ -36,7 +36,7 @@ from nnwizard.bundle import _jsonable, rng_state, save_bundle, to_cpu
 
 DEFAULT_OUT = "nnwizard-watch"
 DEFAULT_EVERY = 10
-HISTORY = 200
+HISTORY = 500  # covers the triggers' window of 50 measured gradient norms at the longest interval (10)
 TOP_LAYERS = 3
 UPDATE_SHARE = 0.02  # the update/weight ratio may cost this share of the steps since it was last measured
 FLUSH_S = 1.0  # watch.jsonl is flushed at most this often (and at every anomaly and at the end)
