@@ -23,8 +23,9 @@ On a module target every probe here is skipped.
 
 from __future__ import annotations
 
+import functools
 import math
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -32,6 +33,7 @@ from nnwizard.probes._optrace import OpTracer
 from nnwizard.probes.api import LinePlot, ProbeContext, Table, cannot_run, failed, passed, probe, skipped
 from nnwizard.probes.lr import BETTER, MOVES, sweep_outcome
 from nnwizard.probes.sanity import overfit_outcome
+from nnwizard.probes.trace import _fmt
 
 MIN_OVERFIT = 20      # rerun steps below which memorising one batch cannot be told from slow learning
 MIN_SWEEP = 10        # steps per learning rate below which the sweep compares noise
@@ -39,13 +41,15 @@ STEP_SLACK = 3.0      # a rerun's time limit: this many times its planned cost (
 LIMIT_FLOOR_S = 5.0
 
 
-def _script_target(ctx: ProbeContext):
-    target = ctx.target
-    return target if getattr(target, "mode", "module") == "script" and hasattr(target, "rerun") else None
-
-
-def _not_script():
-    return skipped("script mode only: this probe reruns the user's script")
+def _on_script(intervention: Callable[[ProbeContext, Any], Any]) -> Callable[[ProbeContext], Any]:
+    """An intervention: called as ``intervention(ctx, script_target)``; skipped on a module target."""
+    @functools.wraps(intervention)
+    def run(ctx: ProbeContext):
+        target = ctx.target
+        if getattr(target, "mode", "module") != "script" or not hasattr(target, "rerun"):
+            return skipped("script mode only: this probe reruns the user's script")
+        return intervention(ctx, target)
+    return run
 
 
 def losses_of(run) -> list[float]:
@@ -71,10 +75,6 @@ def _raised(run) -> str | None:
     if err is None:
         return None
     return f"{err.type}: {err.message}" + (f" ({err.where})" if err.where else "")
-
-
-def _fmt(v: float) -> str:
-    return f"{v:.4g}" if math.isfinite(v) else str(v)
 
 
 def _accuracy(target, run) -> float | None:
@@ -136,10 +136,8 @@ def _broadcast(call) -> list | None:
     timeout_s=120,
     share=0.3,
 )
-def script_overfit(ctx: ProbeContext):
-    target = _script_target(ctx)
-    if target is None:
-        return _not_script()
+@_on_script
+def script_overfit(ctx: ProbeContext, target):
     rec = target.recording
     if not rec.steps:
         return skipped("the script took no optimizer step to repeat")
@@ -218,10 +216,8 @@ def _tail(losses: list[float]) -> float:
     timeout_s=120,
     share=0.4,
 )
-def script_lr_sweep(ctx: ProbeContext):
-    target = _script_target(ctx)
-    if target is None:
-        return _not_script()
+@_on_script
+def script_lr_sweep(ctx: ProbeContext, target):
     observed = losses_of(target.run)
     if not observed or not target.recording.optimizers:
         return skipped("the script took no optimizer step")
@@ -306,12 +302,10 @@ def script_lr_sweep(ctx: ProbeContext):
     timeout_s=90,
     share=0.2,
 )
-def script_determinism(ctx: ProbeContext):
+@_on_script
+def script_determinism(ctx: ProbeContext, target):
     from nnwizard.probes.determinism import _scan
 
-    target = _script_target(ctx)
-    if target is None:
-        return _not_script()
     observed = losses_of(target.run)
     if len(observed) < 2:
         return skipped("the script took fewer than 2 optimizer steps to compare")
@@ -396,12 +390,10 @@ class _StepTracer:
     timeout_s=120,
     share=0.2,
 )
-def script_nan_bisect(ctx: ProbeContext):
+@_on_script
+def script_nan_bisect(ctx: ProbeContext, target):
     import warnings
 
-    target = _script_target(ctx)
-    if target is None:
-        return _not_script()
     rec = target.recording
     bad = first_nonfinite_step(rec)
     if bad is None:
