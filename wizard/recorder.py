@@ -288,6 +288,16 @@ def cpu_copy(obj: Any) -> Any:
     return obj
 
 
+def total_norm(norms: list[torch.Tensor]) -> float:
+    """The global norm from per-tensor norms (``torch._foreach_norm``'s), as one float."""
+    if len(norms) <= 32 and not norms[0].is_cuda:  # a few CPU tensors: Python adds up faster than a stack
+        return math.sqrt(sum(float(n) ** 2 for n in norms))
+    try:
+        return float(torch.linalg.vector_norm(torch.stack([n.float() for n in norms])))
+    except RuntimeError:  # norms on several devices
+        return math.sqrt(sum(float(n) ** 2 for n in norms))
+
+
 def _shape(x) -> list | None:
     return list(x.shape) if isinstance(x, torch.Tensor) else None
 
@@ -1044,10 +1054,7 @@ class Recorder:
         step.grads_total, step.grads_none = len(trainable), len(trainable) - len(grads)
         if grads:
             norms = torch._foreach_norm(grads)
-            try:
-                total = float(torch.linalg.vector_norm(torch.stack(norms)))
-            except RuntimeError:  # mixed dtypes or devices
-                total = math.sqrt(sum(float(n) ** 2 for n in norms))
+            total = total_norm(norms)
             step.grad_norm = total
             step.grads_nonfinite = not math.isfinite(total)
         else:
@@ -1091,14 +1098,7 @@ class Recorder:
             started = time.perf_counter()
             grads = [p.grad.detach() if p.grad.requires_grad else p.grad for p in withgrad]
             norms = torch._foreach_norm(grads)
-            if len(norms) <= 32 and not norms[0].is_cuda:  # a few CPU tensors: Python adds up faster than a stack
-                norms = [float(n) for n in norms]
-                total = math.sqrt(sum(n * n for n in norms))
-            else:
-                try:
-                    total = float(torch.linalg.vector_norm(torch.stack(norms)))
-                except RuntimeError:  # mixed dtypes or devices
-                    total = math.sqrt(sum(float(n) ** 2 for n in norms))
+            total = total_norm(norms)
             step.grad_norm = total
             step.grads_nonfinite = not math.isfinite(total)
             self.grad_norms = (withgrad, norms)

@@ -33,6 +33,7 @@ from torch import nn
 
 from nnwizard.anomaly import Anomaly, Detector, Triggers
 from nnwizard.bundle import _jsonable, rng_state, save_bundle, to_cpu
+from nnwizard.recorder import total_norm
 
 DEFAULT_OUT = "nnwizard-watch"
 DEFAULT_EVERY = 10
@@ -121,10 +122,7 @@ def _loss_slots(out: Any) -> list[tuple[Any, torch.Tensor]]:
 
 
 def _total_norm(tensors: list[torch.Tensor]) -> float:
-    norms = torch._foreach_norm(tensors)
-    if len(norms) <= 32 and not norms[0].is_cuda:  # a few CPU tensors: Python adds up faster than a stack
-        return math.sqrt(sum(float(n) ** 2 for n in norms))
-    return float(torch.linalg.vector_norm(torch.stack([n.float() for n in norms])))
+    return total_norm(torch._foreach_norm(tensors))
 
 
 MAX_PER_STEP = 64  # model calls / loss calls / backwards kept for one step (a loop with no step() stays bounded)
