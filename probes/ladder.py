@@ -170,12 +170,7 @@ def simplify_ladder(ctx):
             results[name] = False
             return
         major = _majority(data) if task != "regression" else None
-        if acc is not None and major is not None:
-            # classification reads accuracy: 30 points above always-the-majority-class (capped at
-            # 90%), and 99% for the memorisation rung
-            learned = acc >= (0.99 if ratio < LEARN_RATIO else min(0.9, major + 0.3)) and after <= 0.8 * before
-        else:
-            learned = math.isfinite(after) and after <= ratio * before
+        learned = rung_learns(before, after, acc, major, ratio)
         results[name] = learned
         acc_text = f", accuracy {acc:.0%}" if acc is not None else ""
         rows.append([name, replaced, "learns" if learned else "does not learn", f"{before:.4g} -> {after:.4g}{acc_text}",
@@ -206,9 +201,11 @@ def simplify_ladder(ctx):
     data = dict(rungs={r[0]: r[2] for r in rows}, steps=steps, user_lr=float(group.get("lr", math.nan)),
                 user_weight_decay=float(group.get("weight_decay", 0.0) or 0.0), user_optimizer=type(target.make_optimizer(target.fresh_model(ctx.seed))).__name__,
                 summary_table=[" | ".join(map(str, r[:4])) for r in rows])
-    learns = lambda name: results.get(name, False)  # noqa: E731
     line = "; ".join(f"{r[0]}: {r[2]}" for r in rows)
-    if learns("your setup"):
+    pieces = {"setup": "your setup", "model": "one-hidden-layer MLP", "data": "synthetic y = x[0] > 0",
+              "loss": "MSE loss", "optimizer": "SGD(lr=0.01)", "subset": "100-sample subset"}
+    outcome = ladder_outcome({piece: results.get(name, False) for piece, name in pieces.items()})
+    if outcome == "ok":
         return passed(f"your setup learns {sum(len(b[1]) for b in batches)} samples in {steps} steps: {line}", "ok", [table], **data)
     unrun = [r[0] for r in rows if r[2] == "not run (time)"]
     if steps < wanted or unrun:
@@ -217,16 +214,43 @@ def simplify_ladder(ctx):
         why = f"{steps} of {wanted} steps per rung (budget)" if steps < wanted else f"rungs not run: {', '.join(unrun)}"
         data.update(wanted_steps=wanted, not_run=unrun)
         return cannot_run(f"inconclusive at this budget ({why}): {line}", **data, reason="budget")
-    if learns("MSE loss") and not learns("one-hidden-layer MLP"):
-        return failed("loss", f"only replacing the loss makes it learn: {line}", [table], **data)
-    if learns("SGD(lr=0.01)"):
+    if outcome == "optimizer":
         data["direction"] = "lower" if data["user_lr"] > 0.01 else "higher"
-        return failed("optimizer", f"replacing the optimizer by SGD(lr=0.01) makes it learn: {line}", [table], **data)
-    through_loop = learns("one-hidden-layer MLP") or learns("synthetic y = x[0] > 0") or learns("100-sample subset")
-    if not through_loop:
-        return failed("loop", f"nothing learns through {'your train_step' if target.user_train_step else 'your train_epoch' if target.user_train_epoch else 'the loop'}: {line}", [table], **data)
-    if learns("synthetic y = x[0] > 0") and not learns("one-hidden-layer MLP"):
-        return failed("data", f"your model and loop learn a known rule but no model learns your data: {line}", [table], **data)
-    if learns("one-hidden-layer MLP"):
-        return failed("model", f"a one-hidden-layer MLP learns your data through your loop; your model does not: {line}", [table], **data)
-    return failed("data", f"only memorising 100 samples works: {line}", [table], **data)
+    loop = 'your train_step' if target.user_train_step else 'your train_epoch' if target.user_train_epoch else 'the loop'
+    text = {"loss": "only replacing the loss makes it learn",
+            "optimizer": "replacing the optimizer by SGD(lr=0.01) makes it learn",
+            "loop": f"nothing learns through {loop}",
+            "data": ("your model and loop learn a known rule but no model learns your data" if results.get(pieces["data"])
+                     else "only memorising 100 samples works"),
+            "model": "a one-hidden-layer MLP learns your data through your loop; your model does not"}[outcome]
+    return failed(outcome, f"{text}: {line}", [table], **data)
+
+
+def rung_learns(before: float, after: float, accuracy: float | None, majority: float | None,
+                ratio: float = LEARN_RATIO) -> bool:
+    """Whether a rung learnt (module and script mode share this rule): with an accuracy, 30 points above
+    always-the-majority-class (capped at 90%; 99% for a memorisation rung, ``ratio`` below LEARN_RATIO)
+    with the loss at least 20% down; without one (regression), the loss ending below ``ratio`` of its start.
+    A start that is not a positive number (a loss that can go negative) gives no ratio to read: not learnt."""
+    if not (math.isfinite(before) and before > 0):
+        return False
+    if accuracy is not None and majority is not None:
+        return accuracy >= (0.99 if ratio < LEARN_RATIO else min(0.9, majority + 0.3)) and after <= 0.8 * before
+    return math.isfinite(after) and after <= ratio * before
+
+
+def ladder_outcome(learns: dict[str, bool]) -> str:
+    """The layer the rungs point at (module and script mode share it). ``learns`` maps each replaced
+    piece that ran (setup, model, data, loss, optimizer, subset) to whether its rung learnt."""
+    got = lambda piece: bool(learns.get(piece))  # noqa: E731
+    if got("setup"):
+        return "ok"
+    if got("loss") and not got("model"):
+        return "loss"
+    if got("optimizer"):
+        return "optimizer"
+    if not (got("model") or got("data") or got("subset")):
+        return "loop"
+    if got("data") and not got("model"):
+        return "data"
+    return "model" if got("model") else "data"

@@ -36,7 +36,7 @@ import tempfile
 import threading
 import time
 import warnings
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -101,6 +101,9 @@ class RunOptions:
     replace_batch: Any = None
     lr_scale: float | None = None
     listeners: list = field(default_factory=list)
+    # context managers entered once the recorder is installed and exited before it is removed: a
+    # run-time replacement of one piece of the program (the simplify-ladder's rungs, wizard/script_replace.py)
+    patches: list = field(default_factory=list)
     scratch: Path | None = None
     capture: bool = True
 
@@ -526,7 +529,8 @@ def run_script(script: Script, args: list[str] | None = None, options: RunOption
             if opts.capture:
                 sys.stdout, sys.stderr = out, err
             try:
-                with (sandbox or _null()), _timed_imports(imports), recorder, _alarm((opts.time_limit_s or 0) * 1.5 + 5 if opts.time_limit_s else None):
+                with (sandbox or _null()), _timed_imports(imports), recorder, _entered(opts.patches), \
+                        _alarm((opts.time_limit_s or 0) * 1.5 + 5 if opts.time_limit_s else None):
                     try:
                         if script.module is not None:
                             runpy.run_module(script.module, run_name="__main__", alter_sys=True)
@@ -564,6 +568,14 @@ def run_script(script: Script, args: list[str] | None = None, options: RunOption
 @contextmanager
 def _null():
     yield None
+
+
+@contextmanager
+def _entered(patches: list):
+    with ExitStack() as stack:
+        for patch in patches:
+            stack.enter_context(patch)
+        yield
 
 
 @contextmanager

@@ -246,18 +246,23 @@ class ScriptTarget(Target):
     # -- interventions ----------------------------------------------------------------------------
     def rerun(self, *, same_batch: bool = False, lr_scale: float | None = None, seed: int | None = 0,
               max_steps: int | None = None, time_limit_s: float | None = None, listeners: list | None = None,
-              limit_batches: int | None = DEFAULT_LIMIT_BATCHES) -> RunResult:
+              limit_batches: int | None = DEFAULT_LIMIT_BATCHES, replace_batch: Any = None,
+              patches: list | None = None, what: str | None = None) -> RunResult:
         """The script again, sandboxed, under an intervention: ``same_batch`` (every DataLoader batch is
         the first one), ``lr_scale`` (every optimizer's learning rates times this), ``seed`` (None: the
-        script's own seeding only), ``listeners`` (recorder listeners, e.g. an op tracer)."""
-        replace = _SameBatch() if same_batch else None
+        script's own seeding only), ``listeners`` (recorder listeners, e.g. an op tracer),
+        ``replace_batch`` (the recorder's ``replace_batch(batch, index)``), ``patches`` (context managers
+        that replace one piece of the program while it runs, see wizard/script_replace.py) and ``what``
+        (the intervention in words, for the report)."""
+        replace = replace_batch or (_SameBatch() if same_batch else None)
         opts = RunOptions(max_steps=max_steps or len(self.recording.steps) or 40, seed=seed,
                           time_limit_s=time_limit_s or 30.0, replace_batch=replace, lr_scale=lr_scale,
-                          listeners=list(listeners or []), limit_batches=limit_batches,
+                          listeners=list(listeners or []), limit_batches=limit_batches, patches=list(patches or []),
                           scratch=(self.run.scratch / f"rerun-{_count()}") if self.run.scratch else None)
         result = run_script(self.script, self.run.args, opts)
         steps = result.recording.steps
-        self.reruns.append(Rerun(_describe(same_batch, lr_scale, seed, listeners), opts.max_steps, len(steps),
+        described = _describe(same_batch, lr_scale, seed, listeners)
+        self.reruns.append(Rerun(f"{what}, {described}" if what else described, opts.max_steps, len(steps),
                                  result.seconds, result.exit, float(steps[0].t) if steps else None))
         return result
 
