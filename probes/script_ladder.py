@@ -198,7 +198,7 @@ def script_ladder(ctx: ProbeContext, target):
     else:
         meter = Meter(info.index, info.name, task)
         swap_loss = SwapLoss(meter)
-        rung("loss", "standard loss", "the loss", "the loss", patches=[swap_loss], meter=meter,
+        rung("loss", "standard loss", "the loss", "the model, data and loop: the loss is at fault", patches=[swap_loss], meter=meter,
              problem=lambda: (swap_loss.problem or "no backward reached") if not swap_loss.used else None)
         if swap_loss.used and rows[-1][0] == "standard loss":
             rows[-1][0] = " / ".join(swap_loss.used) + " loss"
@@ -207,7 +207,7 @@ def script_ladder(ctx: ProbeContext, target):
         rows.append([OPT_NAME, "the optimizer", "not run", "the script updates its parameters by hand (no torch.optim)", ""])
     else:
         opt_swap = SwapOptimizer(SGD_LR, SGD_MOMENTUM)
-        rung("optimizer", OPT_NAME, "the optimizer", "the optimizer settings", patches=[opt_swap],
+        rung("optimizer", OPT_NAME, "the optimizer", "the model, data and loss: the optimizer settings are at fault", patches=[opt_swap],
              problem=lambda: None if opt_swap.replaced else "the script built no torch.optim optimizer that could be replaced")
     # the data
     if not rec.loaders:
@@ -221,14 +221,14 @@ def _verdict(target, rows, results, measured, steps, wanted, reruns):
     table = Table("script-ladder", "Simplify-ladder: reruns of the script, one piece replaced in each",
                   ["rung", "replaces", "result", "loss (accuracy)", "what that rules out"], rows,
                   marked=[i for i, r in enumerate(rows) if r[2] == "learns"])
-    line = "; ".join(f"{r[0]}: {r[2]}" + (f" ({r[3]})" if r[2].startswith("not run") and r[3] else "") for r in rows)
+    line = "; ".join(f"{r[0]}: {r[2]}" + (f" ({r[3]})" if r[3] else "") for r in rows)
     opt = target.recording.optimizers[0] if target.recording.optimizers else None
     first = opt.groups[0] if opt is not None and opt.groups else {}
     data: dict[str, Any] = dict(rungs={r[0]: r[2] for r in rows}, steps=steps, wanted_steps=wanted, reruns=reruns,
                                 measured=measured, user_lr=float(first.get("lr", math.nan)),
                                 user_weight_decay=float(first.get("weight_decay", 0.0) or 0.0),
                                 user_optimizer=opt.name if opt is not None else "none",
-                                summary_table=[" | ".join(map(str, r[:4])) for r in rows])
+                                summary_table=[" | ".join(map(str, r[:4])) for r in rows], line=line)
     outcome = ladder_outcome(results)
     unrun = [r[0] for r in rows if r[2] == "not run (time)"]
     if steps < wanted or unrun:

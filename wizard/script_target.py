@@ -261,7 +261,7 @@ class ScriptTarget(Target):
                           scratch=(self.run.scratch / f"rerun-{_count()}") if self.run.scratch else None)
         result = run_script(self.script, self.run.args, opts)
         steps = result.recording.steps
-        described = _describe(same_batch, lr_scale, seed, listeners)
+        described = _describe(same_batch, lr_scale, seed, listeners if what is None else None)
         self.reruns.append(Rerun(f"{what}, {described}" if what else described, opts.max_steps, len(steps),
                                  result.seconds, result.exit, float(steps[0].t) if steps else None))
         return result

@@ -1,0 +1,161 @@
+"""Script mode, issue #10 item 4: the simplify-ladder through the user's own script (probes/script_ladder.py).
+Each rung is a rerun of the real script with one piece replaced while it runs (wizard/script_replace.py).
+Tiny scripts written in tmp_path: a broken model, a broken hand-written loss, a broken optimizer setup
+(each must point at its piece), a healthy one (quiet), and torch left exactly as it was."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from nnwizard.probes.api import could_not_run
+from tests.test_script_interventions import BASE, run, target_of
+
+HEALTHY = BASE.format(LR="1e-2", OPT="Adam", LOSS="F.cross_entropy(out, yb)", SEED="torch.manual_seed(0)")
+# the model's forward throws the sign of every feature away: the labels are x[0] > 0, x[1] > 0
+BROKEN_MODEL = HEALTHY.replace(
+    "model = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 4))",
+    "class Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+    "        self.net = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 4))\n"
+    "    def forward(self, x):\n        return self.net(x.abs())\nmodel = Net()")
+# a hand-written cross-entropy that forgot to pick the target's log-probability
+BROKEN_LOSS = BASE.format(LR="1e-2", OPT="Adam", LOSS="-out.log_softmax(1).mean()", SEED="torch.manual_seed(0)")
+# an optimizer imported by name, at a learning rate that cannot move anything in a few hundred steps
+BROKEN_OPT = BASE.format(LR="1e-7", OPT="Adam", LOSS="F.cross_entropy(out, yb)", SEED="torch.manual_seed(0)").replace(
+    "optimizer = torch.optim.Adam(", "from torch.optim import Adam\noptimizer = Adam(")
+
+
+def ladder(tmp_path: Path, text: str, **params):
+    path = tmp_path / "train.py"
+    path.write_text(text, encoding="utf-8")
+    target = target_of(path, 40)
+    return target, run(target, "script-ladder", steps=40, **params)
+
+
+def rungs(result) -> dict:
+    return result.data["rungs"]
+
+
+def test_ladder_stays_quiet_on_a_healthy_script(tmp_path):
+    target, result = ladder(tmp_path, HEALTHY)
+    assert result.status == "passed" and result.outcome == "ok", result.summary
+    assert rungs(result) == {"your setup": "learns"} and len(target.reruns) == 1
+    assert target.reruns[0].what.startswith("simplify-ladder: your setup")
+
+
+def test_ladder_points_at_a_model_that_cannot_learn(tmp_path):
+    target, result = ladder(tmp_path, BROKEN_MODEL)
+    assert result.outcome == "model", result.summary
+    assert rungs(result)["your setup"] == "does not learn" and rungs(result)["one-hidden-layer MLP"] == "learns"
+    mlp = result.data["measured"]["model"]
+    assert mlp["accuracy"] >= 0.9 and mlp["after"] < 0.5 * mlp["before"]   # measured in the rerun
+    table = result.artifacts[0]
+    assert table.columns[:3] == ["rung", "replaces", "result"] and len(table.rows) == 5
+
+
+def test_ladder_points_at_a_broken_hand_written_loss(tmp_path):
+    target, result = ladder(tmp_path, BROKEN_LOSS)
+    assert result.outcome == "loss", result.summary
+    assert rungs(result)["cross-entropy loss"] == "learns"
+    assert rungs(result)["your setup"] == "does not learn" and rungs(result)["one-hidden-layer MLP"] == "does not learn"
+
+
+def test_ladder_points_at_the_optimizer_setup(tmp_path):
+    target, result = ladder(tmp_path, BROKEN_OPT)
+    assert result.outcome == "optimizer", result.summary
+    assert rungs(result)["SGD(lr=0.01, momentum=0.9)"] == "learns"
+    assert result.data["user_optimizer"] == "Adam" and result.data["user_lr"] == pytest.approx(1e-7)
+    # the script's loss is one plain F.cross_entropy: the loss rung would change nothing
+    assert rungs(result)["standard loss"] == "not run"
+
+
+def test_rungs_that_cannot_run_say_why(tmp_path):
+    # token ids into an embedding: no MLP can stand in without guessing how to read them
+    text = HEALTHY.replace("x = torch.randn(256, 8, generator=g)", "x = torch.randint(0, 50, (256, 8), generator=g)") \
+        .replace("y = (x[:, :2] > 0).long() @ torch.tensor([1, 2])", "y = (x[:, 0] % 4)") \
+        .replace("nn.Sequential(nn.Linear(8, 64)", "nn.Sequential(nn.Embedding(50, 8), nn.Flatten(), nn.Linear(64, 64)") \
+        .replace("lr=1e-2", "lr=1e-9")
+    target, result = ladder(tmp_path, text)
+    assert rungs(result)["one-hidden-layer MLP"] == "not run"
+    row = next(r for r in result.artifacts[0].rows if r[0] == "one-hidden-layer MLP")
+    assert "not one float tensor" in row[3]
+    assert rungs(result)["synthetic y = x[0] > 0"] == "not run"   # integer inputs: no synthetic rule
+    assert "model" not in result.data["measured"] and "data" not in result.data["measured"]
+
+
+def test_ladder_that_does_not_fit_the_budget_is_skipped_with_the_reason(tmp_path):
+    from nnwizard.budget import Budget
+    from nnwizard.probes.api import ProbeContext
+    from nnwizard.probes.api import load_all
+
+    path = tmp_path / "train.py"
+    path.write_text(BROKEN_OPT, encoding="utf-8")
+    target = target_of(path, 40)
+    ctx = ProbeContext(target, params={"steps": 40}, budget=Budget(total_s=0.5, step_s=0.05), allowance_s=0.1)
+    result = load_all()["script-ladder"](ctx)
+    assert could_not_run(result) and result.data["cannot_run"] == "budget", result.summary
+    assert not target.reruns
+
+
+def _torch_state():
+    from torch.nn.modules import module
+    from torch.optim import optimizer
+
+    import sys
+    optim = {(name, attr): value for name, m in list(sys.modules.items()) if name == "torch.optim" or name.startswith("torch.optim.")
+             for attr, value in vars(m).items() if isinstance(value, type) and issubclass(value, torch.optim.Optimizer)}
+    return dict(optim=optim, backward=(torch.Tensor.backward, torch.autograd.backward),
+                hooks=(dict(module._global_forward_hooks), dict(module._global_forward_pre_hooks),
+                       dict(optimizer._global_optimizer_pre_hooks), dict(optimizer._global_optimizer_post_hooks)),
+                grad=torch.is_grad_enabled(), rng=torch.get_rng_state().clone(), ce=torch.nn.functional.cross_entropy)
+
+
+def test_every_rung_leaves_torch_as_it_was(tmp_path):
+    from nnwizard.probes.script_ladder import _mlp_for
+    from nnwizard.script_replace import Meter, Subset, SwapLoss, SwapModel, SwapOptimizer
+
+    path = tmp_path / "train.py"
+    path.write_text(BROKEN_OPT, encoding="utf-8")
+    target = target_of(path, 12)
+    info = target.model_info
+    before = _torch_state()
+    made, why = _mlp_for(target, info, 0)
+    assert why is None
+    assert torch.equal(torch.get_rng_state(), before["rng"])   # the MLP is built from its own seed
+    meter = Meter(info.index, info.name, target.task)
+    model, loss, opt = SwapModel(info.index, info.name, *made), SwapLoss(meter), SwapOptimizer(0.01, 0.9)
+    run = target.rerun(max_steps=12, replace_batch=Subset(4, target.task, 0, synthetic=True),
+                       listeners=[model, meter], patches=[model, loss, opt, meter], what="all rungs at once")
+    assert run.exit in ("stopped", "finished") and len(run.recording.steps) == 12
+    assert model.replaced and model.steps == 12 and loss.used == {"cross-entropy": 12} and opt.replaced == ["Adam"]
+    assert [o.name for o in run.recording.optimizers] == ["SGD"]
+    after = _torch_state()
+    assert after["optim"] == before["optim"] and after["backward"] == before["backward"]
+    assert after["hooks"] == before["hooks"] and after["grad"] == before["grad"] and after["ce"] is before["ce"]
+    assert torch.equal(after["rng"], before["rng"])
+    assert not model.module._forward_hooks and not meter.module._forward_hooks
+
+
+def test_standard_loss_for_the_observed_output_and_target():
+    from nnwizard.script_replace import standard_loss
+
+    logits = torch.randn(6, 3)
+    assert standard_loss(logits, torch.tensor([0, 1, 2, 0, 1, 2]))[1] == "cross-entropy"
+    assert standard_loss(torch.randn(6, 1), torch.randn(6))[1] == "MSE"
+    assert standard_loss(logits, torch.tensor([0, 1, 5, 0, 1, 2])) is None   # labels outside the classes
+    assert standard_loss(logits, torch.randn(4)) is None
+
+
+def test_learn_rule_is_shared_with_module_mode():
+    import nnwizard.probes.script_ladder as script
+    from nnwizard.probes import ladder
+
+    assert script.rung_learns is ladder.rung_learns and script.ladder_outcome is ladder.ladder_outcome
+    assert ladder.rung_learns(1.4, 0.1, 1.0, 0.25) and not ladder.rung_learns(1.4, 1.3, 0.3, 0.25)
+    assert not ladder.rung_learns(-0.1, -5.0, None, None)   # a loss that goes negative gives no ratio
+    assert ladder.ladder_outcome({"setup": False, "model": True}) == "model"
+    assert ladder.ladder_outcome({"setup": False, "loss": True}) == "loss"
+    assert ladder.ladder_outcome({"setup": False, "optimizer": True}) == "optimizer"
+    assert ladder.ladder_outcome({"setup": True}) == "ok"
