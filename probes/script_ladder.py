@@ -29,6 +29,7 @@ import math
 from typing import Any
 
 import torch
+from torch import nn
 
 from nnwizard.probes.api import ProbeContext, Table, cannot_run, failed, passed, probe, skipped
 from nnwizard.probes.intervene import _on_script, _raised, _rerun
@@ -80,7 +81,7 @@ def _mlp_for(target, info, seed: int):
             out = model.eval()(x)
             if not isinstance(out, torch.Tensor):
                 return None, f"the model returns {type(out).__name__}, not one tensor"
-            mlp = _wide_mlp(x, list(out.shape), 128).to(target.device)
+            mlp = _OutputKind(_wide_mlp(x, list(out.shape), 128), _kind(out)).to(target.device)
     except Exception as exc:  # noqa: BLE001 - a model that cannot be called outside the script
         return None, f"the captured model could not be called on its recorded input ({type(exc).__name__})"
     first = opt.optimizer.param_groups[0]
@@ -93,6 +94,36 @@ def _mlp_for(target, info, seed: int):
     except Exception:  # noqa: BLE001 - settings the constructor does not take: its class and lr
         optimizer = cls(mlp.parameters(), lr=settings["lr"])
     return (mlp, optimizer, int(x[0].numel())), None
+
+
+def _kind(out: torch.Tensor) -> str:
+    """What the model's last op made of its output, as the loss sees it: log-probabilities or
+    probabilities over dim 1 (log_softmax / softmax), values in (0, 1) (sigmoid), or raw values."""
+    if out.dim() >= 2 and out.shape[1] > 1 and out.is_floating_point():
+        if bool((out <= 0).all()) and torch.allclose(out.float().logsumexp(1), torch.zeros(()), atol=1e-3):
+            return "log_softmax"
+        if bool((out >= 0).all()) and torch.allclose(out.float().sum(1), torch.ones(()), atol=1e-3):
+            return "softmax"
+    if out.is_floating_point() and out.numel() and bool(((out > 0) & (out < 1)).all()):
+        return "sigmoid"
+    return "raw"
+
+
+class _OutputKind(nn.Module):
+    """The replacement MLP with the same last op as the script's model (a log_softmax model's NLL
+    loss needs log-probabilities from its replacement too)."""
+
+    def __init__(self, mlp: nn.Module, kind: str):
+        super().__init__()
+        self.mlp, self.kind = mlp, kind
+
+    def forward(self, x):
+        out = self.mlp(x)
+        if self.kind == "log_softmax":
+            return out.log_softmax(1)
+        if self.kind == "softmax":
+            return out.softmax(1)
+        return out.sigmoid() if self.kind == "sigmoid" else out
 
 
 def _already_standard(target) -> bool:
@@ -132,7 +163,7 @@ def script_ladder(ctx: ProbeContext, target):
         return cannot_run("the script feeds its model without a DataLoader and with inputs that change from step to "
                           "step: no fixed subset for the rungs to share", reason="precondition")
     observed = [s for s in rec.steps if s.loss is not None]
-    wanted = int(ctx.param("steps", 60))
+    wanted = int(ctx.param("steps", 40))
     if target.run.exit == "finished" and len(observed) < wanted:
         wanted = len(observed)   # the script ends by itself after this many
     if wanted < MIN_RUNG_STEPS:
