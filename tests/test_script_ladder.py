@@ -159,3 +159,29 @@ def test_learn_rule_is_shared_with_module_mode():
     assert ladder.ladder_outcome({"setup": False, "loss": True}) == "loss"
     assert ladder.ladder_outcome({"setup": False, "optimizer": True}) == "optimizer"
     assert ladder.ladder_outcome({"setup": True}) == "ok"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("text, outcome, top, rerun", [
+    (BROKEN_LOSS, "loss", "loss-output-mismatch", "simplify-ladder: standard loss"),
+    # the sweep's x100 of 1e-7 is still far below any working rate: it does not count against lr-too-low
+    (BROKEN_OPT, "optimizer", "lr-too-low", "simplify-ladder: SGD(lr=0.01, momentum=0.9)"),
+])
+def test_cli_runs_the_ladder_when_the_cheaper_reruns_find_nothing(tmp_path, text, outcome, top, rerun):
+    import json
+    import subprocess
+    import sys
+
+    path = tmp_path / "train.py"
+    path.write_text(text, encoding="utf-8")
+    out, md = tmp_path / "r.json", tmp_path / "r.md"
+    done = subprocess.run([sys.executable, "-m", "nnwizard", "diagnose", "--script", str(path), "--non-interactive",
+                           "--symptom", "flat", "--budget", "120", "--json", str(out), "--report", str(md)],
+                          capture_output=True, text=True, timeout=400, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(out.read_text())
+    ladder = next(p for p in report["probes"] if p["id"] == "script-ladder")
+    assert ladder["outcome"] == outcome, ladder["summary"]
+    assert report["hypotheses"][0]["id"] == top and report["verdict"] == "problems-found"
+    assert any(r["what"].startswith(rerun) for r in report["script"]["reruns"])
+    assert "| rung | replaces | result | loss (accuracy) | what that rules out |" in md.read_text()
