@@ -85,6 +85,12 @@ def test_rungs_that_cannot_run_say_why(tmp_path):
     assert "model" not in result.data["measured"] and "data" not in result.data["measured"]
 
 
+def test_ladder_skips_module_targets():
+    from nnwizard.target import load_target
+
+    assert run(load_target("examples.healthy_mlp"), "script-ladder").status == "skipped"
+
+
 def test_ladder_that_does_not_fit_the_budget_is_skipped_with_the_reason(tmp_path):
     from nnwizard.budget import Budget
     from nnwizard.probes.api import ProbeContext

@@ -194,7 +194,7 @@ class SwapOptimizer:
                                   if name.startswith("torch.optim.") and m is not None]
         for owner in owners:
             for name, value in list(vars(owner).items()):
-                if isinstance(value, type) and id(value) in swapped and value in _OPTIMIZERS.values():
+                if isinstance(value, type) and id(value) in swapped:
                     setattr(owner, name, swapped[id(value)])
                     self._undo.append((owner, name, value))
         return self
