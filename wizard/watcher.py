@@ -12,8 +12,15 @@ step, before the optimizer changed anything, prints its path in one line and goe
 
 What the recorder does not give, watch takes itself, on the models the recorder found: a forward
 pre/post hook with keyword arguments on each model (the batch as the model got it, and its output,
-for re-executing the step), and a global optimizer pre-hook that wraps a ``closure`` passed to
-``step()`` (Lightning, LBFGS) so the checks run after the closure's backward, not before it.
+for re-executing the step). The checks run in the recorder's ``on_step_pre``, which for a
+``step(closure)`` (Lightning, LBFGS) comes inside the closure after its first call, so after its
+backward and before the update.
+
+Per step (the fast path) watch stores references and one history tuple and asks the detector's
+one comparison (``Detector.quick``); the full trigger statistics, the per-layer norms, the
+update/weight ratio and the JSON line run only on logged steps (every ``every``), on the steps
+quick() flags (a NaN/Inf loss or norm, a value past the conservative spike/explosion bounds) and
+at least every ``Detector.gap`` steps.
 
 Steps are numbered as the recorder numbers them: 1 for the first ``optimizer.step()``.
 """
@@ -157,7 +164,6 @@ class Watch:
         self._current: dict = self._fresh()
         self._hooked: dict[int, list] = {}
         self._seen: dict[int, bool] = {}
-        self._handles: list = []
         self._recorder = None
         self._owns_recorder = False
         self._log = None
@@ -170,11 +176,11 @@ class Watch:
         self._ratio_step = 0
         self._ratio_started = 0.0
         self._named: tuple | None = None       # (key, result) of the last _names call
-        self._pending: dict[int, Any] = {}      # id(optimizer) -> the recorder's StepRecord being filled
-        self._checked: set[int] = set()         # optimizers whose current step was checked already
         self._before: list[torch.Tensor] | None = None
         self._sampled: dict | None = None
-        self._first: dict | None = None        # the run's first step (the history keeps only the last HISTORY)
+        self._first: dict | None = None        # the run's first step with a positive LR (the history keeps only the last HISTORY)
+        self._first0: tuple | None = None      # the latest step while none had a positive LR (a history tuple)
+        self._opt_det: dict[int, tuple] = {}    # id(optimizer) -> (optimizer, index, Detector)
 
     # -- lifecycle --------------------------------------------------------------------------------
     def start(self, recorder=None) -> "Watch":
@@ -191,8 +197,6 @@ class Watch:
                 if self.tensorboard:
                     raise
                 self._tb = None
-        from torch.optim import optimizer as optimizer_mod
-
         if recorder is None:
             from nnwizard.recorder import Recorder
 
@@ -201,17 +205,12 @@ class Watch:
             self._owns_recorder = True
         self._recorder = recorder
         recorder.norm_every_max = self.every  # every logged step has the gradient norms measured
-        # after the recorder's own pre-hook: ours runs second and sees the closure (if any)
-        self._handles.append(optimizer_mod.register_optimizer_step_pre_hook(self._step_pre_hook))
         return self
 
     def close(self) -> None:
         if self._owns_recorder and self._recorder is not None:
             self._recorder.__exit__(None, None, None)
         self._recorder = None
-        for h in self._handles:
-            h.remove()
-        self._handles.clear()
         for handles in self._hooked.values():
             for h in handles:
                 h.remove()
@@ -235,9 +234,6 @@ class Watch:
         return exc_type is not None and issubclass(exc_type, StopRun) and self.stopped is not None
 
     # -- what belongs to the watched run ----------------------------------------------------------
-    def _watched(self, optimizer) -> bool:
-        return self.optimizer is None or optimizer is self.optimizer
-
     def _models(self) -> list[nn.Module]:
         found = [self.model] if self.model is not None else []
         if self._recorder is not None:
@@ -340,34 +336,14 @@ class Watch:
         return None
 
     def on_step_pre(self, rec, optimizer, step) -> None:
-        if self._watched(optimizer):
-            self._pending[id(optimizer)] = step
-
-    def _step_pre_hook(self, optimizer, args, kwargs):
-        if not self._watched(optimizer):
-            return None
-        # args holds the optimizer itself first, then step()'s own arguments
-        closure = kwargs.get("closure") if "closure" in kwargs else (args[1] if len(args) > 1 and callable(args[1]) else None)
-        if closure is None:
-            if id(optimizer) in self._pending:
-                self._check(optimizer)
-            return None
-
-        def wrapped(*a, **k):  # the recorder measures the step inside the closure (on_step_pre), then we check
-            result = closure(*a, **k)
-            if id(optimizer) not in self._checked and id(optimizer) in self._pending:
-                self._check(optimizer, closure_result=result)
-            return result
-
-        if "closure" in kwargs:
-            return args, {**kwargs, "closure": wrapped}
-        return (args[0], wrapped, *args[2:]), kwargs
+        """The recorder measured this step (for ``step(closure)``: inside the closure, after its first
+        call, so after its backward): check it here, before the optimizer changes anything."""
+        if self.optimizer is None or optimizer is self.optimizer:
+            self._check(optimizer, step)
 
     def on_step_post(self, rec, optimizer, step) -> None:
-        if not self._watched(optimizer):
+        if self.optimizer is not None and optimizer is not self.optimizer:
             return
-        self._pending.pop(id(optimizer), None)
-        self._checked.discard(id(optimizer))
         line = self._sampled
         self._sampled = None
         if line is not None:
@@ -394,44 +370,51 @@ class Watch:
                                "targets": [l["target"] for l in cur["losses"]]})
         self._current = self._fresh()
 
-    @staticmethod
-    def _grad_norm(optimizer) -> float | None:
-        grads = [p.grad.detach() for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
-        return _total_norm(grads) if grads else None
-
-    def _check(self, optimizer, closure_result=None) -> None:
-        """At the optimizer's pre-step point (parameters not yet updated): triggers, log, bundle."""
-        self._checked.add(id(optimizer))
-        step_rec = self._pending.get(id(optimizer))
-        self.steps = int(getattr(step_rec, "step", self.steps + 1))
-        if step_rec is None:  # no recorder measurement of this step: measure here
-            norm = self._grad_norm(optimizer)
-            grads = norm is not None
-        else:  # the recorder measured it (None: not on this step, see Recorder._norm_due)
-            grads = step_rec.grads_total > step_rec.grads_none
-            norm = step_rec.grad_norm
-        loss = getattr(step_rec, "loss", None)
-        if isinstance(closure_result, torch.Tensor) and closure_result.numel() == 1:
-            loss = float(closure_result.detach())
-        lrs = step_rec.lrs if step_rec is not None else [float(g["lr"]) for g in optimizer.param_groups if "lr" in g]
+    def _detector(self, optimizer) -> tuple[int, Detector]:
+        known = self._opt_det.get(id(optimizer))
+        if known is not None and known[0] is optimizer:
+            return known[1], known[2]
         index = 0
         if self._recorder is not None:
             info = self._recorder._opt_ids.get(id(optimizer))
             index = info.index if info is not None else 0
         detector = self._detectors.setdefault(index, Detector(self.triggers))
-        anomaly = detector.check(self.steps, loss, norm if grads else None)
-        entry = {"step": self.steps, "loss": loss, "grad_norm": norm if grads else None, "lr": lrs[0] if lrs else None}
+        self._opt_det[id(optimizer)] = (optimizer, index, detector)
+        return index, detector
+
+    def _entry(self, h: tuple) -> dict:
+        """A history tuple (step, loss, grad_norm, lrs, optimizer index, monotonic time) as its JSON entry."""
+        step, loss, norm, lrs, index, t = h
+        entry = {"step": step, "loss": loss, "grad_norm": norm, "lr": lrs[0] if lrs else None}
         if len(lrs) > 1:
             entry["lrs"] = lrs
         if index:
             entry["optimizer"] = index
-        entry["t"] = round(time.monotonic() - self._t0, 3)
-        self._history.append(entry)
-        if self._first is None or not (self._first.get("lr") or 0) > 0:
-            self._first = entry  # the first step with a positive LR (a warmup may start at 0)
-        sampled = self.steps % self.every == 0 or self.steps == 1 or anomaly is not None
-        if sampled:
-            line = dict(entry)
+        entry["t"] = round(t - self._t0, 3)
+        return entry
+
+    def _check(self, optimizer, step_rec) -> None:
+        """At the optimizer's pre-step point (parameters not yet updated): triggers, log, bundle.
+
+        Fast path (most steps): a history tuple and the detector's one comparison (``Detector.quick``);
+        the full check, the JSON line and a bundle only on logged steps and where quick() says so."""
+        self.steps = step_rec.step
+        grads = step_rec.grads_total > step_rec.grads_none
+        norm = step_rec.grad_norm if grads else None  # None: not measured on this step (Recorder._norm_due)
+        loss, lrs = step_rec.loss, step_rec.lrs
+        index, detector = self._detector(optimizer)
+        h = (self.steps, loss, norm, lrs, index, time.monotonic())
+        self._history.append(h)
+        if self._first is None:  # the first step with a positive LR (a warmup may start at 0)
+            if lrs and lrs[0] > 0:
+                self._first = self._entry(h)
+            else:
+                self._first0 = h
+        if self.steps % self.every and self.steps != 1 and detector.quick(self.steps, loss, norm):
+            return
+        anomaly = detector.check(self.steps, loss, norm)
+        if self.steps % self.every == 0 or self.steps == 1 or anomaly is not None:
+            line = self._entry(h)
             keyed, names = self._names(optimizer)
             measured = self._recorder.grad_norms if self._recorder is not None and norm is not None else None
             if measured is not None:  # the recorder's per-tensor norms of this very step
@@ -530,7 +513,8 @@ class Watch:
                 rng["torch"] = self._current["rng"]
             meta = {"step": anomaly.step, "trigger": anomaly.kind, "reason": anomaly.reason, "loss": anomaly.loss,
                     "grad_norm": anomaly.grad_norm if anomaly.grad_norm is not None else line.get("grad_norm"), "lrs": [g.get("lr") for g in optimizer.param_groups],
-                    "history": list(self._history), "first": self._first, "script": self.script, "argv": list(sys.argv),
+                    "history": [self._entry(h) for h in self._history],
+                    "first": self._first or (self._entry(self._first0) if self._first0 else None), "script": self.script, "argv": list(sys.argv),
                     "cwd": str(Path.cwd()), "models": {k: type(m).__name__ for k, m in keyed.items()},
                     "optimizer": type(optimizer).__name__, "line": {k: v for k, v in line.items() if k != "bundle"},
                     "replayable": step_data.get("replayable", False), "why_not": step_data.get("why_not"),
