@@ -46,7 +46,9 @@ DEFAULT_OUT = "nnwizard-watch"
 DEFAULT_EVERY = 10
 HISTORY = 500  # covers the triggers' window of 50 measured gradient norms at the longest interval (10)
 TOP_LAYERS = 3
-UPDATE_SHARE = 0.02  # the update/weight ratio may cost this share of the steps since it was last measured
+UPDATE_SHARE = 0.005  # the update/weight ratio may cost this share of the steps since it was last measured
+LOG_SHARE = 0.01  # every=None: a logged step's extra work may cost this share of the steps between two lines
+LOG_EVERY_MAX = 10  # every=None: lines at most this many times DEFAULT_EVERY apart
 FLUSH_S = 1.0  # watch.jsonl is flushed at most this often (and at every anomaly and at the end)
 
 
@@ -128,6 +130,14 @@ def _loss_slots(out: Any) -> list[tuple[Any, torch.Tensor]]:
     return slots
 
 
+def _loss_parts(loss: tuple) -> dict:
+    """A loss call as watch keeps it per step, (fn, args, kwargs, value), split into its parts."""
+    fn, args, kwargs, value = loss
+    return {"fn": fn, "x": args[0] if args else kwargs.get("input"),
+            "target": args[1] if len(args) > 1 else kwargs.get("target"), "extra": tuple(args[2:]),
+            "kwargs": {k: v for k, v in kwargs.items() if k not in ("input", "target")}, "value": value}
+
+
 def _total_norm(tensors: list[torch.Tensor]) -> float:
     return total_norm(torch._foreach_norm(tensors))
 
@@ -139,16 +149,20 @@ class Watch:
     """See the module docstring; made by :func:`nnwizard.watch` (context manager) or the CLI."""
 
     def __init__(self, model: nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None,
-                 out: str | Path = DEFAULT_OUT, on_anomaly: str = "continue", *, every: int = DEFAULT_EVERY,
+                 out: str | Path = DEFAULT_OUT, on_anomaly: str = "continue", *, every: int | None = None,
                  triggers: Triggers | None = None, ring: int = 4, tensorboard: bool | None = None,
                  max_bundles: int = 5, quiet: bool = False, script: str | Path | None = None,
                  files: list[Path] | None = None):
         if on_anomaly not in ("continue", "stop"):
             raise ValueError(f"on_anomaly must be 'continue' or 'stop', not {on_anomaly!r}")
-        if every < 1:
+        if every is not None and every < 1:
             raise ValueError(f"every must be >= 1, not {every}")
         self.model, self.optimizer, self.out = model, optimizer, Path(out)
-        self.on_anomaly, self.every, self.ring_size = on_anomaly, int(every), int(ring)
+        self.on_anomaly, self.ring_size = on_anomaly, int(ring)
+        # every=None: lines every DEFAULT_EVERY steps, or a multiple of it chosen from their measured cost
+        self.every, self.adaptive = int(every or DEFAULT_EVERY), every is None
+        self.log_every = self.every             # the interval in use (see _pace)
+        self._line_cost = 0.0                   # seconds a logged step's extra work took (running mean)
         self.triggers = triggers or Triggers()
         self.tensorboard, self.max_bundles, self.quiet = tensorboard, max_bundles, quiet
         main = sys.modules.get("__main__")
@@ -175,6 +189,7 @@ class Watch:
         self._ratio_cost = 0.0                  # seconds the update ratio took (copy and difference)
         self._ratio_step = 0
         self._ratio_started = 0.0
+        self._line_t = 0.0                       # seconds the logged step's work took before the update
         self._named: tuple | None = None       # (key, result) of the last _names call
         self._before: list[torch.Tensor] | None = None
         self._sampled: dict | None = None
@@ -301,11 +316,7 @@ class Watch:
     def on_loss_args(self, rec, call, args, kwargs, value) -> None:
         if not torch.is_grad_enabled() or not isinstance(value, torch.Tensor) or len(self._current["losses"]) >= MAX_PER_STEP:
             return
-        x = args[0] if args else kwargs.get("input")
-        y = args[1] if len(args) > 1 else kwargs.get("target")
-        self._current["losses"].append({"fn": call.fn, "x": x, "target": y, "extra": tuple(args[2:]),
-                                        "kwargs": {k: v for k, v in kwargs.items() if k not in ("input", "target")},
-                                        "value": value})
+        self._current["losses"].append((call.fn, args, kwargs, value))  # references only: see _loss_parts
 
     def on_backward(self, rec, loss) -> None:
         if isinstance(loss, torch.Tensor) and len(self._current["backward"]) < MAX_PER_STEP:
@@ -320,7 +331,7 @@ class Watch:
         cur = self._current
         calls = cur["calls"]
         for j, loss in enumerate(cur["losses"]):
-            scale = _scale_of(t, loss["value"])
+            scale = _scale_of(t, loss[3])
             if scale is not None:
                 return {"kind": "loss-call", "loss": j, "scale": scale}
         for i, c in enumerate(calls):
@@ -347,6 +358,7 @@ class Watch:
         line = self._sampled
         self._sampled = None
         if line is not None:
+            started = time.perf_counter()
             if self._before is not None:
                 params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
                 if len(params) == len(self._before):
@@ -357,8 +369,20 @@ class Watch:
                 self._before = None
                 cost = time.perf_counter() - self._ratio_started
                 self._ratio_cost = cost if not self._ratio_cost else 0.8 * self._ratio_cost + 0.2 * cost
+                started = time.perf_counter()  # the ratio has its own budget (UPDATE_SHARE)
             self._write(line)
+            self._pace(self._line_t + time.perf_counter() - started)
         self._rotate()
+
+    def _pace(self, cost: float) -> None:
+        """every=None: the line interval, a multiple of ``every``, at which a logged step's extra work
+        (full check, per-layer norms, the line) costs at most LOG_SHARE of the steps between two lines,
+        both measured in this run (the recorder's step time)."""
+        self._line_cost = cost if not self._line_cost else 0.8 * self._line_cost + 0.2 * cost
+        step_s = getattr(self._recorder, "_step_s", 0.0) if self._recorder is not None else 0.0
+        if self.adaptive and step_s > 0 and self.steps > 1:
+            need = self._line_cost / (LOG_SHARE * step_s * self.every)
+            self.log_every = self.every * min(max(math.ceil(need), 1), LOG_EVERY_MAX)
 
     # -- per step ----------------------------------------------------------------------------------
     def _rotate(self) -> None:
@@ -366,8 +390,9 @@ class Watch:
         if self.ring_size and (cur["calls"] or cur["losses"]):
             for c in cur["calls"]:
                 c.pop("out", None)  # the output (and its graph) is not kept past its step
-            self._ring.append({"step": self.steps, "rng": cur["rng"], "calls": cur["calls"],
-                               "targets": [l["target"] for l in cur["losses"]]})
+            # the targets only (a loss input is a model output: it and its graph are not kept either)
+            self._ring.append((self.steps, cur["rng"], cur["calls"],
+                               [a[1] if len(a) > 1 else k.get("target") for _, a, k, _ in cur["losses"]]))
         self._current = self._fresh()
 
     def _detector(self, optimizer) -> tuple[int, Detector]:
@@ -410,10 +435,11 @@ class Watch:
                 self._first = self._entry(h)
             else:
                 self._first0 = h
-        if self.steps % self.every and self.steps != 1 and detector.quick(self.steps, loss, norm):
+        if self.steps % self.log_every and self.steps != 1 and detector.quick(self.steps, loss, norm):
             return
         anomaly = detector.check(self.steps, loss, norm)
-        if self.steps % self.every == 0 or self.steps == 1 or anomaly is not None:
+        if self.steps % self.log_every == 0 or self.steps == 1 or anomaly is not None:
+            started = time.perf_counter()
             line = self._entry(h)
             keyed, names = self._names(optimizer)
             measured = self._recorder.grad_norms if self._recorder is not None and norm is not None else None
@@ -442,6 +468,7 @@ class Watch:
                 self._ratio_started, self._ratio_step = time.perf_counter(), self.steps
                 self._before = [p.detach().clone() for p in trainable]
             self._sampled = line
+            self._line_t = time.perf_counter() - started
         if anomaly is not None:
             self.anomalies.append(anomaly)
             line = self._sampled
@@ -470,7 +497,7 @@ class Watch:
         calls = cur["calls"]
         out = {"calls": [{"model": key_of[id(c["module"])], "args": to_cpu(c["args"]), "kwargs": to_cpu(c["kwargs"])}
                          for c in calls], "losses": [], "backward": []}
-        for loss in cur["losses"]:
+        for loss in map(_loss_parts, cur["losses"]):
             source = None
             if isinstance(loss["x"], torch.Tensor):
                 for i, c in enumerate(calls):
@@ -504,10 +531,10 @@ class Watch:
             step_data = self._step_data(keyed)
             grads = {names.get(id(p), f"param{i}"): p.grad.detach().to("cpu", copy=True)
                      for i, p in enumerate(p for g in optimizer.param_groups for p in g["params"]) if p.grad is not None}
-            ring = [{"step": r["step"], "rng": r["rng"],
+            ring = [{"step": step, "rng": rng,
                      "calls": [{"model": next((k for k, m in keyed.items() if m is c["module"]), None),
-                                "args": to_cpu(c["args"]), "kwargs": to_cpu(c["kwargs"])} for c in r["calls"]],
-                     "targets": to_cpu(r["targets"])} for r in self._ring]
+                                "args": to_cpu(c["args"]), "kwargs": to_cpu(c["kwargs"])} for c in calls],
+                     "targets": to_cpu(targets)} for step, rng, calls, targets in self._ring]
             rng = rng_state(cuda=any(p.is_cuda for g in optimizer.param_groups for p in g["params"]))
             if self._current["rng"] is not None:
                 rng["torch"] = self._current["rng"]
@@ -575,7 +602,8 @@ def watch(model: nn.Module | None = None, optimizer: torch.optim.Optimizer | Non
           on_anomaly: str = "continue", **options: Any) -> Watch:
     """``with nnwizard.watch(model, optimizer, out=..., on_anomaly="continue"|"stop"):`` around a loop.
 
-    Options: ``every`` (steps between JSON lines, default 10), ``triggers`` (an
+    Options: ``every`` (steps between JSON lines; default None: 10, or a multiple of 10 at which
+    a line costs at most 1% of the steps between two, see ``Watch._pace``), ``triggers`` (an
     ``nnwizard.anomaly.Triggers``), ``ring`` (earlier batches kept for the bundle, default 4),
     ``tensorboard`` (None: when installed), ``max_bundles`` (5), ``quiet``."""
     return Watch(model, optimizer, out, on_anomaly, **options)
