@@ -298,12 +298,14 @@ class Watch:
         if not torch.is_grad_enabled():
             return None
         cur = self._current
-        if cur["rng"] is None:
-            cur["rng"] = torch.random.get_rng_state()
-        if cur["calls"] and cur["calls"][-1]["module"] is module and "out" not in cur["calls"][-1]:
-            cur["calls"][-1].update(args=args, kwargs=kwargs)  # the first call, seen twice
-        elif len(cur["calls"]) < MAX_PER_STEP:
-            cur["calls"].append({"module": module, "args": args, "kwargs": kwargs})
+        calls = cur["calls"]
+        if not calls:
+            cur["rng"] = torch.random.get_rng_state()  # the RNG state at the step's first forward
+        elif calls[-1]["module"] is module and "out" not in calls[-1]:
+            calls[-1].update(args=args, kwargs=kwargs)  # the first call, seen twice
+            return None
+        if len(calls) < MAX_PER_STEP:
+            calls.append({"module": module, "args": args, "kwargs": kwargs})
         return None
 
     def _model_post(self, module, args, *rest):
@@ -319,7 +321,10 @@ class Watch:
         self._current["losses"].append((call.fn, args, kwargs, value))  # references only: see _loss_parts
 
     def on_backward(self, rec, loss) -> None:
-        if isinstance(loss, torch.Tensor) and len(self._current["backward"]) < MAX_PER_STEP:
+        backward, losses = self._current["backward"], self._current["losses"]
+        if losses and loss is losses[-1][3] and len(backward) < MAX_PER_STEP:  # the common case: the last loss call itself
+            backward.append({"kind": "loss-call", "loss": len(losses) - 1, "scale": 1.0})
+        elif isinstance(loss, torch.Tensor) and len(backward) < MAX_PER_STEP:
             try:
                 self._current["backward"].append(self._relate(loss))
             except Exception:  # noqa: BLE001 - an odd graph: this step just cannot be re-executed
