@@ -1,20 +1,24 @@
 """Cost of watch mode: per-step time of a plain training loop against the same loop inside
-``nnwizard.watch`` (recorder in light mode, triggers every step, a JSON line every ``--every``
-steps), for a small MLP and a ~10M-parameter MLP; the time to save a replay bundle inside the step;
-and how many steps a replay re-executes to localise the bundled examples' anomalies.
+``nnwizard.watch`` (recorder in light mode, triggers every step, JSON lines at watch's default
+interval unless ``--every``), for a small MLP and a ~10M-parameter MLP; the time to save a replay
+bundle inside the step; and how many steps a replay re-executes to localise the bundled examples'
+anomalies.
 
-    python benchmarks/watch_overhead.py [--steps 100] [--repeats 40] [--every 10] [--markdown]
+    python benchmarks/watch_overhead.py [--steps 300] [--repeats 40] [--every N] [--markdown]
 
 Method (robust on a shared machine): plain, bare-recorder (light mode) and watched blocks of
-``--steps`` steps alternate, ``--repeats`` rounds, each mode on its own copy of the model. A block's
+``--steps`` steps (the ~10M model: a tenth, at least 20) are interleaved, ``--repeats`` rounds, the
+order of the three rotating from round to round, each mode on its own copy of the model. A block's
 step time is the *mean* over its steps after the first ``--skip`` (the recorder's model discovery and
 first gradient norms; the steps that log a JSON line or measure norms stay in, so their cost is
-averaged in, not hidden by a median). Each round gives one ratio per mode (its block mean over the
-plain block mean of the same round); the reported overhead is the median of those per-round ratios,
-and the step times are the medians of the block means. Work of other processes that slows one block
-falls out as an outlier round.
-Step time is wall time of forward, loss, zero_grad, backward and optimizer.step on CPU, batches
-prepared ahead, 2 torch threads (1 with ``--threads 1``).
+averaged in, not hidden by a median). Each round gives one ratio per mode (its block over the plain
+block of the same round); the reported overhead is the median of those per-round ratios, and the
+step times are the medians of the block means. Two clocks: wall time (what the user waits) and the
+process's CPU time (``time.process_time``: time the process was not running because other
+processes had the CPU does not count, so it is the steadier one on a loaded machine). Work of other
+processes that slows one block falls out as an outlier round.
+Step time is forward, loss, zero_grad, backward and optimizer.step on CPU, batches prepared ahead,
+2 torch threads (1 with ``--threads 1``).
 """
 
 from __future__ import annotations
@@ -47,20 +51,26 @@ def mlp_10m():
 MODELS = {"small MLP": small_mlp, "~10M-param MLP": mlp_10m}
 
 
-def _loop(model, optimizer, batches, loss_fn) -> list[float]:
-    times = []
-    for x, y in batches:
+def _loop(model, optimizer, batches, loss_fn) -> tuple[list[float], float]:
+    """Wall seconds of each step, and the CPU seconds of the steps after ``SKIP``."""
+    times, cpu0 = [], 0.0
+    for i, (x, y) in enumerate(batches):
+        if i == SKIP:
+            cpu0 = time.process_time()
         t0 = time.perf_counter()
         loss = loss_fn(model(x), y)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
         times.append(time.perf_counter() - t0)
-    return times
+    return times, time.process_time() - cpu0
 
 
-def measure(name: str, steps: int, repeats: int, every: int, skip: int = 10) -> dict:
-    """Step time plain, under the bare recorder (light mode) and under watch, in alternating blocks of
+SKIP = 10
+
+
+def measure(name: str, steps: int, repeats: int, every: int | None) -> dict:
+    """Step time plain, under the bare recorder (light mode) and under watch, in interleaved blocks of
     ``steps`` steps (``repeats`` rounds), each on its own copy of the model (see the module docstring)."""
     import nnwizard
     from nnwizard.recorder import Recorder
@@ -68,7 +78,7 @@ def measure(name: str, steps: int, repeats: int, every: int, skip: int = 10) -> 
     torch.manual_seed(0)
     base, features, batch = MODELS[name]()
     params = sum(p.numel() for p in base.parameters())
-    batches = [(torch.randn(batch, features), torch.randint(0, 10, (batch,))) for _ in range(steps + skip)]
+    batches = [(torch.randn(batch, features), torch.randint(0, 10, (batch,))) for _ in range(steps + SKIP)]
     loss_fn = nn.CrossEntropyLoss()
     runs = {}
     for mode in ("plain", "recorder", "watch"):
@@ -76,26 +86,32 @@ def measure(name: str, steps: int, repeats: int, every: int, skip: int = 10) -> 
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
         _loop(model, optimizer, batches[:3], loss_fn)  # warm-up
         runs[mode] = (model, optimizer)
-    blocks: dict[str, list[float]] = {m: [] for m in runs}
-    ratios: dict[str, list[float]] = {"recorder": [], "watch": []}
-    for _ in range(repeats):
-        for mode, (model, optimizer) in runs.items():
+    wall: dict[str, list[float]] = {m: [] for m in runs}
+    cpu: dict[str, list[float]] = {m: [] for m in runs}
+    order = list(runs)
+    for r in range(repeats):
+        for mode in order[r % 3:] + order[:r % 3]:
+            model, optimizer = runs[mode]
             if mode == "plain":
-                times = _loop(model, optimizer, batches, loss_fn)
+                times, c = _loop(model, optimizer, batches, loss_fn)
             elif mode == "recorder":
                 with Recorder("light"):
-                    times = _loop(model, optimizer, batches, loss_fn)
+                    times, c = _loop(model, optimizer, batches, loss_fn)
             else:
                 with tempfile.TemporaryDirectory() as out, \
                         nnwizard.watch(model, optimizer, out=out, every=every, tensorboard=False, quiet=True):
-                    times = _loop(model, optimizer, batches, loss_fn)
-            blocks[mode].append(statistics.fmean(times[skip:]))
-        for mode in ratios:
-            ratios[mode].append(blocks[mode][-1] / blocks["plain"][-1])
-    med = {m: statistics.median(t) for m, t in blocks.items()}
+                    times, c = _loop(model, optimizer, batches, loss_fn)
+            wall[mode].append(statistics.fmean(times[SKIP:]))
+            cpu[mode].append(c / steps)
+
+    def ratio(blocks, mode):
+        return statistics.median(b / p for b, p in zip(blocks[mode], blocks["plain"]))
+
+    med = {m: statistics.median(t) for m, t in wall.items()}
     return {"model": name, "params": params, "plain_ms": med["plain"] * 1e3, "recorder_ms": med["recorder"] * 1e3,
-            "watch_ms": med["watch"] * 1e3, "recorder_ratio": statistics.median(ratios["recorder"]),
-            "ratio": statistics.median(ratios["watch"]), "steps": steps * repeats, "rounds": repeats}
+            "watch_ms": med["watch"] * 1e3, "recorder_ratio": ratio(wall, "recorder"), "ratio": ratio(wall, "watch"),
+            "cpu_plain_ms": statistics.median(cpu["plain"]) * 1e3, "cpu_recorder_ratio": ratio(cpu, "recorder"),
+            "cpu_ratio": ratio(cpu, "watch"), "steps": steps * repeats, "rounds": repeats}
 
 
 def bundle_time(repeats: int = 3) -> dict:
@@ -118,7 +134,7 @@ def bundle_time(repeats: int = 3) -> dict:
             optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
             batches = [(torch.randn(batch, features), torch.randint(0, 10, (batch,))) for _ in range(12)]
             with tempfile.TemporaryDirectory() as out:
-                with nnwizard.watch(model, optimizer, out=out, tensorboard=False, quiet=True) as w:
+                with nnwizard.watch(model, optimizer, out=out, every=10, tensorboard=False, quiet=True) as w:
                     _loop(model, optimizer, batches, nn.CrossEntropyLoss())
                 line = next(json.loads(l) for l in (Path(out) / "watch.jsonl").read_text().splitlines()
                             if json.loads(l).get("bundle"))
@@ -165,25 +181,26 @@ def replay_steps() -> list[dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=100, help="steps per block (the ~10M model: a fifth, at least 20)")
+    parser.add_argument("--steps", type=int, default=300, help="steps per block (the ~10M model: a tenth, at least 20)")
     parser.add_argument("--repeats", type=int, default=40, help="alternating rounds of blocks")
-    parser.add_argument("--skip", type=int, default=10, help="first steps of each block left out of its mean")
-    parser.add_argument("--every", type=int, default=10)
+    parser.add_argument("--every", type=int, default=None, help="watch's JSON-line interval (default: watch's own)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--only", choices=["overhead"], help="only the overhead table (no bundle or replay timings)")
     parser.add_argument("--model", choices=list(MODELS), action="append", help="only this model (repeatable)")
     parser.add_argument("--markdown", action="store_true", help="print the README tables")
     args = parser.parse_args()
     torch.set_num_threads(min(args.threads, torch.get_num_threads()))
-    results = [measure(name, args.steps if name == "small MLP" else max(args.steps // 5, 20), args.repeats, args.every,
-                       args.skip) for name in (args.model or MODELS)]
+    results = [measure(name, args.steps if name == "small MLP" else max(args.steps // 10, 20), args.repeats, args.every)
+               for name in (args.model or MODELS)]
     bundle = bundle_time() if not args.only else None
     replays = replay_steps() if not args.only else []
     if args.markdown:
-        print("| model | parameters | plain step | recorder alone (light) | watched step | watch overhead |\n|---|---|---|---|---|---|")
+        print("| model | parameters | plain step | recorder alone (light) | watched step | watch overhead (wall) "
+              "| recorder / watch (CPU time) |\n|---|---|---|---|---|---|---|")
         for r in results:
             print(f"| {r['model']} | {r['params'] / 1e6:.2f}M | {r['plain_ms']:.3f} ms | {r['recorder_ms']:.3f} ms "
-                  f"({r['recorder_ratio']:.3f}x) | {r['watch_ms']:.3f} ms | {r['ratio']:.3f}x |")
+                  f"({r['recorder_ratio']:.3f}x) | {r['watch_ms']:.3f} ms | {r['ratio']:.3f}x "
+                  f"| {r['cpu_recorder_ratio']:.3f}x / {r['cpu_ratio']:.3f}x |")
         if bundle is None:
             return
         print(f"\nBundle of the ~10M model ({bundle['bundle_mb']:.0f} MB) saved inside its step in {bundle['bundle_s']:.2f} s.\n")

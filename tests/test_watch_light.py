@@ -5,6 +5,7 @@ caught between two measured steps."""
 from __future__ import annotations
 
 import json
+import math
 
 import torch
 from torch import nn
@@ -138,3 +139,84 @@ def test_stalled_fires_on_zero_norms_measured_between_unmeasured_steps():
     quiet = Detector(Triggers(stall_steps=100))
     assert not [a for a in (quiet.check(i, 1.0 + 0.01 * (i % 7), (0.0 if i % 20 else 1.0) if i % 10 == 0 else None)
                             for i in range(1, 200)) if a]
+
+
+def _fast(det: Detector, series):
+    """What watch does per step: quick(), and the full check only where quick() says so."""
+    out = []
+    for step, loss, norm in series:
+        if not det.quick(step, loss, norm):
+            a = det.check(step, loss, norm)
+            if a:
+                out.append((a.kind, a.step))
+    return out
+
+
+def _exact(det: Detector, series):
+    return [(a.kind, a.step) for a in (det.check(*s) for s in series) if a]
+
+
+def test_quick_path_fires_at_the_same_steps_as_a_full_check_every_step():
+    import random
+
+    rnd = random.Random(3)
+    for trial in range(30):
+        n = 400
+        spike_at, nan_at, boom_at = rnd.randrange(30, n), rnd.randrange(30, n), rnd.randrange(30, n)
+        series = []
+        for i in range(1, n + 1):
+            loss = 2.0 * 0.995 ** i + rnd.uniform(0, 0.05)
+            norm = 1.0 + rnd.uniform(0, 0.3) if i % 3 == 0 else None  # measured every 3rd step
+            if i == spike_at:
+                loss *= rnd.choice([1.5, 3, 30])
+            if i == nan_at and trial % 2:
+                loss = rnd.choice([math.nan, math.inf, -math.inf])
+            if i == boom_at and norm is not None:
+                norm *= rnd.choice([5, 50])
+            series.append((i, loss, norm))
+        assert _fast(Detector(), series) == _exact(Detector(), series), trial
+
+
+def test_stalled_is_decided_at_the_next_full_check_at_most_gap_steps_late():
+    series = [(i, 1.0 if i > 30 else 2.0 - i * 0.01, None) for i in range(1, 300)]
+    exact = _exact(Detector(Triggers(stall_steps=100)), series)
+    fast = _fast(Detector(Triggers(stall_steps=100)), series)
+    assert [k for k, _ in fast] == [k for k, _ in exact] == ["stalled"]
+    assert 0 <= fast[0][1] - exact[0][1] < Detector().gap
+
+
+def _watched_run(tmp_path, bad_step, make_bad, on_anomaly="continue", every=10, steps=60):
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    crit = nn.CrossEntropyLoss()
+    torch.manual_seed(0)
+    before = {}
+    with nnwizard.watch(model, opt, out=tmp_path, every=every, on_anomaly=on_anomaly, tensorboard=False,
+                        quiet=True) as w:
+        for i in range(1, steps + 1):
+            loss = crit(model(torch.randn(8, 6)), torch.randint(0, 3, (8,)))
+            if i == bad_step:
+                loss = make_bad(loss)
+                before = {k: v.clone() for k, v in model.state_dict().items()}
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    return w, model, before
+
+
+def test_nan_loss_on_an_unlogged_unmeasured_step_fires_at_its_step_with_the_state_before_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(recorder_mod, "NORM_SHARE", 1e-9)  # the gradient norm only every 10 steps
+    w, model, before = _watched_run(tmp_path, 37, lambda l: l * float("nan"), on_anomaly="stop")
+    assert [(a.kind, a.step) for a in w.anomalies] == [("nonfinite", 37)]
+    assert [b.name for b in w.bundles] == ["anomaly-step37"]
+    # stopped inside step 37's optimizer.step(), before its update: the weights are those before it
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    lines = [json.loads(l) for l in (tmp_path / "watch.jsonl").read_text().splitlines()]
+    assert lines[-1]["step"] == 37 and lines[-1]["anomaly"] == "nonfinite"
+
+
+def test_loss_spike_on_an_unlogged_step_fires_at_its_step(tmp_path, monkeypatch):
+    monkeypatch.setattr(recorder_mod, "NORM_SHARE", 1e-9)
+    w, _, _ = _watched_run(tmp_path, 43, lambda l: l * 50.0)
+    assert [(a.kind, a.step) for a in w.anomalies][:1] == [("loss-spike", 43)]
+    assert [b.name for b in w.bundles][:1] == ["anomaly-step43"]

@@ -21,12 +21,24 @@ any model; ``Triggers`` takes other values):
 Each kind fires once per run by default (``repeat=False``): the first event is the one to replay;
 the steps after it are consequences. After a ``loss-spike`` or ``grad-explosion`` the window keeps
 the spike out, so a run that recovers is not flagged again for the same level.
+
+Fast path (watch mode, every step): :meth:`Detector.quick` is one chained comparison of the loss
+(and of the gradient norm on the steps it was measured) with bounds set at the last full
+:meth:`Detector.check`; a value inside them is queued and folded into the windows at the next full
+check, outside them (NaN, Inf, a possible spike or explosion) the caller runs the full check at
+this very step. The bounds are conservative for the next ``gap`` steps: the loss bound is the spike
+limit of the newest ``window - gap + 1`` losses only, which every later window of the next ``gap``
+steps contains, so its maximum and range, and so its limit, can only be larger; the norm bound is
+twice the newest norms' maximum (an explosion needs twice the window's maximum). So
+``nonfinite``, ``loss-spike`` and ``grad-explosion`` fire at exactly the step the per-step check
+would fire at; only ``stalled`` is decided at the next full check (at most ``gap`` steps late).
 """
 
 from __future__ import annotations
 
 import math
 import statistics
+import sys
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -71,6 +83,59 @@ class Detector:
     _first: list = field(default_factory=list)
     _first_level: float = math.nan   # median of the first 5 losses (computed once they are in)
     _first_norms: list = field(default_factory=list)
+    gap: int = 10                 # at most this many steps between two full checks (quick() says so then)
+    _queue: list = field(default_factory=list)   # (step, loss, norm) that passed quick(), not folded in yet
+    _lo: float = math.inf         # quick(): a loss passes when _lo < loss <= _hi (inf/-inf: nothing passes yet)
+    _hi: float = -math.inf
+    _nhi: float = -math.inf       # quick(): a measured gradient norm passes when norm <= _nhi
+
+    def quick(self, step: int, loss: float | None, grad_norm: float | None) -> bool:
+        """True when no trigger but ``stalled`` can fire at this step (the values are queued for the
+        next :meth:`check`); False: call :meth:`check` now. See the module docstring."""
+        if loss is None or not self._lo < loss <= self._hi or (grad_norm is not None and not grad_norm <= self._nhi) \
+                or len(self._queue) >= self.gap - 1:
+            return False
+        self._queue.append((step, loss, grad_norm))
+        return True
+
+    def _absorb(self) -> None:
+        """Fold the queued values into the windows, as check() would have at their steps (none of them
+        could fire: finite, below the spike limit and the explosion bound; the starting levels are
+        known, see _bounds)."""
+        queue, self._queue = self._queue, []
+        for step, loss, grad_norm in queue:
+            last = self._last
+            self._still = self._still + 1 if last is not None and \
+                abs(loss - last) <= 1e-7 * max(abs(loss), abs(last), 1e-12) else 0
+            self._last = loss
+            self.losses.append(loss)
+            if grad_norm is not None:
+                self._zero_since = (self._zero_since or step) if grad_norm == 0.0 else None
+                self.norms.append(grad_norm)
+        while len(self.losses) > self.triggers.window:
+            self.losses.popleft()
+        while len(self.norms) > self.triggers.window:
+            self.norms.popleft()
+
+    def _bounds(self) -> None:
+        """quick()'s bounds for the next ``gap`` steps (see the module docstring)."""
+        t = self.triggers
+        keep = t.window - max(self.gap, 1) + 1
+        self._lo, self._hi, self._nhi = -math.inf, -math.inf, -math.inf
+        if len(self._first) < 5 or len(self._first_norms) < 5 or keep < 1:
+            return  # the starting levels are not known yet: every step is checked in full
+        spike_on = "loss-spike" in t.enabled and ("loss-spike" not in self.fired or t.repeat)
+        if not spike_on:
+            self._hi = sys.float_info.max
+        elif self.losses:
+            newest = list(self.losses)[-keep:]
+            hi, lo = max(newest), min(newest)
+            self._hi = max(hi + t.spike_ranges * (hi - lo), hi + t.spike_floor * self._first_level)
+        explode_on = "grad-explosion" in t.enabled and ("grad-explosion" not in self.fired or t.repeat)
+        if not explode_on:
+            self._nhi = sys.float_info.max
+        elif self.norms:
+            self._nhi = 2 * max(list(self.norms)[-keep:])
 
     def _fire(self, kind: str) -> bool:
         if kind not in self.triggers.enabled or (kind in self.fired and not self.triggers.repeat):
@@ -79,6 +144,13 @@ class Detector:
         return True
 
     def check(self, step: int, loss: float | None, grad_norm: float | None) -> Anomaly | None:
+        if self._queue:
+            self._absorb()
+        found = self._check(step, loss, grad_norm)
+        self._bounds()
+        return found
+
+    def _check(self, step: int, loss: float | None, grad_norm: float | None) -> Anomaly | None:
         t = self.triggers
         found: Anomaly | None = None
         lv = loss if loss is not None else math.nan

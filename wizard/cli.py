@@ -166,7 +166,8 @@ def watch(
     script: str = typer.Option(..., "--script", help="The training script (path or dotted module), run as python would."),
     out: Path = typer.Option(Path("nnwizard-watch"), "--out", help="Folder for watch.jsonl and the replay bundles."),
     on_anomaly: str = typer.Option("continue", "--on-anomaly", help="continue (default) or stop at the first anomaly."),
-    every: int = typer.Option(10, "--every", help="Steps between JSON lines (the triggers check every step)."),
+    every: Optional[int] = typer.Option(None, "--every", help="Steps between JSON lines (default: 10, or a multiple of "
+                                        "10 at which a line costs at most 1 percent of the steps between two; the triggers check every step)."),
 ) -> None:
     """Watch the real run: log per-step health to DIR/watch.jsonl, save a replay bundle at each anomaly."""
     from nnwizard.watch_cmd import run

@@ -35,7 +35,9 @@ recorder first:
 - ``on_forward(rec, model_info, args)``      a top-level model forward is about to run
 - ``on_loss(rec, loss_call)``                a torch.nn.functional loss was called (a LossCall)
 - ``on_loss_args(rec, loss_call, args, kwargs, value)``  the same call's live arguments and result
-                                             (watch keeps them to re-execute the step)
+                                             (watch keeps them to re-execute the step; in light mode
+                                             with no ``on_loss`` listener, ``loss_call`` carries only
+                                             the function's name, ``fn``)
 - ``on_backward(rec, loss_tensor)``          before ``loss.backward()`` runs
 - ``on_step_pre(rec, optimizer, step)``      before ``optimizer.step()``; ``step`` is the StepRecord
                                              being filled (gradients as the optimizer will see them)
@@ -49,7 +51,8 @@ Light mode (watch) is built to cost little on a long run: the global module hook
 every optimizer's parameters belong to a model seen (or DISCOVERY_STEPS steps), then every module
 call runs torch's hook-free path again (a new optimizer brings them back until its model is seen);
 the loss functions are patched only when a listener asks for loss calls; the loss is read once per
-step (at the optimizer's pre-step point, one device sync on GPU); the gradient norm
+step at the optimizer's pre-step point (on CUDA without a host sync: a non-blocking copy queued
+before the backward, see ``_loss_reading``); the gradient norm
 (``_foreach_norm``) is measured on the first NORM_FIRST steps and then at an interval chosen from its
 measured cost so that it stays within NORM_SHARE of the measured step time (``recording.norm_interval``,
 at most ``norm_every_max``; ``StepRecord.grad_norm`` is None on the other steps); only the last
@@ -90,7 +93,7 @@ KEEP = 4        # DataLoader batches copied to CPU in full mode
 KEEP_PAIRS = 16  # training model inputs and loss inputs/targets copied to CPU in full mode
 LIGHT_KEEP = 256  # light mode: the last StepRecords / scheduler events kept (a watched run may be very long)
 DISCOVERY_STEPS = 20  # light mode: global module hooks stay at most this many steps once an optimizer stepped
-NORM_SHARE = 0.02  # light mode: the gradient-norm reduction may cost this share of a step (sets its interval)
+NORM_SHARE = 0.01  # light mode: the gradient-norm reduction may cost this share of a step (sets its interval)
 NORM_FIRST = 5  # light mode: steps that always measure it (the triggers' starting level)
 NORM_EVERY_MAX = 10  # light mode: the longest interval between two gradient-norm measurements
 SPAN_CHECKS = 4  # steps at whose first backward full mode looks for the graph of the step before
@@ -383,7 +386,9 @@ class Recorder:
         self.grad_norms: tuple | None = None      # light mode: (grads, per-tensor norms) of the current step
         self._norm_cost = 0.0                     # light mode: seconds one gradient-norm reduction took
         self._step_s = 0.0                        # light mode: seconds per step (running mean)
-        self._loss_t: tuple | None = None         # light mode: (loss tensor, GradScaler scale) of the last backward
+        self._loss_t: tuple | None = None         # light mode: how to read the last backward's loss (_loss_reading)
+        self._pinned: torch.Tensor | None = None  # light mode, CUDA: the pinned host scalar the loss is copied to
+        self._light_calls: dict[str, LossCall] = {}  # light mode: one name-only LossCall per loss function
         self._undo: list[Callable[[], None]] = []
         self._depth = 0
         self._in_loss = 0
@@ -588,7 +593,7 @@ class Recorder:
                 result = original(this, outputs)
                 if isinstance(result, torch.Tensor) and result is not outputs:
                     try:
-                        rec._scales[id(result)] = (weakref.ref(result), float(this.get_scale()))
+                        rec._scales[id(result)] = (weakref.ref(result), float(this.get_scale()) if rec.full else this)
                     except Exception:  # noqa: BLE001
                         pass
                 return result
@@ -820,10 +825,16 @@ class Recorder:
         if not isinstance(x, torch.Tensor):
             return
         if not self.full:  # light mode keeps no loss calls (watch runs are long) and reads no value (no sync)
-            light = LossCall(name, list(x.shape), str(x.dtype).replace("torch.", ""), _shape(y), None, None,
-                             kwargs.get("reduction", "mean"), torch.is_grad_enabled(), None, self.steps_taken,
-                             None, True, None)
-            self._notify("on_loss", light)
+            if self._fns["on_loss"]:
+                light = LossCall(name, list(x.shape), str(x.dtype).replace("torch.", ""), _shape(y), None, None,
+                                 kwargs.get("reduction", "mean"), torch.is_grad_enabled(), None, self.steps_taken,
+                                 None, True, None)
+                self._notify("on_loss", light)
+            else:  # on_loss_args alone (watch): a name-only call, made once per loss function
+                light = self._light_calls.get(name)
+                if light is None:
+                    light = self._light_calls[name] = LossCall(name, [], "", None, None, None, "mean", True, None, 0,
+                                                               None, True, None)
             self._notify("on_loss_args", light, args, kwargs, value)  # watch: the live tensors
             return
         reduction = kwargs.get("reduction", "mean")
@@ -882,7 +893,7 @@ class Recorder:
         if not self.full:
             if loss is not None and loss.numel():
                 scaled = self._scales.pop(id(loss), None) if self._scales else None
-                self._loss_t = (loss.detach(), scaled[1] if scaled is not None and scaled[0]() is loss else None)
+                self._loss_t = self._loss_reading(loss.detach(), scaled[1] if scaled is not None and scaled[0]() is loss else None)
                 if len(self._scales) > 16:
                     self._scales = {k: v for k, v in self._scales.items() if v[0]() is not None}
             if self._pending_forwards:  # only while the global module hooks are on (discovery)
@@ -1070,6 +1081,31 @@ class Recorder:
             self._before_step = [p.detach().clone() for p in trainable]
         self._notify("on_step_pre", optimizer, step)
 
+    def _loss_reading(self, loss: torch.Tensor, scaler) -> tuple:
+        """Light mode, at ``backward()``: how ``_measure_light`` reads this loss at the step, as
+        (tensor, CUDA event or None, GradScaler or None). On CPU the tensor itself (one float() at the
+        step). On CUDA no host sync: the value (unscaled on the device by the GradScaler's scale) is
+        copied to a pinned host scalar with ``non_blocking=True`` and an event recorded behind the
+        copy, both queued *before* the backward; the step waits on that event, i.e. for the forward
+        and the loss only, while the backward and the update stay queued on the GPU."""
+        if loss.is_cuda:
+            try:
+                value = loss.float().mean() if loss.numel() > 1 else loss.float().reshape(())
+                scale = getattr(scaler, "_scale", None) if scaler is not None else None
+                if isinstance(scale, torch.Tensor):
+                    value = value / scale.float().reshape(())
+                    scaler = None
+                if scaler is None:
+                    if self._pinned is None:
+                        self._pinned = torch.empty((), dtype=torch.float32, pin_memory=True)
+                    self._pinned.copy_(value, non_blocking=True)
+                    event = torch.cuda.Event()
+                    event.record()
+                    return self._pinned, event, None
+            except Exception:  # noqa: BLE001 - fall back to the plain read at the step (one sync)
+                pass
+        return loss, None, scaler
+
     def _measure_light(self, optimizer, closure: bool) -> None:
         """Light mode before ``optimizer.step()``: the loss of the last backward (one read), LRs, which
         gradients exist, and the gradient norm on the steps due (see :meth:`_norm_due`)."""
@@ -1083,10 +1119,15 @@ class Recorder:
         step.lrs = [float(g["lr"]) for g in optimizer.param_groups]
         step.grad_enabled = torch.is_grad_enabled()
         if self._loss_t is not None:
-            loss, scale = self._loss_t
+            loss, event, scaler = self._loss_t
             self._loss_t = None
-            value = float(loss) if loss.numel() == 1 else float(loss.float().mean())
-            step.loss = value / scale if scale else value
+            if event is not None:  # CUDA: wait for the forward's loss copy only (see _loss_reading)
+                event.synchronize()
+                step.loss = float(loss)
+            else:
+                value = float(loss) if loss.numel() == 1 else float(loss.float().mean())
+                scale = scaler.get_scale() if scaler is not None else None
+                step.loss = value / scale if scale else value
             step.losses.append(step.loss)
         trainable = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
         withgrad = [p for p in trainable if p.grad is not None]

@@ -12,17 +12,17 @@ import sys
 from pathlib import Path
 
 from nnwizard.anomaly import Triggers
-from nnwizard.watcher import DEFAULT_EVERY, Watch
+from nnwizard.watcher import Watch
 
 
-def run(script_spec: str, args: list[str], out: Path, on_anomaly: str = "continue", every: int = DEFAULT_EVERY,
+def run(script_spec: str, args: list[str], out: Path, on_anomaly: str = "continue", every: int | None = None,
         tensorboard: bool | None = None) -> int:
     from nnwizard.errors import UsageError
     from nnwizard.script_run import RunOptions, load_script, run_script
 
     if on_anomaly not in ("stop", "continue"):
         raise UsageError(f"--on-anomaly {on_anomaly!r}: choose stop or continue")
-    if every < 1:
+    if every is not None and every < 1:
         raise UsageError(f"--every {every}: must be 1 or more")
     script = load_script(script_spec)
     watch = Watch(out=out, on_anomaly=on_anomaly, every=every, triggers=Triggers(), tensorboard=tensorboard,

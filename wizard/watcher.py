@@ -12,8 +12,15 @@ step, before the optimizer changed anything, prints its path in one line and goe
 
 What the recorder does not give, watch takes itself, on the models the recorder found: a forward
 pre/post hook with keyword arguments on each model (the batch as the model got it, and its output,
-for re-executing the step), and a global optimizer pre-hook that wraps a ``closure`` passed to
-``step()`` (Lightning, LBFGS) so the checks run after the closure's backward, not before it.
+for re-executing the step). The checks run in the recorder's ``on_step_pre``, which for a
+``step(closure)`` (Lightning, LBFGS) comes inside the closure after its first call, so after its
+backward and before the update.
+
+Per step (the fast path) watch stores references and one history tuple and asks the detector's
+one comparison (``Detector.quick``); the full trigger statistics, the per-layer norms, the
+update/weight ratio and the JSON line run only on logged steps (every ``every``), on the steps
+quick() flags (a NaN/Inf loss or norm, a value past the conservative spike/explosion bounds) and
+at least every ``Detector.gap`` steps.
 
 Steps are numbered as the recorder numbers them: 1 for the first ``optimizer.step()``.
 """
@@ -39,7 +46,9 @@ DEFAULT_OUT = "nnwizard-watch"
 DEFAULT_EVERY = 10
 HISTORY = 500  # covers the triggers' window of 50 measured gradient norms at the longest interval (10)
 TOP_LAYERS = 3
-UPDATE_SHARE = 0.02  # the update/weight ratio may cost this share of the steps since it was last measured
+UPDATE_SHARE = 0.005  # the update/weight ratio may cost this share of the steps since it was last measured
+LOG_SHARE = 0.01  # every=None: a logged step's extra work may cost this share of the steps between two lines
+LOG_EVERY_MAX = 10  # every=None: lines at most this many times DEFAULT_EVERY apart
 FLUSH_S = 1.0  # watch.jsonl is flushed at most this often (and at every anomaly and at the end)
 
 
@@ -121,6 +130,14 @@ def _loss_slots(out: Any) -> list[tuple[Any, torch.Tensor]]:
     return slots
 
 
+def _loss_parts(loss: tuple) -> dict:
+    """A loss call as watch keeps it per step, (fn, args, kwargs, value), split into its parts."""
+    fn, args, kwargs, value = loss
+    return {"fn": fn, "x": args[0] if args else kwargs.get("input"),
+            "target": args[1] if len(args) > 1 else kwargs.get("target"), "extra": tuple(args[2:]),
+            "kwargs": {k: v for k, v in kwargs.items() if k not in ("input", "target")}, "value": value}
+
+
 def _total_norm(tensors: list[torch.Tensor]) -> float:
     return total_norm(torch._foreach_norm(tensors))
 
@@ -132,16 +149,20 @@ class Watch:
     """See the module docstring; made by :func:`nnwizard.watch` (context manager) or the CLI."""
 
     def __init__(self, model: nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None,
-                 out: str | Path = DEFAULT_OUT, on_anomaly: str = "continue", *, every: int = DEFAULT_EVERY,
+                 out: str | Path = DEFAULT_OUT, on_anomaly: str = "continue", *, every: int | None = None,
                  triggers: Triggers | None = None, ring: int = 4, tensorboard: bool | None = None,
                  max_bundles: int = 5, quiet: bool = False, script: str | Path | None = None,
                  files: list[Path] | None = None):
         if on_anomaly not in ("continue", "stop"):
             raise ValueError(f"on_anomaly must be 'continue' or 'stop', not {on_anomaly!r}")
-        if every < 1:
+        if every is not None and every < 1:
             raise ValueError(f"every must be >= 1, not {every}")
         self.model, self.optimizer, self.out = model, optimizer, Path(out)
-        self.on_anomaly, self.every, self.ring_size = on_anomaly, int(every), int(ring)
+        self.on_anomaly, self.ring_size = on_anomaly, int(ring)
+        # every=None: lines every DEFAULT_EVERY steps, or a multiple of it chosen from their measured cost
+        self.every, self.adaptive = int(every or DEFAULT_EVERY), every is None
+        self.log_every = self.every             # the interval in use (see _pace)
+        self._line_cost = 0.0                   # seconds a logged step's extra work took (running mean)
         self.triggers = triggers or Triggers()
         self.tensorboard, self.max_bundles, self.quiet = tensorboard, max_bundles, quiet
         main = sys.modules.get("__main__")
@@ -157,7 +178,6 @@ class Watch:
         self._current: dict = self._fresh()
         self._hooked: dict[int, list] = {}
         self._seen: dict[int, bool] = {}
-        self._handles: list = []
         self._recorder = None
         self._owns_recorder = False
         self._log = None
@@ -169,12 +189,13 @@ class Watch:
         self._ratio_cost = 0.0                  # seconds the update ratio took (copy and difference)
         self._ratio_step = 0
         self._ratio_started = 0.0
+        self._line_t = 0.0                       # seconds the logged step's work took before the update
         self._named: tuple | None = None       # (key, result) of the last _names call
-        self._pending: dict[int, Any] = {}      # id(optimizer) -> the recorder's StepRecord being filled
-        self._checked: set[int] = set()         # optimizers whose current step was checked already
         self._before: list[torch.Tensor] | None = None
         self._sampled: dict | None = None
-        self._first: dict | None = None        # the run's first step (the history keeps only the last HISTORY)
+        self._first: dict | None = None        # the run's first step with a positive LR (the history keeps only the last HISTORY)
+        self._first0: tuple | None = None      # the latest step while none had a positive LR (a history tuple)
+        self._opt_det: dict[int, tuple] = {}    # id(optimizer) -> (optimizer, index, Detector)
 
     # -- lifecycle --------------------------------------------------------------------------------
     def start(self, recorder=None) -> "Watch":
@@ -191,8 +212,6 @@ class Watch:
                 if self.tensorboard:
                     raise
                 self._tb = None
-        from torch.optim import optimizer as optimizer_mod
-
         if recorder is None:
             from nnwizard.recorder import Recorder
 
@@ -201,17 +220,12 @@ class Watch:
             self._owns_recorder = True
         self._recorder = recorder
         recorder.norm_every_max = self.every  # every logged step has the gradient norms measured
-        # after the recorder's own pre-hook: ours runs second and sees the closure (if any)
-        self._handles.append(optimizer_mod.register_optimizer_step_pre_hook(self._step_pre_hook))
         return self
 
     def close(self) -> None:
         if self._owns_recorder and self._recorder is not None:
             self._recorder.__exit__(None, None, None)
         self._recorder = None
-        for h in self._handles:
-            h.remove()
-        self._handles.clear()
         for handles in self._hooked.values():
             for h in handles:
                 h.remove()
@@ -235,9 +249,6 @@ class Watch:
         return exc_type is not None and issubclass(exc_type, StopRun) and self.stopped is not None
 
     # -- what belongs to the watched run ----------------------------------------------------------
-    def _watched(self, optimizer) -> bool:
-        return self.optimizer is None or optimizer is self.optimizer
-
     def _models(self) -> list[nn.Module]:
         found = [self.model] if self.model is not None else []
         if self._recorder is not None:
@@ -287,12 +298,14 @@ class Watch:
         if not torch.is_grad_enabled():
             return None
         cur = self._current
-        if cur["rng"] is None:
-            cur["rng"] = torch.random.get_rng_state()
-        if cur["calls"] and cur["calls"][-1]["module"] is module and "out" not in cur["calls"][-1]:
-            cur["calls"][-1].update(args=args, kwargs=kwargs)  # the first call, seen twice
-        elif len(cur["calls"]) < MAX_PER_STEP:
-            cur["calls"].append({"module": module, "args": args, "kwargs": kwargs})
+        calls = cur["calls"]
+        if not calls:
+            cur["rng"] = torch.random.get_rng_state()  # the RNG state at the step's first forward
+        elif calls[-1]["module"] is module and "out" not in calls[-1]:
+            calls[-1].update(args=args, kwargs=kwargs)  # the first call, seen twice
+            return None
+        if len(calls) < MAX_PER_STEP:
+            calls.append({"module": module, "args": args, "kwargs": kwargs})
         return None
 
     def _model_post(self, module, args, *rest):
@@ -305,14 +318,13 @@ class Watch:
     def on_loss_args(self, rec, call, args, kwargs, value) -> None:
         if not torch.is_grad_enabled() or not isinstance(value, torch.Tensor) or len(self._current["losses"]) >= MAX_PER_STEP:
             return
-        x = args[0] if args else kwargs.get("input")
-        y = args[1] if len(args) > 1 else kwargs.get("target")
-        self._current["losses"].append({"fn": call.fn, "x": x, "target": y, "extra": tuple(args[2:]),
-                                        "kwargs": {k: v for k, v in kwargs.items() if k not in ("input", "target")},
-                                        "value": value})
+        self._current["losses"].append((call.fn, args, kwargs, value))  # references only: see _loss_parts
 
     def on_backward(self, rec, loss) -> None:
-        if isinstance(loss, torch.Tensor) and len(self._current["backward"]) < MAX_PER_STEP:
+        backward, losses = self._current["backward"], self._current["losses"]
+        if losses and loss is losses[-1][3] and len(backward) < MAX_PER_STEP:  # the common case: the last loss call itself
+            backward.append({"kind": "loss-call", "loss": len(losses) - 1, "scale": 1.0})
+        elif isinstance(loss, torch.Tensor) and len(backward) < MAX_PER_STEP:
             try:
                 self._current["backward"].append(self._relate(loss))
             except Exception:  # noqa: BLE001 - an odd graph: this step just cannot be re-executed
@@ -324,7 +336,7 @@ class Watch:
         cur = self._current
         calls = cur["calls"]
         for j, loss in enumerate(cur["losses"]):
-            scale = _scale_of(t, loss["value"])
+            scale = _scale_of(t, loss[3])
             if scale is not None:
                 return {"kind": "loss-call", "loss": j, "scale": scale}
         for i, c in enumerate(calls):
@@ -340,37 +352,18 @@ class Watch:
         return None
 
     def on_step_pre(self, rec, optimizer, step) -> None:
-        if self._watched(optimizer):
-            self._pending[id(optimizer)] = step
-
-    def _step_pre_hook(self, optimizer, args, kwargs):
-        if not self._watched(optimizer):
-            return None
-        # args holds the optimizer itself first, then step()'s own arguments
-        closure = kwargs.get("closure") if "closure" in kwargs else (args[1] if len(args) > 1 and callable(args[1]) else None)
-        if closure is None:
-            if id(optimizer) in self._pending:
-                self._check(optimizer)
-            return None
-
-        def wrapped(*a, **k):  # the recorder measures the step inside the closure (on_step_pre), then we check
-            result = closure(*a, **k)
-            if id(optimizer) not in self._checked and id(optimizer) in self._pending:
-                self._check(optimizer, closure_result=result)
-            return result
-
-        if "closure" in kwargs:
-            return args, {**kwargs, "closure": wrapped}
-        return (args[0], wrapped, *args[2:]), kwargs
+        """The recorder measured this step (for ``step(closure)``: inside the closure, after its first
+        call, so after its backward): check it here, before the optimizer changes anything."""
+        if self.optimizer is None or optimizer is self.optimizer:
+            self._check(optimizer, step)
 
     def on_step_post(self, rec, optimizer, step) -> None:
-        if not self._watched(optimizer):
+        if self.optimizer is not None and optimizer is not self.optimizer:
             return
-        self._pending.pop(id(optimizer), None)
-        self._checked.discard(id(optimizer))
         line = self._sampled
         self._sampled = None
         if line is not None:
+            started = time.perf_counter()
             if self._before is not None:
                 params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
                 if len(params) == len(self._before):
@@ -381,8 +374,20 @@ class Watch:
                 self._before = None
                 cost = time.perf_counter() - self._ratio_started
                 self._ratio_cost = cost if not self._ratio_cost else 0.8 * self._ratio_cost + 0.2 * cost
+                started = time.perf_counter()  # the ratio has its own budget (UPDATE_SHARE)
             self._write(line)
+            self._pace(self._line_t + time.perf_counter() - started)
         self._rotate()
+
+    def _pace(self, cost: float) -> None:
+        """every=None: the line interval, a multiple of ``every``, at which a logged step's extra work
+        (full check, per-layer norms, the line) costs at most LOG_SHARE of the steps between two lines,
+        both measured in this run (the recorder's step time)."""
+        self._line_cost = cost if not self._line_cost else 0.8 * self._line_cost + 0.2 * cost
+        step_s = getattr(self._recorder, "_step_s", 0.0) if self._recorder is not None else 0.0
+        if self.adaptive and step_s > 0 and self.steps > 1:
+            need = self._line_cost / (LOG_SHARE * step_s * self.every)
+            self.log_every = self.every * min(max(math.ceil(need), 1), LOG_EVERY_MAX)
 
     # -- per step ----------------------------------------------------------------------------------
     def _rotate(self) -> None:
@@ -390,48 +395,57 @@ class Watch:
         if self.ring_size and (cur["calls"] or cur["losses"]):
             for c in cur["calls"]:
                 c.pop("out", None)  # the output (and its graph) is not kept past its step
-            self._ring.append({"step": self.steps, "rng": cur["rng"], "calls": cur["calls"],
-                               "targets": [l["target"] for l in cur["losses"]]})
+            # the targets only (a loss input is a model output: it and its graph are not kept either)
+            self._ring.append((self.steps, cur["rng"], cur["calls"],
+                               [a[1] if len(a) > 1 else k.get("target") for _, a, k, _ in cur["losses"]]))
         self._current = self._fresh()
 
-    @staticmethod
-    def _grad_norm(optimizer) -> float | None:
-        grads = [p.grad.detach() for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
-        return _total_norm(grads) if grads else None
-
-    def _check(self, optimizer, closure_result=None) -> None:
-        """At the optimizer's pre-step point (parameters not yet updated): triggers, log, bundle."""
-        self._checked.add(id(optimizer))
-        step_rec = self._pending.get(id(optimizer))
-        self.steps = int(getattr(step_rec, "step", self.steps + 1))
-        if step_rec is None:  # no recorder measurement of this step: measure here
-            norm = self._grad_norm(optimizer)
-            grads = norm is not None
-        else:  # the recorder measured it (None: not on this step, see Recorder._norm_due)
-            grads = step_rec.grads_total > step_rec.grads_none
-            norm = step_rec.grad_norm
-        loss = getattr(step_rec, "loss", None)
-        if isinstance(closure_result, torch.Tensor) and closure_result.numel() == 1:
-            loss = float(closure_result.detach())
-        lrs = step_rec.lrs if step_rec is not None else [float(g["lr"]) for g in optimizer.param_groups if "lr" in g]
+    def _detector(self, optimizer) -> tuple[int, Detector]:
+        known = self._opt_det.get(id(optimizer))
+        if known is not None and known[0] is optimizer:
+            return known[1], known[2]
         index = 0
         if self._recorder is not None:
             info = self._recorder._opt_ids.get(id(optimizer))
             index = info.index if info is not None else 0
         detector = self._detectors.setdefault(index, Detector(self.triggers))
-        anomaly = detector.check(self.steps, loss, norm if grads else None)
-        entry = {"step": self.steps, "loss": loss, "grad_norm": norm if grads else None, "lr": lrs[0] if lrs else None}
+        self._opt_det[id(optimizer)] = (optimizer, index, detector)
+        return index, detector
+
+    def _entry(self, h: tuple) -> dict:
+        """A history tuple (step, loss, grad_norm, lrs, optimizer index, monotonic time) as its JSON entry."""
+        step, loss, norm, lrs, index, t = h
+        entry = {"step": step, "loss": loss, "grad_norm": norm, "lr": lrs[0] if lrs else None}
         if len(lrs) > 1:
             entry["lrs"] = lrs
         if index:
             entry["optimizer"] = index
-        entry["t"] = round(time.monotonic() - self._t0, 3)
-        self._history.append(entry)
-        if self._first is None or not (self._first.get("lr") or 0) > 0:
-            self._first = entry  # the first step with a positive LR (a warmup may start at 0)
-        sampled = self.steps % self.every == 0 or self.steps == 1 or anomaly is not None
-        if sampled:
-            line = dict(entry)
+        entry["t"] = round(t - self._t0, 3)
+        return entry
+
+    def _check(self, optimizer, step_rec) -> None:
+        """At the optimizer's pre-step point (parameters not yet updated): triggers, log, bundle.
+
+        Fast path (most steps): a history tuple and the detector's one comparison (``Detector.quick``);
+        the full check, the JSON line and a bundle only on logged steps and where quick() says so."""
+        self.steps = step_rec.step
+        grads = step_rec.grads_total > step_rec.grads_none
+        norm = step_rec.grad_norm if grads else None  # None: not measured on this step (Recorder._norm_due)
+        loss, lrs = step_rec.loss, step_rec.lrs
+        index, detector = self._detector(optimizer)
+        h = (self.steps, loss, norm, lrs, index, time.monotonic())
+        self._history.append(h)
+        if self._first is None:  # the first step with a positive LR (a warmup may start at 0)
+            if lrs and lrs[0] > 0:
+                self._first = self._entry(h)
+            else:
+                self._first0 = h
+        if self.steps % self.log_every and self.steps != 1 and detector.quick(self.steps, loss, norm):
+            return
+        anomaly = detector.check(self.steps, loss, norm)
+        if self.steps % self.log_every == 0 or self.steps == 1 or anomaly is not None:
+            started = time.perf_counter()
+            line = self._entry(h)
             keyed, names = self._names(optimizer)
             measured = self._recorder.grad_norms if self._recorder is not None and norm is not None else None
             if measured is not None:  # the recorder's per-tensor norms of this very step
@@ -459,6 +473,7 @@ class Watch:
                 self._ratio_started, self._ratio_step = time.perf_counter(), self.steps
                 self._before = [p.detach().clone() for p in trainable]
             self._sampled = line
+            self._line_t = time.perf_counter() - started
         if anomaly is not None:
             self.anomalies.append(anomaly)
             line = self._sampled
@@ -487,7 +502,7 @@ class Watch:
         calls = cur["calls"]
         out = {"calls": [{"model": key_of[id(c["module"])], "args": to_cpu(c["args"]), "kwargs": to_cpu(c["kwargs"])}
                          for c in calls], "losses": [], "backward": []}
-        for loss in cur["losses"]:
+        for loss in map(_loss_parts, cur["losses"]):
             source = None
             if isinstance(loss["x"], torch.Tensor):
                 for i, c in enumerate(calls):
@@ -521,16 +536,17 @@ class Watch:
             step_data = self._step_data(keyed)
             grads = {names.get(id(p), f"param{i}"): p.grad.detach().to("cpu", copy=True)
                      for i, p in enumerate(p for g in optimizer.param_groups for p in g["params"]) if p.grad is not None}
-            ring = [{"step": r["step"], "rng": r["rng"],
+            ring = [{"step": step, "rng": rng,
                      "calls": [{"model": next((k for k, m in keyed.items() if m is c["module"]), None),
-                                "args": to_cpu(c["args"]), "kwargs": to_cpu(c["kwargs"])} for c in r["calls"]],
-                     "targets": to_cpu(r["targets"])} for r in self._ring]
+                                "args": to_cpu(c["args"]), "kwargs": to_cpu(c["kwargs"])} for c in calls],
+                     "targets": to_cpu(targets)} for step, rng, calls, targets in self._ring]
             rng = rng_state(cuda=any(p.is_cuda for g in optimizer.param_groups for p in g["params"]))
             if self._current["rng"] is not None:
                 rng["torch"] = self._current["rng"]
             meta = {"step": anomaly.step, "trigger": anomaly.kind, "reason": anomaly.reason, "loss": anomaly.loss,
                     "grad_norm": anomaly.grad_norm if anomaly.grad_norm is not None else line.get("grad_norm"), "lrs": [g.get("lr") for g in optimizer.param_groups],
-                    "history": list(self._history), "first": self._first, "script": self.script, "argv": list(sys.argv),
+                    "history": [self._entry(h) for h in self._history],
+                    "first": self._first or (self._entry(self._first0) if self._first0 else None), "script": self.script, "argv": list(sys.argv),
                     "cwd": str(Path.cwd()), "models": {k: type(m).__name__ for k, m in keyed.items()},
                     "optimizer": type(optimizer).__name__, "line": {k: v for k, v in line.items() if k != "bundle"},
                     "replayable": step_data.get("replayable", False), "why_not": step_data.get("why_not"),
@@ -591,7 +607,8 @@ def watch(model: nn.Module | None = None, optimizer: torch.optim.Optimizer | Non
           on_anomaly: str = "continue", **options: Any) -> Watch:
     """``with nnwizard.watch(model, optimizer, out=..., on_anomaly="continue"|"stop"):`` around a loop.
 
-    Options: ``every`` (steps between JSON lines, default 10), ``triggers`` (an
+    Options: ``every`` (steps between JSON lines; default None: 10, or a multiple of 10 at which
+    a line costs at most 1% of the steps between two, see ``Watch._pace``), ``triggers`` (an
     ``nnwizard.anomaly.Triggers``), ``ring`` (earlier batches kept for the bundle, default 4),
     ``tensorboard`` (None: when installed), ``max_bundles`` (5), ``quiet``."""
     return Watch(model, optimizer, out, on_anomaly, **options)
