@@ -131,6 +131,8 @@ class ProbeContext:
     budget: Any = None  # the session's nnwizard.budget.Budget (None: nothing measured, plan as asked)
     allowance_s: float | None = None  # seconds this probe may plan its steps within (None: no limit)
     plan: dict[str, Any] = field(default_factory=dict)  # what plan_steps decided, for the report
+    lendable_s: float = 0.0  # seconds the budgeted probes still to come were to share when this one was allotted
+    started: float = field(default_factory=lambda: time.monotonic())  # when the probe began (its steps are timed from here)
 
     @property
     def device(self):
@@ -161,6 +163,33 @@ class ProbeContext:
                 self.deadline = end if self.cap is None else min(self.cap, end)
         self.plan.update(wanted=wanted, planned=steps, runs=runs)
         return steps
+
+    def more_steps(self, done: int, planned: int, wanted: int, borrow: bool = False) -> bool:
+        """Whether a run that ``plan_steps`` planned at ``planned`` of ``wanted`` steps takes another
+        after ``done``. Within the plan, yes (the deadline is the safety net). Past it, up to
+        ``wanted``, while the probe's own steps so far say one more fits its allowance: the plan
+        priced a step at the session's calibration, and the probe's steps may be cheaper (a smaller
+        slice, a less loaded moment). A probe whose cut run cannot conclude (``borrow``) may go on
+        into up to ``LEND`` of what the probes still to come were to share, which then plan from
+        what is left, down to their own minimums."""
+        from nnwizard.budget import LEND
+
+        if done < planned:
+            return True
+        if done >= wanted or done == 0 or self.allowance_s is None:
+            return False
+        spent = time.monotonic() - self.started
+        per_step = spent / done
+        room = self.allowance_s + (LEND * self.lendable_s if borrow else 0.0)
+        if spent + per_step > room or self.budget.spare() < per_step:
+            return False
+        if self.deadline is not None and self.deadline - time.monotonic() < per_step + 1:
+            end = time.monotonic() + per_step + 2  # the safety net moves with the measured steps, never past the cap
+            if self.cap is not None and end > self.cap:
+                return False
+            self.deadline = end
+        self.plan["extended_to"] = done + 1
+        return True
 
     def unaffordable(self, minimum: int, what: str, **data: Any) -> "ProbeResult":
         """The skipped result of a probe whose ``minimum`` steps do not fit its allowance."""

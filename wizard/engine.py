@@ -265,8 +265,11 @@ class Engine:
                            budget=self.budget)
         limit, grace, reason = self.probe_timeout, GRACE_S, None
         if self.budget is not None:
+            spare = self.budget.spare()
             ctx.allowance_s, limit, reason = self.budget.allot(spec.share, spec.cost, spec.timeout_s, self.probe_timeout,
                                                                spec.id)
+            if ctx.allowance_s is not None and self.probe_timeout is None:
+                ctx.lendable_s = max(0.0, spare - ctx.allowance_s)  # what the budgeted probes after it were to share
             grace = self.budget.grace_s()
             if ctx.allowance_s is not None:  # a safety net: the probe's planned steps fit its allowance
                 ctx.deadline = time.monotonic() + 1.25 * ctx.allowance_s + 3
