@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from nnwizard.budget import SLICE, SMALL_SLICE, Budget, calibrate, plan_steps
-from tests.conftest import ROOT, load_example, run_probe_on
+from tests.conftest import ROOT, diagnose_example, load_example, run_probe_on
 
 
 def test_plan_steps_keeps_the_wanted_steps_when_they_fit():
@@ -243,3 +243,15 @@ def test_cancellation_ends_a_worker_in_the_user_code(tmp_path):
     result = run_probe(get("overfit-one-batch"), ProbeContext(target), 1.0)
     assert result.status == "errored" and result.data["stopped"] is True
     assert threading.active_count() == before
+
+
+def test_probes_a_confirmed_finding_makes_moot_are_not_run_and_say_so():
+
+    diagnosis, _ = diagnose_example("broken_no_step")
+    assert diagnosis.ranked[0].id == "missing-optimizer-step" and diagnosis.ranked[0].confidence >= 0.85
+    moot = [r for r in diagnosis.results if r.data.get("cannot_run") == "not-needed"]
+    assert moot and all(r.status == "skipped" and "missing-optimizer-step is already confirmed" in r.summary for r in moot)
+    assert all(r.data["confirmed"] == "missing-optimizer-step" for r in moot)
+    healthy, report = diagnose_example("healthy_mlp")
+    assert report.verdict == "healthy"
+    assert not [r for r in healthy.results if r.data.get("cannot_run") == "not-needed"]
