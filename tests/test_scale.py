@@ -255,3 +255,36 @@ def test_probes_a_confirmed_finding_makes_moot_are_not_run_and_say_so():
     healthy, report = diagnose_example("healthy_mlp")
     assert report.verdict == "healthy"
     assert not [r for r in healthy.results if r.data.get("cannot_run") == "not-needed"]
+
+
+SLOW_SCRIPT = '''
+import time
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+model = nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x, y = torch.randn(16, 4), torch.randint(0, 2, (16,))
+for step in range(30):
+    loss = nn.functional.cross_entropy(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    time.sleep(0.25)  # a step of a model far too large for the default time limit
+    opt.step()
+'''
+
+
+def test_a_slow_scripts_time_limit_grows_to_fit_a_readable_run(tmp_path):
+    from nnwizard.script_run import RunOptions, StepFit, load_script, run_script
+
+    path = tmp_path / "slow.py"
+    path.write_text(SLOW_SCRIPT)
+    plain = run_script(load_script(str(path)), [], RunOptions(max_steps=12, time_limit_s=0.8))
+    assert plain.recording.total_steps < StepFit.STEPS and "time limit" in plain.recording.stopped
+    fitted = run_script(load_script(str(path)), [], RunOptions(max_steps=12, time_limit_s=0.8, listeners=[StepFit()]))
+    assert fitted.recording.total_steps >= StepFit.STEPS
+    assert any(note.startswith("time limit raised") for note in fitted.recording.notes)
+    # a fast script keeps its limit: nothing raised
+    fast = run_script(load_script(str(path)), [], RunOptions(max_steps=3, time_limit_s=30.0, listeners=[StepFit()]))
+    assert not any(note.startswith("time limit raised") for note in fast.recording.notes)
