@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 import torch
@@ -117,7 +118,7 @@ class _Clock:
     """A fake monotonic clock the fake steps advance: no timed assertions."""
 
     def __init__(self):
-        self.now = 1000.0
+        self.now = time.monotonic()  # from the real clock, so objects made before the patch agree with it
 
     def __call__(self):
         return self.now
@@ -145,6 +146,17 @@ def test_a_run_goes_past_its_plan_while_its_own_steps_fit(monkeypatch):
         clock.now += 0.02
         done += 1
     assert 190 <= done <= 200
+    # ... but never into the smallest run of a budgeted probe still to come (triage-run's floor: about 34 steps)
+    tight = Budget(total_s=7.0, step_s=0.1)
+    tight.pending = {"triage-run": 0.3}
+    clock.now = time.monotonic()
+    tight.started = clock.now
+    keeper = ProbeContext(load_example("healthy_mlp"), {}, {}, 0, budget=tight, allowance_s=2.0, lendable_s=4.0)
+    done = 0
+    while keeper.more_steps(done, planned, 200, borrow=True):
+        clock.now += 0.02
+        done += 1
+    assert 100 <= done < 190 and tight.spare() >= 3.3
     # without a budget the plan is the wanted count, and nothing runs past it
     free = ProbeContext(load_example("healthy_mlp"))
     assert free.plan_steps(50) == 50 and free.more_steps(49, 50, 50) and not free.more_steps(50, 50, 50)

@@ -11,7 +11,9 @@ The session has one budget in seconds (``--budget``; by default ``max(20 s, 40 p
 fifth for loading and reporting). Fixed-cost probes (the loop audits: a handful of steps each) are not
 drawn from it: they run first and get a time limit sized by their own cost. Probes that train for
 many steps take a share of it, capped by what is left, and plan their step counts with
-``plan_steps``; one whose minimum does not fit is skipped and says so.
+``plan_steps``; one whose minimum does not fit is skipped and says so. A run may go past its plan
+while its own measured steps still fit its allowance (``ProbeContext.more_steps``), and one whose
+cut run cannot conclude may borrow up to ``LEND`` of what the probes after it were to share.
 """
 
 from __future__ import annotations
