@@ -82,7 +82,7 @@ class BatchCap:
         steps = rec.recording.steps[1:3]  # the first step pays for one-off work (copies, lazy init)
         per_step = sorted(s.duration_s for s in steps)[0] if steps else 0.0
         if per_step > 0 and rec.limit_batches:
-            fit = int((rec.time_limit_s or self.seconds) / (self.PASSES * per_step))  # as StepFit may have raised it
+            fit = int((getattr(rec, "time_limit_s", None) or self.seconds) / (self.PASSES * per_step))  # StepFit may raise it
             cap = max(self.MIN_BATCHES, min(self.limit, fit))
             if cap < rec.limit_batches:
                 rec.limit_batches = cap
