@@ -10,7 +10,8 @@ about a thousand to about eleven million parameters, each healthy and with a pla
    exit code and peak resident memory (``os.wait4``'s rusage of that child alone).
 
 It prints one README table row per case and checks the targets of issue #12: every probe completes
-(none errored, none left out for lack of budget), the planted fault is top-1 and the healthy twin
+(none errored, none left out for lack of budget; a probe the engine deliberately does not run because
+a finding is already confirmed is counted apart, as "not needed"), the planted fault is top-1 and the healthy twin
 ``healthy``, wall time at most ``max(20 s, 40 plain steps)``, a clean exit (0 or 1, no abort), and peak
 memory at most twice a plain step's. The plain step of the target is the one the session calibrated
 (the same moment as the diagnosis, so a loaded machine inflates both alike), else the benchmark's own.
@@ -115,7 +116,9 @@ def case(name: str, fault: str, device: str, timeout: float, plain: dict) -> dic
     report = run["report"] or {}
     probes = report.get("probes", [])
     incomplete = [f"{p['id']} ({p['status']}: {p['summary'][:80]})" for p in probes
-                  if p["status"] == "errored" or p["data"].get("cannot_run")]
+                  if p["status"] == "errored" or p["data"].get("cannot_run") not in (None, "not-needed")]
+    # deliberately not run: a finding was already confirmed (engine.CONFIRMED); not a cut, but not a measurement either
+    not_needed = [f"{p['id']} ({p['summary'][:90]})" for p in probes if p["data"].get("cannot_run") == "not-needed"]
     top = report["hypotheses"][0]["id"] if report.get("hypotheses") and report["hypotheses"][0]["confidence"] >= 0.5 else None
     want = EXPECTED[fault]
     correct = report.get("verdict") == "healthy" if want is None else top == want
@@ -125,6 +128,7 @@ def case(name: str, fault: str, device: str, timeout: float, plain: dict) -> dic
                session_step_s=session_step, wall_s=round(run["wall_s"], 1), plain_steps=round(run["wall_s"] / plain["step_s"], 1),
                session_steps=round(run["wall_s"] / session_step, 1), target_s=round(target_s, 1), load=round(os.getloadavg()[0], 1),
                verdict=report.get("verdict"), top=top, correct=correct, probes=len(probes), incomplete=incomplete,
+               not_needed=not_needed,
                code=run["code"], aborted=run["aborted"], rss_mb=round(run["rss_mb"]), plain_rss_mb=round(plain["rss_mb"]),
                memory_ratio=round(run["rss_mb"] / plain["rss_mb"], 2), budget=report.get("budget", {}))
     row["in_time"] = run["wall_s"] <= target_s
@@ -139,7 +143,8 @@ def _fmt(row: dict) -> str:
     found = "healthy" if row["fault"] == "healthy" and row["verdict"] == "healthy" else (row["top"] or row["verdict"])
     return (f"| `{row['name']}` | {row['fault']} | {row['params']:,} | {row['step_s']:.3f} / {row['session_step_s']:.3f} | "
             f"{row['wall_s']:.1f} | {row['target_s']:.0f} | {row['session_steps']:.0f} | {found} {'✓' if row['correct'] else '✗'} | "
-            f"{row['probes'] - len(row['incomplete'])}/{row['probes']} | {row['code']} | "
+            f"{row['probes'] - len(row['incomplete']) - len(row['not_needed'])}/{row['probes']}"
+            f"{' (+%d not needed)' % len(row['not_needed']) if row['not_needed'] else ''} | {row['code']} | "
             f"{row['rss_mb']} / {row['plain_rss_mb']} ({row['memory_ratio']:.2f}x) | {row['load']} |")
 
 
@@ -148,7 +153,8 @@ def summary(rows: list[dict]) -> str:
     faults = [r for r in rows if r["fault"] != "healthy"]
     n = len(rows)
     return (f"healthy twins `healthy` {sum(r['correct'] for r in healthy)}/{len(healthy)}; planted fault top-1 "
-            f"{sum(r['correct'] for r in faults)}/{len(faults)}; every probe completed {sum(not r['incomplete'] for r in rows)}/{n}; "
+            f"{sum(r['correct'] for r in faults)}/{len(faults)}; every probe completed {sum(not r['incomplete'] for r in rows)}/{n} "
+            f"(rows with probes deliberately not run after a confirmed finding: {sum(bool(r['not_needed']) for r in rows)}); "
             f"wall within max(20 s, 40 session steps) {sum(r['in_time'] for r in rows)}/{n}; peak memory within 2x a plain "
             f"step {sum(r['memory_ratio'] <= 2.0 for r in rows)}/{n} (worst {max((r['memory_ratio'] for r in rows), default=0):.2f}x); "
             f"clean exits {sum(r['clean'] for r in rows)}/{n}; all targets {sum(r['meets'] for r in rows)}/{n}; median cost "
@@ -180,6 +186,8 @@ def main() -> None:
             print(_fmt(row), flush=True)
             for item in row["incomplete"] if not args.markdown else []:
                 print(f"    not completed: {item}", file=sys.stderr)
+            for item in row["not_needed"] if not args.markdown else []:
+                print(f"    not needed: {item}", file=sys.stderr)
     print(f"\n{summary(rows)}", flush=True)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2, default=str) + "\n")

@@ -131,6 +131,8 @@ class ProbeContext:
     budget: Any = None  # the session's nnwizard.budget.Budget (None: nothing measured, plan as asked)
     allowance_s: float | None = None  # seconds this probe may plan its steps within (None: no limit)
     plan: dict[str, Any] = field(default_factory=dict)  # what plan_steps decided, for the report
+    lendable_s: float = 0.0  # seconds the budgeted probes still to come were to share when this one was allotted
+    started: float = field(default_factory=lambda: time.monotonic())  # when the probe began (its steps are timed from here)
 
     @property
     def device(self):
@@ -162,6 +164,37 @@ class ProbeContext:
         self.plan.update(wanted=wanted, planned=steps, runs=runs)
         return steps
 
+    def more_steps(self, done: int, planned: int, wanted: int, borrow: bool = False) -> bool:
+        """Whether a run that ``plan_steps`` planned at ``planned`` of ``wanted`` steps takes another
+        after ``done``. Within the plan, yes (the deadline is the safety net). Past it, up to
+        ``wanted``, while the probe's own steps so far say one more fits its allowance: the plan
+        priced a step at the session's calibration, and the probe's steps may be cheaper (a smaller
+        slice, a less loaded moment). A probe whose cut run cannot conclude (``borrow``) may go on
+        into up to ``LEND`` of what the probes still to come were to share, never into their
+        ``floor`` (their smallest runs); they then plan from what is left."""
+        from nnwizard.budget import LEND
+
+        if done < planned:
+            return True
+        if done >= wanted or done == 0 or self.allowance_s is None:
+            return False
+        spent = time.monotonic() - self.started
+        per_step = spent / done
+        room = self.allowance_s + (LEND * self.lendable_s if borrow else 0.0)
+        if spent + per_step > room or self.budget.spare() < per_step:
+            return False
+        if spent + per_step > self.allowance_s:  # borrowing: never what the probes still to come need at least
+            keep = sum(get(p).floor for p in self.budget.pending) * (self.budget.step_s or 0.0)
+            if self.budget.spare() - per_step < keep:
+                return False
+        if self.deadline is not None and self.deadline - time.monotonic() < per_step + 1:
+            end = time.monotonic() + per_step + 2  # the safety net moves with the measured steps, never past the cap
+            if self.cap is not None and end > self.cap:
+                return False
+            self.deadline = end
+        self.plan["extended_to"] = done + 1
+        return True
+
     def unaffordable(self, minimum: int, what: str, **data: Any) -> "ProbeResult":
         """The skipped result of a probe whose ``minimum`` steps do not fit its allowance."""
         b = self.budget
@@ -184,6 +217,7 @@ class ProbeSpec:
     module: str
     share: float = 0.0  # of the session budget, for probes that plan their steps from it (0: fixed cost)
     cost: float = 1.0  # what the probe costs at its defaults, in plain training steps (sizes its limit)
+    floor: float = 0.0  # a budgeted probe's smallest run, in plain steps: what a probe before it that borrows leaves it
 
     def __call__(self, ctx: ProbeContext) -> ProbeResult:
         return self.func(ctx)
@@ -195,16 +229,17 @@ BUILTIN_OUTCOMES = {"errored": "the probe raised or timed out", "skipped": "the 
 
 
 def probe(id: str, *, title: str, outcomes: dict[str, str], timeout_s: float = 60.0, share: float = 0.0,
-          cost: float = 1.0):
+          cost: float = 1.0, floor: float = 0.0):
     """Register a probe. ``outcomes`` lists every outcome it may return (``ok`` for quiet). A probe
     whose work grows with the steps it trains takes a ``share`` of the session budget and plans its
-    steps with ``ctx.plan_steps``; the others declare their ``cost`` in plain training steps."""
+    steps with ``ctx.plan_steps`` (and may declare the ``floor`` of its smallest run in plain steps);
+    the others declare their ``cost`` in plain training steps."""
 
     def register(func: Callable[[ProbeContext], ProbeResult]) -> Callable[[ProbeContext], ProbeResult]:
         if id in _REGISTRY and _REGISTRY[id].func is not func:
             raise ValueError(f"probe {id!r} is registered twice ({_REGISTRY[id].module}, {func.__module__})")
         _REGISTRY[id] = ProbeSpec(id, func, title, {**outcomes, **BUILTIN_OUTCOMES}, timeout_s, func.__module__,
-                                  share, cost)
+                                  share, cost, floor)
         return func
 
     return register

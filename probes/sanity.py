@@ -18,6 +18,11 @@ from nnwizard.target import user_source_files
 
 MIN_OVERFIT_STEPS = 20  # below this a healthy model rarely memorises 16 samples; the probe is skipped
 CLEAR_DROP = 0.02       # when the budget cuts the run: a loss below 2% of its start is a clear outcome
+# A classification batch is memorised when every sample is predicted right and the loss is below this part of its
+# start. A loss with a floor also reaches full accuracy (probabilities fed to CrossEntropyLoss, a sigmoid fed to
+# BCEWithLogitsLoss), but it cannot fall below ln(1 + (C-1)/e) / ln(C) >= 0.45 of its chance-level start, for any
+# number of classes C: those stay "slow" (a third leaves them a clear margin).
+MEMORISED = 1 / 3
 
 
 def _count(params) -> int:
@@ -201,6 +206,16 @@ def _as_stepped(target, model, batch) -> tuple[float, float | None]:
         model.train(was_training)
 
 
+def _clear(target, model, batch, losses: list[float], every: int = 10) -> bool:
+    """Whether a run the budget may cut already has a clear outcome (checked every ``every`` steps
+    past the minimum): its loss below ``CLEAR_DROP`` of the start, or the batch memorised."""
+    if len(losses) < MIN_OVERFIT_STEPS or len(losses) % every:
+        return False
+    if losses[-1] < CLEAR_DROP * losses[0]:
+        return True
+    return overfit_outcome(losses, _as_stepped(target, model, batch)[1]) == "learns"
+
+
 @probe(
     "overfit-one-batch",
     title="Overfit one small batch through the user's optimizer and step",
@@ -218,7 +233,6 @@ def overfit_one_batch(ctx: ProbeContext):
     steps = ctx.plan_steps(wanted, minimum=MIN_OVERFIT_STEPS, fixed=3)
     if not steps:
         return ctx.unaffordable(MIN_OVERFIT_STEPS, "steps overfitting one batch needs", wanted=wanted)
-    cut = steps < wanted
     batch = target.batch(size=size)
     model = target.fresh_model(ctx.seed)
     optimizer = target.make_optimizer(model)
@@ -226,16 +240,22 @@ def overfit_one_batch(ctx: ProbeContext):
     true_start = _true_loss(target, model, batch)
     losses: list[float] = []
     files = user_source_files(target)
-    started = time.monotonic()
+    started, early = time.monotonic(), False
     try:
-        for step in range(steps):
+        # past the planned steps while the probe's own steps fit (a cut run cannot conclude: it may borrow)
+        while ctx.more_steps(len(losses), steps, wanted, borrow=True):
             losses.append(target.train_step(model, batch, optimizer))
-            if not math.isfinite(losses[-1]) or losses[-1] < 1e-4 or ctx.time_left() < 1:
+            step = len(losses)
+            if not math.isfinite(losses[-1]) or losses[-1] < 1e-4:
+                early = True
                 break
-            if cut and losses[-1] < CLEAR_DROP * losses[0]:  # a clear outcome: no need for the rest
+            if ctx.time_left() < 1:
+                break
+            if steps < wanted and _clear(target, model, batch, losses):  # no need for the rest
+                early = True
                 break
             if step % 20 == 0:
-                ctx.progress(step / steps, f"step {step} loss {losses[-1]:.4g}")
+                ctx.progress(step / wanted, f"step {step} loss {losses[-1]:.4g}")
     except Exception as exc:
         data = dict(error=first_line(exc), kind=error_kind(exc), where=user_frame(exc, files), step=len(losses),
                     training_raised=True)
@@ -256,7 +276,10 @@ def overfit_one_batch(ctx: ProbeContext):
                 step_fn=fn, seconds=round(time.monotonic() - started, 2), true_start=true_start, true_end=true_end)
     plot = LinePlot("curve", f"Overfitting {len(batch[1])} samples ({fn})", {"loss": losses}, logy=all(l > 0 for l in losses if math.isfinite(l)))
     acc = f", accuracy {accuracy:.0%}" if accuracy is not None else ""
-    ran = f"{len(losses)} steps" if not cut else f"{len(losses)} steps (of {wanted} wanted; the budget fits {steps})"
+    cut = len(losses) < wanted and not early
+    ran = f"{len(losses)} steps" if not cut else f"{len(losses)} steps (of {wanted} wanted; the budget fit {len(losses)})"
+    if early and len(losses) < wanted:
+        ran += f" (stopped at a clear outcome, of {wanted} wanted)"
     text = f"{len(batch[1])} samples, {ran} of {fn}: loss {first:.4g} -> {last:.4g}{acc}"
     outcome = overfit_outcome(losses, accuracy, moved)
     if outcome == "diverged":
@@ -274,7 +297,7 @@ def overfit_one_batch(ctx: ProbeContext):
         return passed(text, "learns", [plot], **data)
     if cut and len(losses) < wanted and math.isfinite(last):
         # fewer steps than the test is calibrated for: "slow" or "stuck" would be a wrong verdict
-        return cannot_run(f"{text}: not learnt within the {len(losses)} steps the budget fits, too few to call it slow "
+        return cannot_run(f"{text}: not learnt within the {len(losses)} steps the budget fit, too few to call it slow "
                        f"or stuck (--budget to give it more)", **data, reason="budget")
     return failed(outcome, text, [plot], **data)
 
@@ -282,7 +305,8 @@ def overfit_one_batch(ctx: ProbeContext):
 def overfit_outcome(losses: list[float], accuracy: float | None = None, moved: float | None = None) -> str:
     """What a run over one repeated batch shows, from its per-step losses: ``diverged`` (non-finite at
     the end), ``unchanged`` (no parameter and no loss moved), ``learns`` (the loss fell to near zero or
-    by 90%, with full accuracy where measured), ``slow`` (fell by 30% or more) or ``stuck``. One rule for
+    by 90%, with full accuracy where measured; or, where accuracy is measured, every sample right with
+the loss below ``MEMORISED`` of its start), ``slow`` (fell by 30% or more) or ``stuck``. One rule for
     the module probe and the script rerun (probes/intervene.py)."""
     first, last = losses[0], losses[-1]
     if not math.isfinite(last):
@@ -291,4 +315,6 @@ def overfit_outcome(losses: list[float], accuracy: float | None = None, moved: f
         return "unchanged"
     if (last < 0.05 or last < 0.1 * first) and (accuracy is None or accuracy >= 0.99):
         return "learns"
+    if accuracy is not None and accuracy >= 0.99 and last < MEMORISED * first:
+        return "learns"  # every sample right by the task's own decision rule, the loss down by two thirds
     return "slow" if last < 0.7 * first else "stuck"

@@ -183,6 +183,7 @@ CURVE_OUTCOMES = {  # the shapes of a loss curve; triage-run and trace-run (scri
     outcomes={**CURVE_OUTCOMES, "crashed": "the user's loop raised"},
     timeout_s=60,
     share=0.3,
+    floor=MIN_STEPS + 3 + 7 * 8 / 3,  # its minimum, two fresh models and seven validation passes (see below)
 )
 def triage_run(ctx: ProbeContext):
     target = ctx.target

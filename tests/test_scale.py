@@ -7,12 +7,13 @@ import json
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 import torch
 
 from nnwizard.budget import SLICE, SMALL_SLICE, Budget, calibrate, plan_steps
-from tests.conftest import ROOT, load_example, run_probe_on
+from tests.conftest import ROOT, diagnose_example, load_example, run_probe_on
 
 
 def test_plan_steps_keeps_the_wanted_steps_when_they_fit():
@@ -97,6 +98,87 @@ def test_a_budget_cut_overfit_says_so_instead_of_calling_it_slow():
     assert skipped.status == "skipped" and skipped.data["cannot_run"] == "budget" and "fit fewer than" in skipped.summary
 
 
+def test_overfit_reads_a_memorised_batch_as_learnt_but_not_a_capped_loss():
+    from nnwizard.probes.sanity import overfit_outcome
+
+    # every sample right and the loss down to a sixth of its start: memorised, even though not below 10%
+    assert overfit_outcome([2.16, 1.2, 0.34], accuracy=1.0) == "learns"
+    assert overfit_outcome([2.16, 1.2, 0.34], accuracy=0.88) == "slow"  # not every sample right yet
+    assert overfit_outcome([2.16, 1.2, 0.34]) == "slow"  # no accuracy (regression): the loss alone decides
+    # a loss with a floor (softmax into CrossEntropyLoss) reaches 100% accuracy but stays at about half its start
+    assert overfit_outcome([1.36, 0.9, 0.749], accuracy=1.0) == "slow"
+
+
+def test_a_softmax_fed_to_cross_entropy_stays_slow_at_full_accuracy():
+    result = run_probe_on("overfit-one-batch", load_example("broken_double_softmax"))
+    assert result.outcome == "slow" and result.data["accuracy"] == 1.0 and result.data["ratio"] > 1 / 3
+
+
+class _Clock:
+    """A fake monotonic clock the fake steps advance: no timed assertions."""
+
+    def __init__(self):
+        self.now = time.monotonic()  # from the real clock, so objects made before the patch agree with it
+
+    def __call__(self):
+        return self.now
+
+
+def test_a_run_goes_past_its_plan_while_its_own_steps_fit(monkeypatch):
+    from nnwizard.probes import ProbeContext
+    from nnwizard.probes import api
+
+    clock = _Clock()
+    monkeypatch.setattr(api.time, "monotonic", clock)
+    budget = Budget(total_s=100.0, step_s=0.1)  # calibrated at 0.1 s a step ...
+    ctx = ProbeContext(load_example("healthy_mlp"), {}, {}, 0, budget=budget, allowance_s=2.0)
+    planned = ctx.plan_steps(200, minimum=5)
+    assert planned == 20
+    done = 0
+    while ctx.more_steps(done, planned, 200):
+        clock.now += 0.02  # ... but the probe's own steps take 0.02 s: it runs what 2 s really fit
+        done += 1
+    assert 90 <= done <= 100 and ctx.plan["extended_to"] == done
+    # a probe whose cut run cannot conclude may borrow part of what the probes after it were to share
+    lender = ProbeContext(load_example("healthy_mlp"), {}, {}, 0, budget=budget, allowance_s=2.0, lendable_s=4.0)
+    done = 0
+    while lender.more_steps(done, planned, 200, borrow=True):
+        clock.now += 0.02
+        done += 1
+    assert 190 <= done <= 200
+    # ... but never into the smallest run of a budgeted probe still to come (triage-run's floor: about 34 steps)
+    tight = Budget(total_s=7.0, step_s=0.1)
+    tight.pending = {"triage-run": 0.3}
+    clock.now = time.monotonic()
+    tight.started = clock.now
+    keeper = ProbeContext(load_example("healthy_mlp"), {}, {}, 0, budget=tight, allowance_s=2.0, lendable_s=4.0)
+    done = 0
+    while keeper.more_steps(done, planned, 200, borrow=True):
+        clock.now += 0.02
+        done += 1
+    assert 100 <= done < 190 and tight.spare() >= 3.3
+    # without a budget the plan is the wanted count, and nothing runs past it
+    free = ProbeContext(load_example("healthy_mlp"))
+    assert free.plan_steps(50) == 50 and free.more_steps(49, 50, 50) and not free.more_steps(50, 50, 50)
+
+
+def test_calibration_takes_the_median_step_so_one_slow_moment_does_not_misprice(monkeypatch):
+    from nnwizard import budget as budget_module
+
+    target = load_example("healthy_mlp")
+    clock = _Clock()
+    monkeypatch.setattr(budget_module.time, "perf_counter", clock)
+    durations = iter([0.05, 0.01, 0.2, 0.01, 0.01, 0.01, 0.01, 0.01, 0.01, 0.01])
+    real_step = target.train_step
+
+    def step(model, batch, optimizer):
+        clock.now += next(durations)  # warm-up, then one step slowed by a loaded moment
+        return real_step(model, batch, optimizer)
+
+    monkeypatch.setattr(target, "train_step", step)
+    assert budget_module._timed_steps(target, target.batch(), 30.0) == pytest.approx(0.01)
+
+
 def test_uncut_probes_run_as_before():
     result = run_probe_on("overfit-one-batch", load_example("healthy_mlp"))
     assert result.outcome == "learns" and result.data["plan"] == {"wanted": 200, "planned": 200, "runs": 1}
@@ -173,3 +255,48 @@ def test_cancellation_ends_a_worker_in_the_user_code(tmp_path):
     result = run_probe(get("overfit-one-batch"), ProbeContext(target), 1.0)
     assert result.status == "errored" and result.data["stopped"] is True
     assert threading.active_count() == before
+
+
+def test_probes_a_confirmed_finding_makes_moot_are_not_run_and_say_so():
+
+    diagnosis, _ = diagnose_example("broken_no_step")
+    assert diagnosis.ranked[0].id == "missing-optimizer-step" and diagnosis.ranked[0].confidence >= 0.85
+    moot = [r for r in diagnosis.results if r.data.get("cannot_run") == "not-needed"]
+    assert moot and all(r.status == "skipped" and "missing-optimizer-step is already confirmed" in r.summary for r in moot)
+    assert all(r.data["confirmed"] == "missing-optimizer-step" for r in moot)
+    healthy, report = diagnose_example("healthy_mlp")
+    assert report.verdict == "healthy"
+    assert not [r for r in healthy.results if r.data.get("cannot_run") == "not-needed"]
+
+
+SLOW_SCRIPT = '''
+import time
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+model = nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x, y = torch.randn(16, 4), torch.randint(0, 2, (16,))
+for step in range(30):
+    loss = nn.functional.cross_entropy(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    time.sleep(0.25)  # a step of a model far too large for the default time limit
+    opt.step()
+'''
+
+
+def test_a_slow_scripts_time_limit_grows_to_fit_a_readable_run(tmp_path):
+    from nnwizard.script_run import RunOptions, StepFit, load_script, run_script
+
+    path = tmp_path / "slow.py"
+    path.write_text(SLOW_SCRIPT)
+    plain = run_script(load_script(str(path)), [], RunOptions(max_steps=12, time_limit_s=0.8))
+    assert plain.recording.total_steps < StepFit.STEPS and "time limit" in plain.recording.stopped
+    fitted = run_script(load_script(str(path)), [], RunOptions(max_steps=12, time_limit_s=0.8, listeners=[StepFit()]))
+    assert fitted.recording.total_steps >= StepFit.STEPS
+    assert any(note.startswith("time limit raised") for note in fitted.recording.notes)
+    # a fast script keeps its limit: nothing raised
+    fast = run_script(load_script(str(path)), [], RunOptions(max_steps=3, time_limit_s=30.0, listeners=[StepFit()]))
+    assert not any(note.startswith("time limit raised") for note in fast.recording.notes)

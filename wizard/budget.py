@@ -11,12 +11,15 @@ The session has one budget in seconds (``--budget``; by default ``max(20 s, 40 p
 fifth for loading and reporting). Fixed-cost probes (the loop audits: a handful of steps each) are not
 drawn from it: they run first and get a time limit sized by their own cost. Probes that train for
 many steps take a share of it, capped by what is left, and plan their step counts with
-``plan_steps``; one whose minimum does not fit is skipped and says so.
+``plan_steps``; one whose minimum does not fit is skipped and says so. A run may go past its plan
+while its own measured steps still fit its allowance (``ProbeContext.more_steps``), and one whose
+cut run cannot conclude may borrow up to ``LEND`` of what the probes after it were to share.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +36,9 @@ RESERVE = 0.05        # of the budget kept for the fixed-cost probes of trees qu
 CEILING = 2.0         # past this multiple of the budget, nothing more runs the user's code
 LIMIT_MARGIN = 3.0    # a fixed-cost probe's time limit: this many times its cost in measured steps ...
 LIMIT_FLOOR_S = 10.0  # ... plus this (building models, reading batches)
+LEND = 0.5            # of what the probes still to come were to share, a probe whose cut run cannot conclude may take
+CALIBRATION_S = 0.5   # the step time is the median of the steps timed within this (at least two, the first a warm-up)
+CALIBRATION_STEPS = 8
 
 
 @dataclass
@@ -136,23 +142,26 @@ def default_total(user_step_s: float | None) -> float:
     return DEFAULT_SHARE * max(DEFAULT_MIN_S, DEFAULT_STEPS * (user_step_s or 0.0))
 
 
-def _timed_steps(target, batch, n: int, give_up_s: float) -> float:
-    """Seconds of the fastest of up to ``n`` plain steps on a fresh model (the first warms up)."""
+def _timed_steps(target, batch, give_up_s: float) -> float:
+    """Seconds of one plain step on a fresh model: the median of the steps after the first (a
+    warm-up) among those that fit ``CALIBRATION_S`` (two at least, ``CALIBRATION_STEPS`` at most), so
+    that one step slowed by a loaded moment does not misprice every probe; the first alone if it took
+    longer than ``give_up_s``."""
     model = target.fresh_model(0)
     optimizer = target.make_optimizer(model)
     cuda = target.device.type == "cuda"
-    best = math.inf
-    for _ in range(n):
+    times: list[float] = []
+    while len(times) < CALIBRATION_STEPS:
         if cuda:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
         target.train_step(model, batch, optimizer)
         if cuda:
             torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - t0)
-        if best > give_up_s:
+        times.append(time.perf_counter() - t0)
+        if times[-1] > give_up_s or (len(times) >= 2 and sum(times) > CALIBRATION_S):
             break
-    return best
+    return statistics.median(times[1:]) if len(times) > 1 else times[0]
 
 
 def calibrate(target, total_s: float | None = None, limit_s: float = 60.0) -> Budget:
@@ -170,16 +179,16 @@ def calibrate(target, total_s: float | None = None, limit_s: float = 60.0) -> Bu
         budget.how = "measured in the real run"
     elif batch is not None:
         def work(ctx):
-            out = {"user": _timed_steps(target, batch, 2, limit_s / 4)}
+            out = {"user": _timed_steps(target, batch, limit_s / 4)}
             total = total_s or default_total(out["user"])
             if budget.user_batch and budget.user_batch > SLICE and out["user"] * AFFORD_STEPS > total:
                 # a 16-sample step is not timed when even its share of the user's step is twice too dear
                 if out["user"] * SLICE / budget.user_batch * AFFORD_STEPS <= 2 * total:
                     small = (batch[0][:SLICE], batch[1][:SLICE])
-                    out["slice"] = _timed_steps(target, small, 2, limit_s / 8)
+                    out["slice"] = _timed_steps(target, small, limit_s / 8)
                 if out.get("slice", math.inf) * AFFORD_STEPS > total:
                     smaller = (batch[0][:SMALL_SLICE], batch[1][:SMALL_SLICE])
-                    out["small"] = _timed_steps(target, smaller, 2, limit_s / 8)
+                    out["small"] = _timed_steps(target, smaller, limit_s / 8)
             return ProbeResult("passed", "ok", "timed", out)
 
         spec = ProbeSpec("step-cost", work, "time one plain step", {"ok": "timed", **BUILTIN_OUTCOMES}, limit_s, __name__)

@@ -19,6 +19,9 @@ from nnwizard.target import Target
 from nnwizard.tree import END, SYMPTOMS, Node, Tree
 
 MAX_TREES = 64
+# Once a finding stands at this confidence, the trees queued later to explain a measured symptom run
+# no more probes that train for many steps: they would train with a fault already known to be there.
+CONFIRMED = 0.85
 
 
 @dataclass
@@ -116,6 +119,7 @@ class Engine:
         self._cache: dict[tuple, ProbeResult] = {}
         self._reported: set[tuple] = set()  # cache keys whose result is in diagnosis.results
         self._latest: dict[str, ProbeResult] = {}
+        self._first: set[str] = set()  # the trees the session's symptoms queued (not those a measured symptom added)
 
     # ------------------------------------------------------------------------------------ public
     def run(self, symptoms: list[str] | None = None, answers: dict[str, str] | None = None) -> Diagnosis:
@@ -128,6 +132,7 @@ class Engine:
                 diagnosis.given_symptoms = given
             diagnosis.symptoms = [s for s in given if s != "auto"]
             queue = self._trees_for(given)
+            self._first = {t.id for t in queue}
             if self.budget is not None:
                 self._cheap_first(queue)
             while queue and len(diagnosis.trees) < MAX_TREES:
@@ -240,11 +245,30 @@ class Engine:
 
     def _probe(self, tree: Tree, name: str, node: Node, diagnosis: Diagnosis) -> ProbeResult:
         key = self._key(node)
-        result = self._run_cached(tree, name, node)
+        result = self._cache.get(key) or self._not_needed(tree, name, node, diagnosis) or self._run_cached(tree, name, node)
         if key not in self._reported:
             self._reported.add(key)
             diagnosis.results.append(result)
         self._latest[node.probe] = result
+        return result
+
+    def _not_needed(self, tree: Tree, name: str, node: Node, diagnosis: Diagnosis) -> ProbeResult | None:
+        """The result of a budgeted probe that is deliberately not run (None: run it): under a session
+        budget, in a tree queued to explain a symptom the session measured, once a finding is already
+        confirmed. The probe adds no evidence and says why; the finding's fix comes first."""
+        spec = get(node.probe)
+        if self.budget is None or spec.share == 0 or tree.id in self._first:
+            return None
+        top = next(iter(rank(diagnosis.evidence, self.catalog)), None)
+        if top is None or top.confidence < CONFIRMED:
+            return None
+        result = cannot_run(f"not run: {top.id} is already confirmed ({top.confidence:.2f}); this probe would train with "
+                            f"that fault in place (fix it, then diagnose again)", reason="not-needed",
+                            confirmed=top.id, confidence=top.confidence)
+        result.id, result.params = spec.id, dict(node.params)
+        self._cache[self._key(node)] = result
+        self.listener(Event("probe-start", tree.id, name, {"probe": spec.id, "title": spec.title}))
+        self.listener(Event("probe-end", tree.id, name, {"result": result}))
         return result
 
     @staticmethod
@@ -265,8 +289,11 @@ class Engine:
                            budget=self.budget)
         limit, grace, reason = self.probe_timeout, GRACE_S, None
         if self.budget is not None:
+            spare = self.budget.spare()
             ctx.allowance_s, limit, reason = self.budget.allot(spec.share, spec.cost, spec.timeout_s, self.probe_timeout,
                                                                spec.id)
+            if ctx.allowance_s is not None and self.probe_timeout is None:
+                ctx.lendable_s = max(0.0, spare - ctx.allowance_s)  # what the budgeted probes after it were to share
             grace = self.budget.grace_s()
             if ctx.allowance_s is not None:  # a safety net: the probe's planned steps fit its allowance
                 ctx.deadline = time.monotonic() + 1.25 * ctx.allowance_s + 3

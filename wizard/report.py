@@ -56,7 +56,7 @@ class NotRun(BaseModel):
 
     probe: str
     status: str
-    why: str  # errored | timed-out | raised | budget | precondition | ... | training-raised
+    why: str  # errored | timed-out | raised | budget | not-needed | precondition | ... | training-raised
     reason: str
 
 

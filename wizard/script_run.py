@@ -82,12 +82,36 @@ class BatchCap:
         steps = rec.recording.steps[1:3]  # the first step pays for one-off work (copies, lazy init)
         per_step = sorted(s.duration_s for s in steps)[0] if steps else 0.0
         if per_step > 0 and rec.limit_batches:
-            fit = int(self.seconds / (self.PASSES * per_step))
+            fit = int((getattr(rec, "time_limit_s", None) or self.seconds) / (self.PASSES * per_step))  # StepFit may raise it
             cap = max(self.MIN_BATCHES, min(self.limit, fit))
             if cap < rec.limit_batches:
                 rec.limit_batches = cap
                 rec.recording.notes.append(f"batches per DataLoader pass capped at {cap} (a step took {per_step:.2f} s, "
                                            f"time limit {self.seconds:.0f} s)")
+
+
+class StepFit:
+    """Raises the observed run's time limit when its measured step is so slow that the limit would end
+    the run before ``STEPS`` optimizer steps (two training passes and an evaluation pass of BatchCap's
+    minimum): to what those steps need at the second step's time, never past ``CEILING_STEPS`` steps
+    (the diagnosis target: max(20 s, 40 plain steps)). A fast script keeps the default limit."""
+
+    STEPS = int(BatchCap.PASSES * BatchCap.MIN_BATCHES)
+    CEILING_STEPS = 40
+
+    def on_step_post(self, rec, optimizer, step) -> None:
+        if step.step != 2 or rec.time_limit_s is None:
+            return
+        per_step = step.duration_s  # the first step pays for the program's start
+        need = min(rec.now() + (self.STEPS - 2) * per_step, self.CEILING_STEPS * per_step)
+        if need <= rec.time_limit_s:
+            return
+        rec.recording.notes.append(f"time limit raised from {rec.time_limit_s:.0f} s to {need:.0f} s to fit {self.STEPS} steps "
+                                   f"(a step took {per_step:.2f} s)")
+        rec.time_limit_s = need
+        if threading.current_thread() is threading.main_thread() and hasattr(signal, "getitimer") \
+                and signal.getitimer(signal.ITIMER_REAL)[0] > 0:  # the run's alarm (_alarm) moves with it
+            signal.setitimer(signal.ITIMER_REAL, (need - rec.now()) * 1.5 + 5)
 
 
 @dataclass

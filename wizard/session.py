@@ -60,14 +60,14 @@ def _check_target(opts: Options) -> None:
 
 def _load_script_target(opts: Options, listener):
     from nnwizard.engine import Event
-    from nnwizard.script_run import DEFAULT_MAX_STEPS, RunOptions, load_script, run_script
+    from nnwizard.script_run import DEFAULT_MAX_STEPS, RunOptions, StepFit, load_script, run_script
     from nnwizard.script_target import ScriptTarget
 
     script = load_script(opts.script)
     steps = opts.max_steps or DEFAULT_MAX_STEPS
     if listener is not None:
         listener(Event("script-start", data={"script": str(script.path), "args": opts.script_args, "max_steps": steps}))
-    run = run_script(script, opts.script_args, RunOptions(max_steps=steps, seed=opts.seed))
+    run = run_script(script, opts.script_args, RunOptions(max_steps=steps, seed=opts.seed, listeners=[StepFit()]))
     target = ScriptTarget(run)
     if listener is not None:
         listener(Event("script-observed", data={"observed": target.observed()}))
