@@ -462,7 +462,7 @@ class Recorder:
         self._batch_index = -1
         self._before_step: list[torch.Tensor] | None = None   # full mode: parameter values before optimizer.step()
         self._exact_update = False    # full mode: compare every value (a sampled comparison saw no change)
-        self._file_kinds: dict[str, int] = {}   # where(): code file name -> what it is
+        self._file_kinds: dict[str, tuple] = {}   # where(): code file name -> (what it is, its base name)
         self._loss_value: tuple | None = None   # (weakref, value) of the last loss call's result
         self._scaled: set[int] = set()
         self._scales: dict[int, tuple] = {}   # GradScaler.scale outputs -> (weakref, scale)
@@ -715,15 +715,15 @@ class Recorder:
         kinds = self._file_kinds
         while frame is not None:
             name = frame.f_code.co_filename
-            kind = kinds.get(name)
-            if kind is None:  # 2: one of the user's files, 1: other code outside torch and nnwizard, 0: neither
-                kind = kinds[name] = 2 if self.files and str(Path(name).resolve()) in self.files else int(
+            known = kinds.get(name)
+            if known is None:  # 2: one of the user's files, 1: other code outside torch and nnwizard, 0: neither
+                known = kinds[name] = (2 if self.files and str(Path(name).resolve()) in self.files else int(
                     "/torch/" not in name and "/nnwizard/" not in name and "/wizard/" not in name
-                    and "/probes/" not in name and not name.startswith("<") and "runpy" not in name)
-            if kind == 2:
-                return f"{Path(name).name}:{frame.f_lineno} in {frame.f_code.co_name}"
-            if fallback is None and kind == 1:
-                fallback = f"{Path(name).name}:{frame.f_lineno} in {frame.f_code.co_name}"
+                    and "/probes/" not in name and not name.startswith("<") and "runpy" not in name), Path(name).name)
+            if known[0] == 2:
+                return f"{known[1]}:{frame.f_lineno} in {frame.f_code.co_name}"
+            if fallback is None and known[0] == 1:
+                fallback = f"{known[1]}:{frame.f_lineno} in {frame.f_code.co_name}"
             frame = frame.f_back
         return fallback
 
@@ -1067,9 +1067,10 @@ class Recorder:
         grads = [p.grad for info in self.recording.optimizers for g in info.optimizer.param_groups
                  for p in g["params"] if p.requires_grad]
         updated = self.recording.manual_updated   # parameters a hand-written update changed (not merely outside every optimizer)
-        seen = {id(p) for info in self.recording.optimizers for g in info.optimizer.param_groups for p in g["params"]}
-        grads += [p.grad for key, (p, _) in self._manual_candidates.items()
-                  if key == id(p) and key in updated and key not in seen]
+        if updated:
+            seen = {id(p) for info in self.recording.optimizers for g in info.optimizer.param_groups for p in g["params"]}
+            grads += [p.grad for key, (p, _) in self._manual_candidates.items()
+                      if key == id(p) and key in updated and key not in seen]
         if not grads:
             return None
         live = [g for g in grads if g is not None]
