@@ -25,8 +25,12 @@ What is installed while the ``with`` block runs (and removed on exit, exceptions
   ``replace_batch(batch, index)``), and the ``torch.nn.functional`` loss functions (the tensors that
   reach the loss after the user's own reshaping; ``nn.*Loss`` modules call these too);
 - full mode only: a ``TorchFunctionMode`` that notices arithmetic on a loss tensor after its
-  backward (a graph kept across steps: ``total += loss``), and CPU copies of the first few batches,
-  model inputs, loss inputs/targets and a deep copy of each model before its first forward.
+  backward (a graph kept across steps: ``total += loss``), hand-written parameter updates and
+  predictions/targets taken from a model's output, and CPU copies of the first few batches,
+  model inputs, loss inputs/targets and a deep copy of each model before its first forward. The mode
+  watches only the user's own loop code: it leaves the mode stack while a model forward, a DataLoader
+  fetch, ``optimizer.step()``, a loss function, backward or zero_grad runs (see ``Recorder._pause``),
+  so the ops inside them cost no Python call.
 
 Listener API (watch mode): pass ``listeners=[obj]``; each method is optional and is called with the
 recorder first:
@@ -54,8 +58,9 @@ step (at the optimizer's pre-step point, one device sync on GPU); the gradient n
 measured cost so that it stays within NORM_SHARE of the measured step time (``recording.norm_interval``,
 at most ``norm_every_max``; ``StepRecord.grad_norm`` is None on the other steps); only the last
 LIGHT_KEEP step records and scheduler events are kept (``recording.total_steps`` counts them all),
-no loss calls and no forward events. Full mode adds the TorchFunctionMode and small copies (see
-benchmarks/recorder_overhead.py).
+no loss calls and no forward events. Full mode adds the TorchFunctionMode and small copies, and
+measures every step: the gradient norm, and the update on the first 64 steps on at most UPDATE_SAMPLE
+evenly spaced values per tensor (see benchmarks/recorder_overhead.py).
 """
 
 from __future__ import annotations
