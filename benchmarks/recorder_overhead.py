@@ -6,7 +6,8 @@ printed (goal, for both recorders: <= 1.10x on the small MLP, <= 1.05x on the ~1
     python benchmarks/recorder_overhead.py [--repeats 5] [--steps 200] [--cpu] [--json out.json]
 
 Times on a shared machine are noisy: run it when nothing else runs. ``--cpu`` times the process's CPU
-time instead of the wall clock (less disturbed by other processes; torch's threads count too).
+time instead of the wall clock (less disturbed by other processes; run it with OMP_NUM_THREADS=1, as
+torch's waiting threads count too).
 """
 
 from __future__ import annotations
