@@ -232,13 +232,21 @@ def trace_backward_step(ctx: ProbeContext, rec):
     if manual:
         lrs = sorted(s.lrs[0] for s in rec.steps if s.manual and s.lrs)
         data.update(manual_steps=manual, effective_lr=lrs[len(lrs) // 2] if lrs else None)
+        idle = unstepped_optimizers(rec)
         return passed(f"{rec.backwards} backward() calls and {manual} hand-written parameter updates (no torch.optim "
-                      f"step{'' if manual == len(rec.steps) else ' for some parameters'}); gradient norm {norms[0]:.3g} "
+                      f"step{'' if manual == len(rec.steps) else ' for some parameters'}"
+                      + (f"; {idle} is built but never stepped, zero_grad() ran {rec.zero_grads} times" if idle else "")
+                      + f"); gradient norm {norms[0]:.3g} "
                       f"at the first; largest parameter change {max(updates, default=0.0):.3g}"
                       + (f"; |update| / |gradient| = {data['effective_lr']:.3g} (the learning rate of a plain SGD update)"
                          if lrs else ""), "manual-update", **data)
     return passed(f"{rec.backwards} backward() and {len(rec.steps)} optimizer.step() calls; gradient norm "
                   f"{norms[0]:.3g} at the first step; largest parameter change {max(updates, default=0.0):.3g}", **data)
+
+
+def unstepped_optimizers(rec) -> str:
+    """The optimizers the script built and never stepped, as text ("SGD"); "" if none."""
+    return " and ".join(o.name for o in rec.optimizers if not o.steps)
 
 
 def idle_optimizers(rec) -> list:
@@ -310,9 +318,10 @@ def trace_optimizer(ctx: ProbeContext, rec):
                  f"never changed by the hand-written update")
         return failed("missing", f"{missing:,} of {total:,} trainable values ({data['missing_fraction']:.0%}; "
                       f"{data['missing_modules']}) are {where}: they get gradients and never change", table, **data)
-    if manual and not rec.optimizers:
+    if manual and not any(o.steps for o in rec.optimizers):
+        idle = unstepped_optimizers(rec)
         return passed(f"the hand-written update changed all {total:,} trainable values of the trained model(s) "
-                      f"({len(manual)} updates)", **data)
+                      f"({len(manual)} updates{'; ' + idle + ' is built but never stepped' if idle else ''})", **data)
     return passed(f"{data['optimizers']} ({groups} group(s)) holds all {total:,} trainable values of the trained model(s)", **data)
 
 

@@ -182,13 +182,40 @@ def test_sys_exit_raise_and_syntax_errors(tmp_path):
         load_script(str(tmp_path / "missing.py"))
 
 
-def test_script_without_an_optimizer_step_is_never_healthy(tmp_path):
+def test_script_without_an_optimizer_step_or_update_is_never_healthy(tmp_path):
     from nnwizard.script_view import untrained_note
 
-    manual = write(tmp_path, ("opt.step()", "[p.data.add_(p.grad, alpha=-0.1) for p in model.parameters()]"))
-    target = record(manual)
-    assert target.untrained and "updates them by hand" in untrained_note(target)
-    assert get("trace-backward-step")(ProbeContext(target)).outcome == "manual-update"
+    target = record(write(tmp_path, ("opt.step()", "pass")))
+    assert target.untrained and "never changed" in untrained_note(target)
+    assert get("trace-backward-step")(ProbeContext(target)).outcome == "no-step"
+
+
+@pytest.mark.parametrize("update", [
+    "[p.data.add_(p.grad, alpha=-0.1) for p in model.parameters()]",   # through .data
+    "with torch.no_grad():\n                [p.sub_(0.1 * p.grad) for p in model.parameters()]",
+])
+def test_hand_written_updates_of_an_optimizers_parameters_are_steps(tmp_path, update):
+    """The script builds an optimizer and only calls its zero_grad(); it updates the parameters itself."""
+    from nnwizard.script_view import _steps_text, observed
+
+    target = record(write(tmp_path, ("opt.step()", update)))
+    rec = target.recording
+    assert not target.untrained and len(rec.steps) == 24 and all(s.manual for s in rec.steps)  # 3 epochs of 8 batches
+    assert abs(rec.steps[0].lrs[0] - 0.1) < 1e-3 and rec.optimizers[0].steps == 0
+    result = get("trace-backward-step")(ProbeContext(target))
+    assert result.outcome == "manual-update" and "SGD is built but never stepped" in result.summary
+    assert outcome(target, "trace-zero-grad") == "ok" and outcome(target, "trace-optimizer") == "ok"
+    assert "SGD built but never stepped" in _steps_text(observed(target))
+    nozero = record(write(tmp_path, ("opt.step()", update), ("            opt.zero_grad()\n", ""), name="t2.py"))
+    assert outcome(nozero, "trace-zero-grad") == "carry-over"
+
+
+def test_an_edit_of_the_parameters_before_optimizer_step_is_part_of_that_step(tmp_path):
+    clamp = "with torch.no_grad():\n                model[0].weight.clamp_(-1, 1)\n            opt.step()"
+    target = record(write(tmp_path, ("opt.step()", clamp)))
+    rec = target.recording
+    assert len(rec.steps) == 24 and not any(s.manual for s in rec.steps) and rec.optimizers[0].steps == 24
+    assert outcome(target, "trace-backward-step") == "ok"
 
 
 def test_script_without_a_model_says_so(tmp_path):
@@ -647,3 +674,49 @@ def test_gradients_of_parameters_in_no_optimizer_are_not_carry_over(tmp_path):
     # only the head is optimized: the body's gradients pile up, but nothing updates them (that is the optimizer's finding)
     target = record(write(tmp_path, ("SGD(model.parameters()", "SGD(model[3].parameters()")))
     assert outcome(target, "trace-zero-grad") == "ok" and outcome(target, "trace-optimizer") == "missing"
+
+
+FORWARD_CALLED_DIRECTLY = '''
+import torch
+from torch import nn
+torch.manual_seed(0)
+X = torch.randn(64, 6)
+
+
+class Layer(nn.Linear):
+    def __init__(self, d_in, d_out):
+        super().__init__(d_in, d_out)
+        self.act = nn.ReLU()
+        self.opt = torch.optim.Adam(self.parameters(), lr=0.01)
+
+    def forward(self, x):
+        return self.act(x @ self.weight.T + self.bias)
+
+    def fit(self, x):
+        for _ in range(5):
+            loss = self.forward(x).pow(2).mean()   # forward() called directly: only the ReLU passes __call__
+            self.opt.zero_grad()
+            loss.backward()
+            self.opt.step()
+        return self.forward(x).detach()
+
+
+h = X
+for layer in [Layer(6, 5), Layer(5, 4)]:
+    h = layer.fit(h)
+'''
+
+
+def test_a_forward_called_directly_shows_the_module_that_owns_the_parameters(tmp_path):
+    from nnwizard.script_view import _models_line, observed
+
+    target = record(write(tmp_path, text=FORWARD_CALLED_DIRECTLY))
+    rec = target.recording
+    assert len(rec.models) == 2 and [type(m.owner).__name__ for m in rec.models] == ["Layer", "Layer"]
+    assert [o.models for o in rec.optimizers] == [[0], [1]] and not any(o.foreign for o in rec.optimizers)
+    line = _models_line(observed(target))
+    assert line.startswith("Layer (35 parameters, 35 trainable") and "Layer (24 parameters" in line
+    assert "seen through its ReLU" in line and "0 parameters" not in line
+    plain = record(write(tmp_path, name="t2.py"))   # a model called as model(x): no owner
+    assert [m.owner for m in plain.recording.models] == [None]
+    assert "seen through" not in _models_line(observed(plain))

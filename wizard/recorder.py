@@ -25,8 +25,12 @@ What is installed while the ``with`` block runs (and removed on exit, exceptions
   ``replace_batch(batch, index)``), and the ``torch.nn.functional`` loss functions (the tensors that
   reach the loss after the user's own reshaping; ``nn.*Loss`` modules call these too);
 - full mode only: a ``TorchFunctionMode`` that notices arithmetic on a loss tensor after its
-  backward (a graph kept across steps: ``total += loss``), and CPU copies of the first few batches,
-  model inputs, loss inputs/targets and a deep copy of each model before its first forward.
+  backward (a graph kept across steps: ``total += loss``), hand-written parameter updates and
+  predictions/targets taken from a model's output, and CPU copies of the first few batches,
+  model inputs, loss inputs/targets and a deep copy of each model before its first forward. The mode
+  watches only the user's own loop code: it leaves the mode stack while a model forward, a DataLoader
+  fetch, ``optimizer.step()``, a loss function, backward or zero_grad runs (see ``Recorder._pause``),
+  so the ops inside them cost no Python call.
 
 Listener API (watch mode): pass ``listeners=[obj]``; each method is optional and is called with the
 recorder first:
@@ -57,8 +61,9 @@ before the backward, see ``_loss_reading``); the gradient norm
 measured cost so that it stays within NORM_SHARE of the measured step time (``recording.norm_interval``,
 at most ``norm_every_max``; ``StepRecord.grad_norm`` is None on the other steps); only the last
 LIGHT_KEEP step records and scheduler events are kept (``recording.total_steps`` counts them all),
-no loss calls and no forward events. Full mode adds the TorchFunctionMode and small copies (see
-benchmarks/recorder_overhead.py).
+no loss calls and no forward events. Full mode adds the TorchFunctionMode and small copies, and
+measures every step: the gradient norm, and the update on the first 64 steps on at most UPDATE_SAMPLE
+evenly spaced values per tensor (see benchmarks/recorder_overhead.py).
 """
 
 from __future__ import annotations
@@ -97,6 +102,7 @@ NORM_SHARE = 0.01  # light mode: the gradient-norm reduction may cost this share
 NORM_FIRST = 5  # light mode: steps that always measure it (the triggers' starting level)
 NORM_EVERY_MAX = 10  # light mode: the longest interval between two gradient-norm measurements
 SPAN_CHECKS = 4  # steps at whose first backward full mode looks for the graph of the step before
+UPDATE_SAMPLE = 4096  # full mode: a parameter's change over a step is compared on at most this many evenly spaced values
 
 
 class StopRun(BaseException):
@@ -117,6 +123,12 @@ class ModelInfo:
     first_step: int = 0          # optimizer steps taken before its first forward
     shadowed: list[str] = field(default_factory=list)  # nn.Module methods the user's class overrides
     copy_of: int | None = None   # loaded (torch.load / load_state_dict) as a copy of this earlier model (full mode)
+    owner: nn.Module | None = field(default=None, repr=False)  # full mode: the module whose method (its forward()
+    # called directly, not through __call__) called this one: the model that really ran (and owns the parameters)
+
+    def parameters(self):
+        """The parameters of the model that ran: the owner's when there is one."""
+        return (self.owner or self.module).parameters()
 
 
 @dataclass
@@ -153,7 +165,7 @@ class StepRecord:
     epoch: int = 0               # DataLoader iterations started so far
     batch: int = -1              # batch index within the epoch (-1: no DataLoader)
     scheduler_steps: int = 0     # scheduler.step() calls so far
-    update: float | None = None  # largest |change| of a parameter over this step (full mode)
+    update: float | None = None  # largest |change| of a parameter over this step (full mode; on at most UPDATE_SAMPLE values per tensor)
     nonfinite_input: bool = False
     duration_s: float = 0.0      # wall time since the previous step
     none_names: list[str] = field(default_factory=list)  # trainable params with .grad None (full mode, first steps)
@@ -301,6 +313,27 @@ def total_norm(norms: list[torch.Tensor]) -> float:
         return math.sqrt(sum(float(n) ** 2 for n in norms))
 
 
+def _update_views(params: list[torch.Tensor], exact: bool) -> list[torch.Tensor]:
+    """Full mode: the values of each parameter a step's change is measured on: all of them for a tensor
+    of at most UPDATE_SAMPLE values (or ``exact``), else UPDATE_SAMPLE evenly spaced ones (a copy of
+    each tensor would cost more than the step of a large model)."""
+    out = []
+    for p in params:
+        flat = p.detach().reshape(-1)
+        n = flat.numel()
+        out.append(flat if exact or n <= UPDATE_SAMPLE else flat[:: -(-n // UPDATE_SAMPLE)])
+    return out
+
+
+def _largest_change(after: list[torch.Tensor], before: list[torch.Tensor]) -> float:
+    pairs = [(a, b) for a, b in zip(after, before) if a.numel()]
+    if not pairs:
+        return 0.0
+    diffs = torch._foreach_sub([a for a, _ in pairs], [b for _, b in pairs])
+    torch._foreach_abs_(diffs)
+    return float(torch.stack([d.max().float() for d in diffs]).max())
+
+
 def _shape(x) -> list | None:
     return list(x.shape) if isinstance(x, torch.Tensor) else None
 
@@ -317,6 +350,25 @@ _INPLACE_SETS = {"__set__", "__isub__", "__iadd__", "__imul__", "__itruediv__"}
 _SCORES = {"argmax", "max", "topk", "round", "__gt__", "__ge__", "gt", "ge", "sign", "sigmoid", "softmax"}
 _KEEPS_PROVENANCE = {"view", "reshape", "flatten", "squeeze", "unsqueeze", "long", "float", "int", "to", "type",
                      "__getitem__", "contiguous", "clone", "view_as", "reshape_as", "double", "detach"}
+
+
+_stack_len = torch._C._len_torch_function_stack
+_stack_at = torch._C._get_function_stack_at
+_stack_pop = torch._C._pop_torch_function_stack
+_stack_push = torch._C._push_on_torch_function_stack
+
+
+def _remove_mode(mode: TorchFunctionMode) -> None:
+    """Take ``mode`` out of the torch-function mode stack wherever it is (modes the script entered
+    above it and left open keep their order)."""
+    above = []
+    while _stack_len():
+        top = _stack_pop()
+        if top is mode:
+            break
+        above.append(top)
+    for m in reversed(above):
+        _stack_push(m)
 
 
 class _GraphMode(TorchFunctionMode):
@@ -406,7 +458,7 @@ class Recorder:
         self._last_event: ForwardEvent | None = None
         self._trained_nodes: list = []   # grad_fns of forward outputs a backward reached since the last step (full)
         self._prev_nodes: list = []      # the same, of the steps before the last optimizer step
-        self._manual_candidates: dict[int, tuple] = {}  # storage ptr / id -> (param, name): trainable, in no optimizer
+        self._manual_candidates: dict[int, tuple] = {}  # storage ptr / id -> (param, name): trainable parameters
         self._manual_key: tuple | None = None
         self._manual_open: tuple | None = None   # (step, [(param, copy, grad norm)], updated ids) of a hand-written update
         self._in_opt_step = False
@@ -418,7 +470,10 @@ class Recorder:
         self._loader_stack: list[LoaderInfo] = []
         self._epochs = 0
         self._batch_index = -1
-        self._before_step: list[torch.Tensor] | None = None
+        self._before_step: list[torch.Tensor] | None = None   # full mode: parameter values before optimizer.step()
+        self._exact_update = False    # full mode: compare every value (a sampled comparison saw no change)
+        self._file_kinds: dict[str, tuple] = {}   # where(): code file name -> (what it is, its base name)
+        self._loss_value: tuple | None = None   # (weakref, value) of the last loss call's result
         self._scaled: set[int] = set()
         self._scales: dict[int, tuple] = {}   # GradScaler.scale outputs -> (weakref, scale)
         self._kept: dict[int, tuple[str, weakref.ref, int]] = {}   # id -> (where, ref, step made)
@@ -428,6 +483,9 @@ class Recorder:
         self._kept_pairs = 0
         self._t0 = 0.0
         self._mode_obj: _GraphMode | None = None
+        self._paused = 0                          # full mode: nested calls the mode is out of the stack for
+        self._popped_at: int | None = None        # the stack length it left
+        self._opt_paused = False                  # paused for an optimizer.step() (its post hook resumes)
         self._opt_ids: dict[int, OptimizerInfo] = {}
 
     # -- install / remove -------------------------------------------------------------------------
@@ -501,7 +559,13 @@ class Recorder:
                     rec._close_manual()
                 rec._zero_grad_since = True
                 rec.recording.zero_grads += 1
-                return original(this, *args, **kwargs)
+                if not rec.full:
+                    return original(this, *args, **kwargs)
+                rec._pause()
+                try:
+                    return original(this, *args, **kwargs)
+                finally:
+                    rec._resume()
             return zero_grad
 
         self._patch(torch.optim.Optimizer, "zero_grad", zero_grad_patch)
@@ -525,11 +589,15 @@ class Recorder:
                 if rec._in_backward:
                     return original(tensors, *args, **kwargs)
                 rec._in_backward += 1
+                if rec.full:
+                    rec._pause()
                 try:
                     rec._before_backward(tensors)
                     result = original(tensors, *args, **kwargs)
                 finally:
                     rec._in_backward -= 1
+                    if rec.full:
+                        rec._resume()
                 return result
             return backward
 
@@ -614,11 +682,8 @@ class Recorder:
 
     def _uninstall(self) -> None:
         if self._mode_obj is not None:
-            try:
-                self._mode_obj.__exit__(None, None, None)
-            except Exception:  # noqa: BLE001 - another mode entered inside the script and left open
-                pass
-            self._mode_obj = None
+            _remove_mode(self._mode_obj)
+            self._mode_obj, self._paused, self._popped_at = None, 0, None
         while self._undo:
             undo = self._undo.pop()
             try:
@@ -657,13 +722,18 @@ class Recorder:
         """``file:line in function`` of the innermost frame in the user's files (else outside torch)."""
         frame = sys._getframe(1)
         fallback = None
+        kinds = self._file_kinds
         while frame is not None:
             name = frame.f_code.co_filename
-            if self.files and str(Path(name).resolve()) in self.files:
-                return f"{Path(name).name}:{frame.f_lineno} in {frame.f_code.co_name}"
-            if fallback is None and "/torch/" not in name and "/nnwizard/" not in name and "/wizard/" not in name \
-                    and "/probes/" not in name and not name.startswith("<") and "runpy" not in name:
-                fallback = f"{Path(name).name}:{frame.f_lineno} in {frame.f_code.co_name}"
+            known = kinds.get(name)
+            if known is None:  # 2: one of the user's files, 1: other code outside torch and nnwizard, 0: neither
+                known = kinds[name] = (2 if self.files and str(Path(name).resolve()) in self.files else int(
+                    "/torch/" not in name and "/nnwizard/" not in name and "/wizard/" not in name
+                    and "/probes/" not in name and not name.startswith("<") and "runpy" not in name), Path(name).name)
+            if known[0] == 2:
+                return f"{known[1]}:{frame.f_lineno} in {frame.f_code.co_name}"
+            if fallback is None and known[0] == 1:
+                fallback = f"{known[1]}:{frame.f_lineno} in {frame.f_code.co_name}"
             frame = frame.f_back
         return fallback
 
@@ -671,6 +741,28 @@ class Recorder:
         if self.time_limit_s is not None and self.now() > self.time_limit_s:
             self.recording.stopped = f"the time limit of {self.time_limit_s:.0f} s was reached"
             raise StopRun(self.recording.stopped)
+
+    # -- the TorchFunctionMode's window (full mode) ------------------------------------------------
+    # What the mode watches (ops on a backwarded loss, hand-written parameter updates, predictions and
+    # targets taken from a model's output) happens in the user's loop between the calls below, never
+    # inside them: a model's forward, a DataLoader's fetch, optimizer.step(), a loss function, backward.
+    # The mode leaves the stack while one runs, so their ops cost no Python call. It only ever pops
+    # itself when it is on top, and returns only onto the same stack it left (a mode the script
+    # entered meanwhile keeps its place; ours then stays where it is, or out).
+    def _pause(self) -> None:
+        self._paused += 1
+        if self._paused == 1:
+            n = _stack_len()
+            if n and _stack_at(n - 1) is self._mode_obj:
+                _stack_pop()
+                self._popped_at = n - 1
+
+    def _resume(self) -> None:
+        self._paused -= 1
+        if self._paused == 0 and self._popped_at is not None:
+            if _stack_len() == self._popped_at:
+                _stack_push(self._mode_obj)
+            self._popped_at = None
 
     # -- models -----------------------------------------------------------------------------------
     def _model_index(self, module: nn.Module) -> int | None:
@@ -698,6 +790,7 @@ class Recorder:
                     info.initial = copy.deepcopy(module)
                 except Exception:  # noqa: BLE001 - some modules cannot be copied; probes then skip
                     info.initial = None
+                info.owner = _owner(module, sys._getframe(1))
             ref = self._loaded.get(key)
             if ref is not None and ref() is module:
                 shapes = [tuple(p.shape) for p in params]
@@ -714,7 +807,14 @@ class Recorder:
 
     def _forward_pre(self, module, args):
         self._depth += 1
-        if self._depth != 1 or self._in_loss:
+        if self._depth != 1:
+            return None
+        if self.full:
+            if self._opt_paused:  # a step that raised (no post hook ran) and was caught by the script
+                self._opt_paused = self._in_opt_step = False
+                self._resume()
+            self._pause()
+        if self._in_loss:
             return None
         if self._manual_open is not None:
             self._close_manual()
@@ -739,7 +839,8 @@ class Recorder:
             for t in _tensors(args):
                 if t.layout != torch.strided:
                     continue  # sparse inputs (a graph's adjacency matrix): isfinite has no sparse kernel
-                if t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all()):
+                if t.is_floating_point() and t.numel() and not math.isfinite(float(t.sum())) \
+                        and not bool(torch.isfinite(t).all()):   # (a sum of finite values may overflow)
                     self._step_record().nonfinite_input = True
                     break
         if self.max_forwards is not None and sum(m.forwards for m in self.recording.models) > self.max_forwards:
@@ -750,6 +851,16 @@ class Recorder:
         return None
 
     def _forward_post(self, module, args, output):
+        if self._depth == 1 and self.full:
+            try:
+                self._model_returned(module, output)
+            finally:
+                self._resume()
+        else:
+            self._model_returned(module, output)
+        return None
+
+    def _model_returned(self, module, output) -> None:
         self._depth = max(self._depth - 1, 0)
         if self._depth == 0 and not self._in_loss:
             known = self._module_ids.get(id(module))
@@ -774,20 +885,26 @@ class Recorder:
             if rec._in_loss:
                 return original(*args, **kwargs)
             rec._in_loss += 1
+            if rec.full:
+                rec._pause()
             try:
-                value = original(*args, **kwargs)
-            except Exception:
-                y = args[1] if len(args) > 1 else kwargs.get("target")
-                rec.recording.failed_loss = (name, cpu_copy(y) if isinstance(y, torch.Tensor) else None)
-                raise
+                try:
+                    value = original(*args, **kwargs)
+                except Exception:
+                    y = args[1] if len(args) > 1 else kwargs.get("target")
+                    rec.recording.failed_loss = (name, cpu_copy(y) if isinstance(y, torch.Tensor) else None)
+                    raise
+                finally:
+                    rec._in_loss -= 1
+                try:
+                    rec._loss_called(name, args, kwargs, value, original)
+                except StopRun:
+                    raise
+                except Exception:  # noqa: BLE001 - recording must never break the loss
+                    pass
             finally:
-                rec._in_loss -= 1
-            try:
-                rec._loss_called(name, args, kwargs, value, original)
-            except StopRun:
-                raise
-            except Exception:  # noqa: BLE001 - recording must never break the loss
-                pass
+                if rec.full:
+                    rec._resume()
             return value
         return loss
 
@@ -845,6 +962,8 @@ class Recorder:
             v = float(value.detach())
         elif isinstance(value, torch.Tensor) and value.numel():
             v = float(value.detach().float().mean())
+        if v is not None:
+            self._loss_value = (weakref.ref(value), v)
         if torch.is_grad_enabled() and v is not None:
             self._window_values.append(v)
         from_model, out_shape = self._from_model(x)
@@ -908,7 +1027,11 @@ class Recorder:
                 raise StopRun(rec.stopped)
             return
         if loss is not None and loss.numel():
-            value = float(loss.detach().float().mean()) if loss.numel() > 1 else float(loss.detach())
+            known = self._loss_value
+            if known is not None and known[0]() is loss:  # backward on the loss call's own result: read once
+                value = known[1]
+            else:
+                value = float(loss.detach().float().mean()) if loss.numel() > 1 else float(loss.detach())
             scaled = self._scales.pop(id(loss), None)
             if scaled is not None and scaled[0]() is loss and scaled[1]:
                 value /= scaled[1]
@@ -960,7 +1083,10 @@ class Recorder:
         grads = [p.grad for info in self.recording.optimizers for g in info.optimizer.param_groups
                  for p in g["params"] if p.requires_grad]
         updated = self.recording.manual_updated   # parameters a hand-written update changed (not merely outside every optimizer)
-        grads += [p.grad for key, (p, _) in self._manual_candidates.items() if key == id(p) and key in updated]
+        if updated:
+            seen = {id(p) for info in self.recording.optimizers for g in info.optimizer.param_groups for p in g["params"]}
+            grads += [p.grad for key, (p, _) in self._manual_candidates.items()
+                      if key == id(p) and key in updated and key not in seen]
         if not grads:
             return None
         live = [g for g in grads if g is not None]
@@ -989,8 +1115,8 @@ class Recorder:
     def _confirm_kept(self, count: bool = True) -> None:
         rec = self.recording
         if self._spent_all and count:
-            alive = sum(1 for r in self._spent_all if r() is not None)
-            rec.alive_losses.append(alive)
+            self._spent_all = [r for r in self._spent_all if r() is not None]
+            rec.alive_losses.append(len(self._spent_all))
 
     # -- optimizer steps --------------------------------------------------------------------------
     def _optimizer_info(self, optimizer) -> OptimizerInfo:
@@ -1016,8 +1142,8 @@ class Recorder:
 
     def _link(self, info: OptimizerInfo) -> None:
         ids = {id(p) for g in info.groups for p in g["params"]}
-        info.models = [m.index for m in self.recording.models if any(id(p) in ids for p in m.module.parameters())]
-        owned = {id(p) for m in self.recording.models for p in m.module.parameters()}
+        info.models = [m.index for m in self.recording.models if any(id(p) in ids for p in m.parameters())]
+        owned = {id(p) for m in self.recording.models for p in m.parameters()}
         info.foreign = len(ids - owned)
 
     def _step_record(self) -> StepRecord:
@@ -1026,7 +1152,12 @@ class Recorder:
         return self._pending
 
     def _step_pre(self, optimizer, args, kwargs):
+        if self._manual_open is not None:
+            self._merge_manual()
         self._in_opt_step = True   # its in-place updates are not hand-written ones
+        if self.full and not self._opt_paused:
+            self._opt_paused = True
+            self._pause()
         closure = kwargs.get("closure") if kwargs else None
         if closure is None and len(args) > 1 and callable(args[1]):  # args[0] is the optimizer itself
             closure = args[1]
@@ -1035,7 +1166,16 @@ class Recorder:
             state = {"first": True}
 
             def measured_closure(*a, **k):
-                result = closure(*a, **k)
+                paused = rec._opt_paused
+                if paused:  # the closure is the user's loop: watched
+                    rec._opt_paused = False
+                    rec._resume()
+                try:
+                    result = closure(*a, **k)
+                finally:
+                    if paused:
+                        rec._opt_paused = True
+                        rec._pause()
                 if state["first"]:
                     state["first"] = False
                     rec._measure_pre(optimizer, closure=True)
@@ -1078,7 +1218,7 @@ class Recorder:
                      for m in self.recording.models for n, p in m.module.named_parameters()}
             step.none_names = [names.get(id(p), "?") for p in trainable if p.grad is None][:40]
         if self.full and trainable and step.step <= 64:
-            self._before_step = [p.detach().clone() for p in trainable]
+            self._before_step = [v.clone() for v in _update_views(trainable, self._exact_update)]
         self._notify("on_step_pre", optimizer, step)
 
     def _loss_reading(self, loss: torch.Tensor, scaler) -> tuple:
@@ -1164,16 +1304,28 @@ class Recorder:
 
     def _step_post(self, optimizer, args, kwargs):
         self._in_opt_step = False
+        try:
+            self._after_step(optimizer)
+        finally:
+            if self._opt_paused:
+                self._opt_paused = False
+                self._resume()
+
+    def _after_step(self, optimizer) -> None:
         step = self._step_record()
         self._pending = None
         info = self._optimizer_info(optimizer)
         info.steps += 1
         if self._before_step is not None:
             trainable = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
-            if len(trainable) == len(self._before_step):
-                diffs = torch._foreach_sub([p.detach() for p in trainable], self._before_step)
-                step.update = max((float(d.abs().max()) for d in diffs if d.numel()), default=0.0)
-            self._before_step = None
+            before, self._before_step = self._before_step, None
+            after = _update_views(trainable, self._exact_update)
+            if len(after) == len(before) and all(a.shape == b.shape for a, b in zip(after, before)):
+                step.update = _largest_change(after, before)
+                if step.update == 0 and step.grad_norm and not self._exact_update \
+                        and any(p.numel() > UPDATE_SAMPLE for p in trainable):
+                    step.update = None   # the sampled values did not move: compare every value from the next step on
+                    self._exact_update = True
         now = self.now()
         step.duration_s = now - self._last_step_t
         self._last_step_t = now
@@ -1203,20 +1355,27 @@ class Recorder:
 
     # -- hand-written updates (full mode) ---------------------------------------------------------
     def _refresh_manual(self) -> None:
-        """Trainable parameters of the recorded models that no optimizer holds: an in-place op on one of
-        them after a backward (``p -= lr * p.grad``, ``p.data.add_(...)``) is a hand-written update."""
+        """Trainable parameters of the recorded models and of the optimizers: an in-place op on one of
+        them after a backward, outside ``optimizer.step()`` (``p -= lr * p.grad``, ``p.data.add_(...)``),
+        is a hand-written update, unless an ``optimizer.step()`` follows before the next forward,
+        backward or zero_grad (an edit of the parameters before the optimizer's own step is merged into that step)."""
         key = (len(self.recording.models), len(self.recording.optimizers))
         if key == self._manual_key and self._manual_open is None:
             return
         self._manual_key = key
-        held = {id(p) for o in self.recording.optimizers for g in o.optimizer.param_groups for p in g["params"]}
         cand: dict[int, tuple] = {}
+
+        def add(p, name):
+            if p.requires_grad and id(p) not in cand:
+                cand[id(p)] = (p, name)
+                cand[p.untyped_storage().data_ptr()] = cand[id(p)]
         for m in self.recording.models:
             for n, p in m.module.named_parameters():
-                if p.requires_grad and id(p) not in held:
-                    name = f"{m.name}.{n}" if len(self.recording.models) > 1 else n
-                    cand[id(p)] = (p, name)
-                    cand[p.untyped_storage().data_ptr()] = (p, name)
+                add(p, f"{m.name}.{n}" if len(self.recording.models) > 1 else n)
+        for o in self.recording.optimizers:   # parameters of modules no hook saw (forward called directly)
+            for gi, g in enumerate(o.optimizer.param_groups):
+                for pi, p in enumerate(g["params"]):
+                    add(p, f"{o.name}.group{gi}[{pi}]")
         self._manual_candidates = cand
 
     def _maybe_manual(self, name: str, first) -> None:
@@ -1262,6 +1421,14 @@ class Recorder:
             step.none_names = [names[id(p)] for p in params if p.grad is None][:40]
         copies = [(p, p.detach().clone(), norms.get(id(p), 0.0)) for p in params] if step.step <= 64 else []
         self._manual_open = (step, copies, set())
+
+    def _merge_manual(self) -> None:
+        """optimizer.step() follows in-place edits of parameters after a backward: one step, the
+        optimizer's (the parameters changed by hand count as updated, see trace-optimizer)."""
+        step, _, updated = self._manual_open
+        self._manual_open = None
+        step.manual, step.none_names, step.optimizer = False, [], -1
+        self.recording.manual_updated |= updated
 
     def _close_manual(self, budget: bool = True) -> None:
         step, copies, updated = self._manual_open
@@ -1380,6 +1547,20 @@ class Recorder:
         return err
 
 
+def _owner(module: nn.Module, frame, depth: int = 12) -> nn.Module | None:
+    """The module whose own method called ``module`` at the top level (``layer.forward(x)`` called
+    directly, so that only the layers inside it pass through ``__call__``): the nearest caller frame
+    whose ``self`` is another nn.Module that contains ``module``; None when that frame's ``self`` is
+    no module or does not contain it."""
+    while frame is not None and depth:
+        depth -= 1
+        this = frame.f_locals.get("self") if "self" in frame.f_code.co_varnames else None
+        if isinstance(this, nn.Module) and this is not module:
+            return this if any(m is module for m in this.modules()) else None
+        frame = frame.f_back
+    return None
+
+
 def _reached(root, targets: set[int], limit: int = 4000) -> set[int]:
     """Which of the autograd nodes (by id) in ``targets`` the graph below ``root`` reaches."""
     found: set[int] = set()
@@ -1428,6 +1609,16 @@ class _LoaderIter:
                 stack.remove(self.info)
 
     def __next__(self):
+        rec = self.rec
+        if not rec.full:
+            return self._next()
+        rec._pause()
+        try:
+            return self._next()
+        finally:
+            rec._resume()
+
+    def _next(self):
         rec = self.rec
         if rec.limit_batches is not None and self.count >= rec.limit_batches:
             self._close()

@@ -21,8 +21,7 @@ def _num(v: float | None) -> Any:
 
 def observed(target) -> dict[str, Any]:
     run, rec = target.run, target.recording
-    models = [{"name": m.name, "params": m.params, "trainable": m.trainable, "forwards": m.forwards,
-               "mode_layers": m.mode_layers, "copy_of": m.copy_of} for m in rec.models]
+    models = [_model(m) for m in rec.models]
     optimizers = [{"name": o.name, "steps": o.steps, "models": [rec.models[i].name for i in o.models],
                    "groups": [{"lr": g["lr"], "tensors": g["tensors"], "values": g["values"]} for g in o.groups]}
                   for o in rec.optimizers]
@@ -53,6 +52,18 @@ def observed(target) -> dict[str, Any]:
         "reruns": [{"what": r.what, "max_steps": r.max_steps, "steps": r.steps, "seconds": r.seconds, "exit": r.exit}
                    for r in getattr(target, "reruns", [])],   # the interventions (probes/intervene.py)
     }
+
+
+def _model(m) -> dict[str, Any]:
+    """One observed model; a module seen only through a layer its directly called forward() runs (a
+    forward-forward ``Layer.train`` calling ``self.forward(x)``) is shown as that owner."""
+    out = {"name": m.name, "params": m.params, "trainable": m.trainable, "forwards": m.forwards,
+           "mode_layers": m.mode_layers, "copy_of": m.copy_of}
+    if getattr(m, "owner", None) is not None:
+        params = list(m.owner.parameters())
+        out.update(name=type(m.owner).__name__, seen_through=m.name, params=sum(p.numel() for p in params),
+                   trainable=sum(p.numel() for p in params if p.requires_grad))
+    return out
 
 
 def script_problem(target) -> str | None:
@@ -88,7 +99,9 @@ def _models_line(obs: dict) -> str:
         if m.get("copy_of") is not None:
             return (f"{m['name']} loaded from a checkpoint (a copy of model {m['copy_of']}, not a second model; "
                     f"{m['forwards']} forwards)")
-        return f"{m['name']} ({m['params']:,} parameters, {m['trainable']:,} trainable, {m['forwards']} forwards)"
+        through = (f"; its forward() called directly, seen through its {m['seen_through']}" if m.get("seen_through")
+                   else "")
+        return f"{m['name']} ({m['params']:,} parameters, {m['trainable']:,} trainable, {m['forwards']} forwards{through})"
     return "; ".join(one(m) for m in obs["models"]) or "none"
 
 
@@ -144,7 +157,9 @@ def print_observed(console, obs: dict) -> None:
 def _steps_text(obs: dict) -> str:
     manual = obs.get("manual_steps") or 0
     if manual and manual == obs["steps"]:
-        return f"{manual} steps, all hand-written parameter updates (no torch.optim optimizer)"
+        idle = [o["name"] for o in obs["optimizers"] if not o["steps"]]
+        return (f"{manual} steps, all hand-written parameter updates (no torch.optim step"
+                + (f"; {' and '.join(idle)} built but never stepped)" if idle else ")"))
     return f"{obs['steps']} optimizer steps" + (f" ({manual} of them hand-written updates)" if manual else "")
 
 
