@@ -172,6 +172,7 @@ def test_learn_rule_is_shared_with_module_mode():
     (BROKEN_LOSS, "loss", "loss-output-mismatch", "simplify-ladder: standard loss"),
     # the sweep's x100 of 1e-7 is still far below any working rate: it does not count against lr-too-low
     (BROKEN_OPT, "optimizer", "lr-too-low", "simplify-ladder: SGD(lr=0.01, momentum=0.9)"),
+    (BROKEN_MODEL, "model", "model-cannot-fit", "simplify-ladder: one-hidden-layer MLP"),
 ])
 def test_cli_runs_the_ladder_when_the_cheaper_reruns_find_nothing(tmp_path, text, outcome, top, rerun):
     import json
@@ -189,5 +190,7 @@ def test_cli_runs_the_ladder_when_the_cheaper_reruns_find_nothing(tmp_path, text
     ladder = next(p for p in report["probes"] if p["id"] == "script-ladder")
     assert ladder["outcome"] == outcome, ladder["summary"]
     assert report["hypotheses"][0]["id"] == top and report["verdict"] == "problems-found"
+    # the evidence quotes the ladder's own numbers (no field left unfilled)
+    assert all("(?)" not in e and "learns" in e for e in report["hypotheses"][0]["evidence"] if e.startswith("script-ladder"))
     assert any(r["what"].startswith(rerun) for r in report["script"]["reruns"])
     assert "| rung | replaces | result | loss (accuracy) | what that rules out |" in md.read_text()
