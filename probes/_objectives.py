@@ -78,10 +78,12 @@ def objectives(rec) -> Objectives:
     if through:
         text += "; adversarial: " + "; ".join(
             f"{optimizer_label(rec, i)}'s loss goes through {', '.join(rec.models[m].name for m in ms)}, "
-            f"whose parameters {', '.join(sorted({optimizer_label(rec, holder[m]) for m in ms}))} holds" for i, ms in through.items())
+            f"whose parameters {', '.join(sorted({f'{rec.optimizers[holder[m]].name} #{holder[m] + 1}' for m in ms}))} holds"
+            for i, ms in through.items())
     return Objectives({i: own[i] for i in separate}, through, text)
 
 
 def adversarial_reason(obj: Objectives) -> str:
-    return (f"{obj.text}: the objectives compete, so neither loss is expected to fall while the other learns; "
-            f"a curve-based judgement (learning rate, learning at all) does not apply")
+    return (f"{obj.text}: the objectives compete (a loss measured through a model another optimizer trains has a "
+            f"moving target), so it need not fall while the other learns; a curve-based judgement (learning rate, "
+            f"learning at all) does not apply")
