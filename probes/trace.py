@@ -701,21 +701,29 @@ def trace_nan(ctx: ProbeContext, rec):
     bad = next((s for s in rec.steps if (s.loss is not None and not math.isfinite(s.loss)) or s.grads_nonfinite
                 or s.nonfinite_input), None)
     if bad is None:
-        losses = [s.loss for s in rec.steps if s.loss is not None]
-        if len(losses) >= 4 and losses[0] > 0:
+        objs = objectives(rec)
+        # a spike is read on each objective's own curve; an adversarial objective's loss need not fall (no spike test)
+        for key, losses in ({} if objs.adversarial else objs.series).items():
+            if len(losses) < 4 or losses[0] <= 0:
+                continue
             peak = max(range(len(losses)), key=lambda i: losses[i])
-            if losses[peak] > 100 * losses[0]:
-                carried = [x.carried for x in rec.steps[1:] if x.carried is not None]
-                if carried and sum(carried) / len(carried) > 0.5:  # the steps grew because gradients piled up
-                    return failed("spike-carry-over", f"the loss jumped from {losses[0]:.4g} at step 1 to {losses[peak]:.4g} "
-                                  f"at step {peak + 1} ({losses[peak] / losses[0]:.3g}x): the gradients were never cleared "
-                                  f"between steps (trace-zero-grad), so each update applied the sum of all earlier "
-                                  f"gradients; the learning rate is not what to change first", step=peak + 1,
-                                  first=losses[0], peak=losses[peak], last=losses[-1])
-                return failed("spike", f"the loss jumped from {losses[0]:.4g} at step 1 to {losses[peak]:.4g} at step "
-                              f"{peak + 1} ({losses[peak] / losses[0]:.3g}x) and ended at {losses[-1]:.4g}: updates far too "
-                              f"large for this model (lr {_fmt(rec.steps[0].lrs[0] if rec.steps[0].lrs else None, '.3g')})",
-                              step=peak + 1, first=losses[0], peak=losses[peak], last=losses[-1])
+            if losses[peak] <= 100 * losses[0]:
+                continue
+            own = [x for x in rec.steps if key is None or x.optimizer == key]
+            whose = f"{optimizer_label(rec, key)}'s own loss" if key is not None else "the loss"
+            at = [x.step for x in own if x.loss is not None]
+            first_lr = next((x.lrs[0] for x in own if x.lrs), None)
+            carried = [x.carried for x in own[1:] if x.carried is not None]
+            if carried and sum(carried) / len(carried) > 0.5:  # the steps grew because gradients piled up
+                return failed("spike-carry-over", f"{whose} jumped from {losses[0]:.4g} at step {at[0]} to {losses[peak]:.4g} "
+                              f"at step {at[peak]} ({losses[peak] / losses[0]:.3g}x): the gradients were never cleared "
+                              f"between steps (trace-zero-grad), so each update applied the sum of all earlier "
+                              f"gradients; the learning rate is not what to change first", step=at[peak],
+                              first=losses[0], peak=losses[peak], last=losses[-1])
+            return failed("spike", f"{whose} jumped from {losses[0]:.4g} at step {at[0]} to {losses[peak]:.4g} at step "
+                          f"{at[peak]} ({losses[peak] / losses[0]:.3g}x) and ended at {losses[-1]:.4g}: updates far too "
+                          f"large for this model (lr {_fmt(first_lr, '.3g')})",
+                          step=at[peak], first=losses[0], peak=losses[peak], last=losses[-1])
         return passed(f"all {len(rec.steps)} recorded losses and gradient norms are finite")
     k = bad.step
     before = [s for s in rec.steps if s.step < k and s.grad_norm is not None and math.isfinite(s.grad_norm)]
