@@ -128,8 +128,10 @@ def trace_run(ctx: ProbeContext, rec):
             result.artifacts = [table, *plots]   # what was observed, shown, not judged
             return result
         if min(len(v_) for v_ in objs.series.values()) < 4:
-            return skipped(f"{objs.text}: fewer than 4 steps of one optimizer were recorded: too few to read its curve",
-                           "too-short", **info)
+            short = f"{objs.text}: fewer than 4 steps of one optimizer were recorded: too few to read its curve"
+            if rec.stopped:   # the budget cut the run: a measurement missing
+                return cannot_run(f"{short} ({rec.stopped})", "too-short", reason="budget", **info)
+            return skipped(short, "too-short", **info)
         shapes = {i: classify(Curves(train=v_)) for i, v_ in objs.series.items()}
         judged = next((i for i, sh in shapes.items() if not sh.normal), next(iter(shapes)))
         shape, train, val, reference = shapes[judged], objs.series[judged], [], None
