@@ -121,7 +121,7 @@ def trace_run(ctx: ProbeContext, rec):
     if objs.several:   # each optimizer's own series is a curve; the interleaved one is not
         info.update(objectives=objs.text, objective_series={optimizer_label(rec, i): [round(v, 6) for v in v_]
                                                             for i, v_ in objs.series.items()})
-        plots = [LinePlot("curves", f"The script's own run, per optimizer ({len(train)} optimizer steps)",
+        plots = [LinePlot("curves", f"The script's own run, per optimizer (x: its own steps; {len(rec.steps)} optimizer steps in all)",
                           {optimizer_label(rec, i): v_ for i, v_ in objs.series.items()})]
         if objs.adversarial:
             result = skipped(adversarial_reason(objs), "adversarial", **info)
