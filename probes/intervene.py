@@ -29,6 +29,7 @@ from typing import Any, Callable
 
 import torch
 
+from nnwizard.probes._objectives import ADVERSARIAL, adversarial_reason, objectives, optimizer_label
 from nnwizard.probes._optrace import OpTracer
 from nnwizard.probes.api import LinePlot, ProbeContext, Table, cannot_run, failed, passed, probe, skipped
 from nnwizard.probes.lr import BETTER, MOVES, sweep_outcome
@@ -52,8 +53,17 @@ def _on_script(intervention: Callable[[ProbeContext, Any], Any]) -> Callable[[Pr
     return run
 
 
-def losses_of(run) -> list[float]:
-    return [s.loss for s in run.recording.steps if s.loss is not None]
+def losses_of(run, objective: int | None = None) -> list[float]:
+    """The run's loss series: all steps with a backward (one objective), or one optimizer's own steps."""
+    return [s.loss for s in run.recording.steps if s.loss is not None and (objective is None or s.optimizer == objective)]
+
+
+def _curves(target):
+    """The observed run's objectives, or a skip when they are adversarial (no curve to judge)."""
+    objs = objectives(target.recording)
+    if objs.adversarial:
+        return objs, skipped(adversarial_reason(objs), "adversarial", objectives=objs.text)
+    return objs, None
 
 
 def _limit_s(target, steps: int) -> float:
@@ -62,10 +72,10 @@ def _limit_s(target, steps: int) -> float:
 
 
 def _rerun(ctx, target, steps: int, **how):
-    """The script rerun for ``steps`` recorded losses (optimizer steps per loss as in the observed run:
-    a script stepping two optimizers per backward takes two)."""
-    observed = target.recording.steps
-    per = len(observed) / max(1, len(losses_of(target.run)))
+    """The script rerun for ``steps`` points of each loss series (optimizer steps per point as in the
+    observed run: a script stepping two optimizers per backward takes two, and so does one whose two
+    optimizers each follow their own backward, a series each)."""
+    per = objectives(target.recording).steps_per_point(len(target.recording.steps))
     ctx.progress(0.0, f"rerunning the script ({steps} steps)")
     return target.rerun(max_steps=max(1, math.ceil(steps * per)), time_limit_s=_limit_s(target, steps), **how)
 
@@ -132,7 +142,7 @@ def _broadcast(call) -> list | None:
     outcomes={"learns": "the script's loss on its one repeated batch approaches zero",
               "slow": "the loss falls but stays far from zero", "stuck": "the loss does not fall",
               "unchanged": "loss and parameters do not change at all",
-              "diverged": "the loss becomes NaN/Inf", "crashed": "the rerun raised"},
+              "diverged": "the loss becomes NaN/Inf", "crashed": "the rerun raised", **ADVERSARIAL},
     timeout_s=120,
     share=0.3,
 )
@@ -141,6 +151,9 @@ def script_overfit(ctx: ProbeContext, target):
     rec = target.recording
     if not rec.steps:
         return skipped("the script took no optimizer step to repeat")
+    objs, skip = _curves(target)
+    if skip is not None:
+        return skip
     one = target.feeds_one_batch
     if not rec.loaders and not one:
         return cannot_run("the script feeds its model without a DataLoader and with inputs that change from step to "
@@ -151,7 +164,9 @@ def script_overfit(ctx: ProbeContext, target):
         return ctx.unaffordable(MIN_OVERFIT, "rerun steps overfitting one batch needs", wanted=wanted)
     how = "the same first batch every step" if rec.loaders else "its own full batch (it already repeats it)"
     run = _rerun(ctx, target, steps, same_batch=bool(rec.loaders), limit_batches=max(2 * steps, 20))
-    losses = losses_of(run)
+    keys = list(objs.series) if objs.several else [None]
+    series = {k: losses_of(run, k) for k in keys}
+    losses = min(series.values(), key=len)
     data: dict[str, Any] = dict(steps=len(losses), planned_steps=steps, wanted_steps=wanted, how=how,
                                 rerun_seconds=run.seconds, rerun_exit=run.exit)
     error = _raised(run)
@@ -163,8 +178,14 @@ def script_overfit(ctx: ProbeContext, target):
                           f"too few to tell memorising from slow learning", reason="precondition", **data)
     updates = [s.update for s in run.recording.steps if s.update is not None]
     moved = max(updates) if updates else None
-    accuracy = _accuracy(target, run)
-    outcome = overfit_outcome(losses, accuracy, moved)
+    accuracy = _accuracy(target, run) if not objs.several else None
+    outcomes = {k: overfit_outcome(v, accuracy, moved) for k, v in series.items()}
+    judged = next((k for k, o in outcomes.items() if o != "learns"), keys[0])   # each objective must learn its batch
+    losses, outcome = series[judged], outcomes[judged]
+    if objs.several:
+        data.update(objectives=objs.text, judged=optimizer_label(rec, judged),
+                    outcomes={optimizer_label(rec, k): o for k, o in outcomes.items()})
+        how += f" (judged per optimizer: {optimizer_label(rec, judged)}'s own loss)"
     first, last = losses[0], losses[-1]
     call = target.loss_call
     samples = None
@@ -212,26 +233,48 @@ def _tail(losses: list[float]) -> float:
     outcomes={"ok": "the configured learning rate moves the loss and no other setting is clearly better",
               "too-low": "the loss barely moves at lr and clearly falls at lr*10",
               "too-high": "lr diverges or does clearly worse than lr/10",
-              "none-learns": "no setting of the learning rate moves the loss"},
+              "none-learns": "no setting of the learning rate moves the loss", **ADVERSARIAL},
     timeout_s=120,
     share=0.4,
 )
 @_on_script
 def script_lr_sweep(ctx: ProbeContext, target):
-    observed = losses_of(target.run)
-    if not observed or not target.recording.optimizers:
+    if not losses_of(target.run) or not target.recording.optimizers:
         return skipped("the script took no optimizer step")
+    objs, skip = _curves(target)
+    if skip is not None:
+        return skip
+    keys = list(objs.series) if objs.several else [None]   # several objectives: each optimizer's own series
     wanted = int(ctx.param("steps", 30))
+    shortest = min(len(losses_of(target.run, k)) for k in keys)
     # two reruns (x0.1, x10), a third (x100) when none of them moves the loss
-    steps = ctx.plan_steps(min(wanted, len(observed)), minimum=MIN_SWEEP, runs=3, fixed=3 * target.rerun_cost(0))
+    steps = ctx.plan_steps(min(wanted, shortest), minimum=MIN_SWEEP, runs=3, fixed=3 * target.rerun_cost(0))
     if not steps:
         return ctx.unaffordable(MIN_SWEEP, "rerun steps each learning rate needs", wanted=wanted)
+    reruns = {}
+    for factor in (0.1, 10.0):
+        reruns[factor] = _rerun(ctx, target, steps, lr_scale=factor)
+    results = [_sweep_judged(ctx, target, reruns, steps, wanted, k) for k in keys]
+    if objs.several:
+        for k, r in zip(keys, results):
+            r.summary = f"{optimizer_label(target.recording, k)}'s own loss: {r.summary}"
+            r.data.update(objectives=objs.text, judged=optimizer_label(target.recording, k))
+    # each objective is judged on its own series: the first that fails (or cannot be measured) speaks
+    return next((r for r in results if r.status == "failed"), next((r for r in results if r.status != "passed"), results[0]))
+
+
+def _sweep_judged(ctx, target, reruns: dict, steps: int, wanted: int, objective: int | None):
+    """The sweep's judgement on one loss series (all steps, or one optimizer's own)."""
+    observed = losses_of(target.run, objective)
     lr = target.recording.steps[0].lrs[0] if target.recording.steps[0].lrs else None
+    if objective is not None:
+        own = next((s for s in target.recording.steps if s.optimizer == objective and s.lrs), None)
+        lr = own.lrs[0] if own is not None else lr
     runs: dict[float, list[float]] = {1.0: observed[:steps]}
     errors = {}
     for factor in (0.1, 10.0):
-        run = _rerun(ctx, target, steps, lr_scale=factor)
-        runs[factor] = losses_of(run)[:steps]
+        run = reruns[factor]
+        runs[factor] = losses_of(run, objective)[:steps]
         if _raised(run):
             errors[factor] = _raised(run)
     # an arm that went non-finite, or whose rerun raised, diverged, however early it stopped
@@ -247,12 +290,13 @@ def script_lr_sweep(ctx: ProbeContext, target):
     # a short range test, as the module sweep makes: when no setting moved the loss and lr*10 stayed
     # finite, try lr*100
     if max(d.values()) < MOVES and math.isfinite(d[10.0]) and ctx.param("extend", True):
-        run = _rerun(ctx, target, n, lr_scale=100.0)
-        runs[100.0] = losses_of(run)[:n]
+        if 100.0 not in reruns:
+            reruns[100.0] = _rerun(ctx, target, n, lr_scale=100.0)
+        runs[100.0] = losses_of(reruns[100.0], objective)[:n]
         tail = _tail(runs[100.0]) if len(runs[100.0]) >= n else math.nan
         d[100.0] = (start - tail) / start if math.isfinite(tail) and start > 0 else -math.inf
     outcome = sweep_outcome(d)
-    reruns = len(runs) - 1
+    count = len(runs) - 1
     # "too low" is about the run, not the sweep's window: the observed run must barely move over all
     # its recorded steps too (a healthy rate is slower than lr*10 over the first few steps)
     whole = (start - _tail(observed)) / start if math.isfinite(_tail(observed)) and start > 0 else -math.inf
@@ -264,14 +308,14 @@ def script_lr_sweep(ctx: ProbeContext, target):
         return f"{d[f]:.0%}" if math.isfinite(d[f]) else "diverged"
 
     lr_text = (lambda f: f" ({lr * f:.3g})") if lr is not None else (lambda f: "")
-    text = (f"{n} steps from the same seed ({reruns} reruns; x1 is the observed run), share of the loss {_fmt(start)} "
+    text = (f"{n} steps from the same seed ({count} reruns; x1 is the observed run), share of the loss {_fmt(start)} "
             f"removed: lr/10{lr_text(0.1)} {pct(0.1)}, lr{lr_text(1.0)} {pct(1.0)}, lr*10{lr_text(10.0)} {pct(10.0)}"
             + (f", lr*100{lr_text(100.0)} {pct(100.0)}" if 100.0 in d else ""))
     if held:
         text += (f"; lr*10 is faster over these {n} steps, but the observed run removed {whole:.0%} of the loss over "
                  f"its {len(observed)} steps at lr")
     data = dict(lr=lr, steps=n, drop_observed=whole, observed_steps=len(observed), planned_steps=steps, wanted_steps=wanted, start_loss=start, drop_lr10=d[0.1],
-                drop_lr=d[1.0], drop_lrx10=d[10.0], drop_lrx100=d.get(100.0), reruns=reruns, errors=errors, text=text, moves=MOVES, better=BETTER)
+                drop_lr=d[1.0], drop_lrx10=d[10.0], drop_lrx100=d.get(100.0), reruns=count, errors=errors, text=text, moves=MOVES, better=BETTER)
     if lr is not None:
         data.update(lr_low=lr * 0.1, lr_high=lr * 10, best_lr=lr * max(d, key=lambda f: d[f]))
     longest = max(len(v) for v in runs.values())

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from nnwizard.probes._objectives import ADVERSARIAL, adversarial_reason, objectives
 from nnwizard.probes.api import ProbeContext, Table, cannot_run, failed, passed, probe, skipped
 from nnwizard.probes.intervene import _on_script, _raised, _rerun
 from nnwizard.probes.ladder import MIN_RUNG_STEPS, _majority, ladder_outcome, rung_learns
@@ -147,7 +148,7 @@ def _already_standard(target) -> bool:
               "model": "a one-hidden-layer MLP learns the data through the script's loop; the script's model does not",
               "loss": "the script's setup learns once its loss is replaced by the standard one",
               "optimizer": "the script's setup learns once its optimizer is replaced by SGD(lr=0.01, momentum=0.9)",
-              "loop": "nothing learns through the script's loop, not even a plain MLP or a known rule"},
+              "loop": "nothing learns through the script's loop, not even a plain MLP or a known rule", **ADVERSARIAL},
     timeout_s=180,
     share=0.4,
 )
@@ -159,6 +160,9 @@ def script_ladder(ctx: ProbeContext, target):
     info = target.model_info
     if not rec.steps or info is None:
         return skipped("the script trained no model to simplify")
+    objs = objectives(rec)
+    if objs.adversarial:   # a rung judges whether the loss falls: an adversarial objective's need not
+        return skipped(adversarial_reason(objs), "adversarial", objectives=objs.text)
     if not rec.loaders and not target.feeds_one_batch:
         return cannot_run("the script feeds its model without a DataLoader and with inputs that change from step to "
                           "step: no fixed subset for the rungs to share", reason="precondition")

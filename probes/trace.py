@@ -20,6 +20,7 @@ from nnwizard.curves import Curves, classify
 from nnwizard.probes._instrument import error_kind
 from nnwizard.probes.loop import Coverage
 from nnwizard.probes.triage import CURVE_OUTCOMES
+from nnwizard.probes._objectives import ADVERSARIAL, adversarial_reason, objectives, optimizer_label
 from nnwizard.probes.api import LinePlot, ProbeContext, Table, cannot_run, failed, passed, probe, skipped
 
 
@@ -80,7 +81,7 @@ def eval_curve(rec) -> tuple[list[float], list[int]]:
     "trace-run",
     title="The script's own run: what it built, and the shape of its loss curves",
     outcomes={**CURVE_OUTCOMES, "crashed": "the script raised",
-              "too-short": "too few optimizer steps were recorded to read a curve"},
+              "too-short": "too few optimizer steps were recorded to read a curve", **ADVERSARIAL},
     timeout_s=30,
 )
 @_on_recording
@@ -116,7 +117,27 @@ def trace_run(ctx: ProbeContext, rec):
                               f"curve (its steps are slow for the script-mode time limit: a smaller batch or model size would fit)", "too-short",
                               reason="budget", **info)
         return skipped(f"only {len(train)} optimizer steps were recorded: too few to read a curve", "too-short", **info)
-    shape = classify(Curves(train=train, val=val or None, val_steps=val_steps or None), reference)
+    objs = objectives(rec)
+    if objs.several:   # each optimizer's own series is a curve; the interleaved one is not
+        info.update(objectives=objs.text, objective_series={optimizer_label(rec, i): [round(v, 6) for v in v_]
+                                                            for i, v_ in objs.series.items()})
+        plots = [LinePlot("curves", f"The script's own run, per optimizer (x: its own steps; {len(rec.steps)} optimizer steps in all)",
+                          {optimizer_label(rec, i): v_ for i, v_ in objs.series.items()})]
+        if objs.adversarial:
+            result = skipped(adversarial_reason(objs), "adversarial", **info)
+            result.artifacts = [table, *plots]   # what was observed, shown, not judged
+            return result
+        if min(len(v_) for v_ in objs.series.values()) < 4:
+            short = f"{objs.text}: fewer than 4 steps of one optimizer were recorded: too few to read its curve"
+            if rec.stopped:   # the budget cut the run: a measurement missing
+                return cannot_run(f"{short} ({rec.stopped})", "too-short", reason="budget", **info)
+            return skipped(short, "too-short", **info)
+        shapes = {i: classify(Curves(train=v_)) for i, v_ in objs.series.items()}
+        judged = next((i for i, sh in shapes.items() if not sh.normal), next(iter(shapes)))
+        shape, train, val, reference = shapes[judged], objs.series[judged], [], None
+        info.update(train=[round(v, 6) for v in train], val=[], judged=optimizer_label(rec, judged))
+        others = "; ".join(f"{optimizer_label(rec, i)}: {sh.title}" for i, sh in shapes.items() if i != judged)
+    shape = shape if objs.several else classify(Curves(train=train, val=val or None, val_steps=val_steps or None), reference)
     symptoms = list(shape.symptoms)
     info.update(shape=shape.shape, shape_title=shape.title, shape_evidence=shape.evidence,
                 intervention=shape.intervention, lr_advice=shape.lr, symptoms=symptoms,
@@ -134,6 +155,10 @@ def trace_run(ctx: ProbeContext, rec):
         plot.series["evaluation"] = stretched
     ref = f" (reference {reference:.4g}: {how})" if reference else ""
     text = f"{len(train)} optimizer steps of the script in {rec.seconds:.1f} s: {shape.title}: {shape.evidence}{ref}"
+    if objs.several:
+        plot = plots[0]
+        text = (f"{len(rec.steps)} optimizer steps of the script in {rec.seconds:.1f} s; {objs.text}; judged per optimizer: "
+                f"{optimizer_label(rec, judged)} ({len(train)} steps): {shape.title}: {shape.evidence}" + (f"; {others}" if others else ""))
     if shape.normal:
         return passed(text, "ok", [table, plot], **info)
     return failed(shape.shape, text, [table, plot], **info)
@@ -159,9 +184,26 @@ def trace_zero_grad(ctx: ProbeContext, rec):
     growth = (later[-1].grad_norm or 0.0) / max(rec.steps[0].grad_norm or 0.0, 1e-30)
     data = dict(steps=len(rec.steps), carried=carried, zero_grad_steps=calls, zero_grad_calls=rec.zero_grads,
                 grad_growth=growth, checked=len(measured))
-    if carried > 0.5:
-        return failed("carry-over", f"at the first backward after each of {len(measured)} optimizer steps, {carried:.0%} of "
-                      f"the optimizer's gradients still held the previous step's values (zero_grad called before "
+    # with several optimizers each must clear its own gradients: judged per optimizer, the worst one
+    by_opt: dict[int, list[float]] = {}
+    for s in later:
+        if s.carried is not None:
+            by_opt.setdefault(s.optimizer, []).append(s.carried)
+    worst = max(by_opt, key=lambda i: sum(by_opt[i]) / len(by_opt[i]))
+    share = sum(by_opt[worst]) / len(by_opt[worst])
+    if len(by_opt) > 1:
+        data.update(carried_by={str(i): sum(v) / len(v) for i, v in by_opt.items()}, carried_worst=share)
+    if share > 0.5:
+        whose = "the optimizer's"
+        if len(by_opt) > 1 and 0 <= worst < len(rec.optimizers):
+            models = [rec.models[m].name for m in rec.optimizers[worst].models if m < len(rec.models)]
+            whose = f"optimizer #{worst + 1}'s ({rec.optimizers[worst].name}{' over ' + ', '.join(models) if models else ''})"
+            norms = [s.grad_norm or 0.0 for s in rec.steps if s.optimizer == worst]
+            growth = norms[-1] / max(norms[0], 1e-30)
+            data["grad_growth"] = growth
+        n = len(by_opt[worst])
+        return failed("carry-over", f"at the first backward after each of {n} optimizer steps, {share:.0%} of "
+                      f"{whose} gradients still held the previous step's values (zero_grad called before "
                       f"{calls} of {len(later)} steps); the gradient norm grew {growth:.1f}x", **data)
     return passed(f"gradients were cleared before the backward of {len(measured) - round(carried * len(measured))} of "
                   f"{len(measured)} steps (zero_grad before {calls} of {len(later)})", **data)
@@ -661,21 +703,29 @@ def trace_nan(ctx: ProbeContext, rec):
     bad = next((s for s in rec.steps if (s.loss is not None and not math.isfinite(s.loss)) or s.grads_nonfinite
                 or s.nonfinite_input), None)
     if bad is None:
-        losses = [s.loss for s in rec.steps if s.loss is not None]
-        if len(losses) >= 4 and losses[0] > 0:
+        objs = objectives(rec)
+        # a spike is read on each objective's own curve; an adversarial objective's loss need not fall (no spike test)
+        for key, losses in ({} if objs.adversarial else objs.series).items():
+            if len(losses) < 4 or losses[0] <= 0:
+                continue
             peak = max(range(len(losses)), key=lambda i: losses[i])
-            if losses[peak] > 100 * losses[0]:
-                carried = [x.carried for x in rec.steps[1:] if x.carried is not None]
-                if carried and sum(carried) / len(carried) > 0.5:  # the steps grew because gradients piled up
-                    return failed("spike-carry-over", f"the loss jumped from {losses[0]:.4g} at step 1 to {losses[peak]:.4g} "
-                                  f"at step {peak + 1} ({losses[peak] / losses[0]:.3g}x): the gradients were never cleared "
-                                  f"between steps (trace-zero-grad), so each update applied the sum of all earlier "
-                                  f"gradients; the learning rate is not what to change first", step=peak + 1,
-                                  first=losses[0], peak=losses[peak], last=losses[-1])
-                return failed("spike", f"the loss jumped from {losses[0]:.4g} at step 1 to {losses[peak]:.4g} at step "
-                              f"{peak + 1} ({losses[peak] / losses[0]:.3g}x) and ended at {losses[-1]:.4g}: updates far too "
-                              f"large for this model (lr {_fmt(rec.steps[0].lrs[0] if rec.steps[0].lrs else None, '.3g')})",
-                              step=peak + 1, first=losses[0], peak=losses[peak], last=losses[-1])
+            if losses[peak] <= 100 * losses[0]:
+                continue
+            own = [x for x in rec.steps if key is None or x.optimizer == key]
+            whose = f"{optimizer_label(rec, key)}'s own loss" if key is not None else "the loss"
+            at = [x.step for x in own if x.loss is not None]
+            first_lr = next((x.lrs[0] for x in own if x.lrs), None)
+            carried = [x.carried for x in own[1:] if x.carried is not None]
+            if carried and sum(carried) / len(carried) > 0.5:  # the steps grew because gradients piled up
+                return failed("spike-carry-over", f"{whose} jumped from {losses[0]:.4g} at step {at[0]} to {losses[peak]:.4g} "
+                              f"at step {at[peak]} ({losses[peak] / losses[0]:.3g}x): the gradients were never cleared "
+                              f"between steps (trace-zero-grad), so each update applied the sum of all earlier "
+                              f"gradients; the learning rate is not what to change first", step=at[peak],
+                              first=losses[0], peak=losses[peak], last=losses[-1])
+            return failed("spike", f"{whose} jumped from {losses[0]:.4g} at step {at[0]} to {losses[peak]:.4g} at step "
+                          f"{at[peak]} ({losses[peak] / losses[0]:.3g}x) and ended at {losses[-1]:.4g}: updates far too "
+                          f"large for this model (lr {_fmt(first_lr, '.3g')})",
+                          step=at[peak], first=losses[0], peak=losses[peak], last=losses[-1])
         return passed(f"all {len(rec.steps)} recorded losses and gradient norms are finite")
     k = bad.step
     before = [s for s in rec.steps if s.step < k and s.grad_norm is not None and math.isfinite(s.grad_norm)]

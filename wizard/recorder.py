@@ -454,6 +454,7 @@ class Recorder:
         self._zero_grad_since = False
         self._window_values = []
         self._backward_since_step = 0
+        self._carried_by: dict[int, float] = {}  # full mode: optimizer index -> its share of grads still set at the first backward after a step
         self._last_model: ModelInfo | None = None
         self._last_event: ForwardEvent | None = None
         self._trained_nodes: list = []   # grad_fns of forward outputs a backward reached since the last step (full)
@@ -1002,7 +1003,7 @@ class Recorder:
         rec.backwards += 1
         step = self._step_record()
         if self._backward_since_step == 0 and self.steps_taken and self.full:
-            step.carried = self._carried()
+            step.carried, self._carried_by = self._carried()
             if self._prev_nodes and loss is not None and len(rec.steps) <= SPAN_CHECKS:
                 if _reached(loss.grad_fn, {id(n) for n in self._prev_nodes}) and len(rec.graph_spans) < 8:
                     rec.graph_spans.append(f"{self.where() or '?'} at step {len(rec.steps) + 1}")
@@ -1077,24 +1078,30 @@ class Recorder:
             rec.stopped = f"the budget of {self.max_steps} backward passes was reached (no optimizer.step() so far)"
             raise StopRun(rec.stopped)
 
-    def _carried(self) -> float | None:
+    def _carried(self) -> tuple[float | None, dict[int, float]]:
         """Share of the optimizers' trainable tensors whose .grad is still non-zero now, at the first
-        backward after a step (cleared gradients are None or all zero)."""
-        grads = [p.grad for info in self.recording.optimizers for g in info.optimizer.param_groups
+        backward after a step (cleared gradients are None or all zero): over all of them (and the
+        parameters a hand-written update changed), and per optimizer index (each optimizer's own
+        tensors: with several optimizers, each must clear its own before its own backward)."""
+        owned = [(info.index, p.grad) for info in self.recording.optimizers for g in info.optimizer.param_groups
                  for p in g["params"] if p.requires_grad]
         updated = self.recording.manual_updated   # parameters a hand-written update changed (not merely outside every optimizer)
         if updated:
             seen = {id(p) for info in self.recording.optimizers for g in info.optimizer.param_groups for p in g["params"]}
-            grads += [p.grad for key, (p, _) in self._manual_candidates.items()
+            owned += [(-1, p.grad) for key, (p, _) in self._manual_candidates.items()
                       if key == id(p) and key in updated and key not in seen]
-        if not grads:
-            return None
-        live = [g for g in grads if g is not None]
-        if not live:
-            return 0.0
-        norms = torch._foreach_norm([g.detach() for g in live])
-        nonzero = sum(1 for n in norms if float(n) > 0)
-        return nonzero / len(grads)
+        if not owned:
+            return None, {}
+        live = [(i, g) for i, g in owned if g is not None]
+        norms = torch._foreach_norm([g.detach() for _, g in live]) if live else []
+        counts: dict[int, list[int]] = {}
+        for i, _ in owned:
+            counts.setdefault(i, [0, 0])[1] += 1
+        for (i, _), n in zip(live, norms):
+            if float(n) > 0:
+                counts[i][0] += 1
+        nonzero = sum(c[0] for c in counts.values())
+        return nonzero / len(owned), {i: c[0] / c[1] for i, c in counts.items()}
 
     def _graph_op(self, args, out: torch.Tensor) -> None:
         """An op on a loss whose backward ran made a graph-carrying tensor. It is a graph kept across
@@ -1195,6 +1202,8 @@ class Recorder:
         step = self._step_record()
         step.closure = closure
         step.optimizer, step.t = info.index, self.now()
+        if info.index in self._carried_by:  # this optimizer's own gradients, measured at the first backward after the last step
+            step.carried = self._carried_by[info.index]
         step.zero_grad = self._zero_grad_since
         step.epoch, step.batch = self._epochs, self._batch_index
         step.scheduler_steps = self._scheduler_count

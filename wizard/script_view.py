@@ -9,6 +9,8 @@ from typing import Any
 
 from rich.markup import escape
 
+from nnwizard.probes._objectives import objectives
+
 TRACE_ROWS = 12
 OUTPUT_TAIL = 12
 
@@ -32,10 +34,12 @@ def observed(target) -> dict[str, Any]:
               "training": all(s.training.values()) if s.training else None} for s in chosen]
     evals = sum(1 for c in rec.loss_calls if c.eval)
     note = script_problem(target) or untrained_note(target)
+    objs = objectives(rec)
     return {
         "script": str(run.script.path), "args": run.args, "exit": run.exit, "exit_code": run.exit_code,
         "seconds": run.seconds, "stopped": rec.stopped, "steps": len(steps), "backwards": rec.backwards,
         "models": models, "optimizers": optimizers,
+        "objectives": objs.text or None,   # several optimizers, each after its own backward (adversarial or not)
         "schedulers": [{"name": s["name"], "steps": s["steps"]} for s in rec.schedulers],
         "loaders": [{"batch_size": l.batch_size, "batches": l.length, "dataset": l.dataset_len, "shuffle": l.shuffle,
                      "iterations": l.iterations} for l in rec.loaders],
@@ -130,6 +134,8 @@ def print_observed(console, obs: dict) -> None:
             highlight=False)
     c.print(f"  models: {_models_line(obs)}", highlight=False)
     c.print(f"  optimizers: {_optimizers_line(obs)}", highlight=False)
+    if obs.get("objectives"):
+        c.print(f"  objectives: {obs['objectives']}", highlight=False)
     if obs["schedulers"]:
         c.print("  schedulers: " + ", ".join(f"{s['name']} ({s['steps']} steps)" for s in obs["schedulers"]), highlight=False)
     for note in obs.get("recording_notes") or []:
@@ -179,6 +185,8 @@ def markdown_lines(obs: dict) -> list[str]:
         out += [f"> {obs['note']}", ""]
     out += [f"- Script: `{obs['script']}` {' '.join(obs['args'])} ({obs['seconds']:.1f} s; {_ended(obs)})",
             f"- Models: {_models_line(obs)}", f"- Optimizers: {_optimizers_line(obs)}"]
+    if obs.get("objectives"):
+        out.append(f"- Objectives: {obs['objectives']}")
     if obs["schedulers"]:
         out.append("- Schedulers: " + ", ".join(f"{s['name']} ({s['steps']} steps)" for s in obs["schedulers"]))
     out += [f"- While recording: {note}" for note in obs.get("recording_notes") or []]
