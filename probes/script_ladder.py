@@ -163,6 +163,9 @@ def script_ladder(ctx: ProbeContext, target):
     objs = objectives(rec)
     if objs.adversarial:   # a rung judges whether the loss falls: an adversarial objective's need not
         return skipped(adversarial_reason(objs), "adversarial", objectives=objs.text)
+    if objs.several:       # a rung swaps one model, loss or optimizer and reads one loss curve
+        return skipped(f"{objs.text}: a rung replaces one model, loss or optimizer and judges one loss curve, so the "
+                       f"ladder does not apply to several objectives", objectives=objs.text)
     if not rec.loaders and not target.feeds_one_batch:
         return cannot_run("the script feeds its model without a DataLoader and with inputs that change from step to "
                           "step: no fixed subset for the rungs to share", reason="precondition")

@@ -41,6 +41,15 @@ def test_initial_loss(healthy):
     assert high.outcome == "high" and high.data["ratio"] > 5
 
 
+def test_initial_loss_has_no_per_element_expectation_for_a_summed_loss():
+    import torch
+
+    summed = load_example("healthy_mlp")
+    summed.loss_fn = torch.nn.CrossEntropyLoss(reduction="sum")  # the batch's sum: ~batch x ln(C), not a fault
+    result = run_probe_on("initial-loss", summed)
+    assert result.outcome == "no-reference" and "ratio" not in result.data
+
+
 def test_overfit_one_batch(healthy):
     quiet = run_probe_on("overfit-one-batch", healthy)
     assert quiet.outcome == "learns" and quiet.data["accuracy"] == 1.0

@@ -225,6 +225,8 @@ class Target:
         """What an untrained, maximally uncertain model should score, and how that was worked out."""
         import math
 
+        if getattr(self.loss_fn, "reduction", "mean") != "mean":
+            return None  # a summed loss grows with the batch and the elements: no per-element expectation
         if self.task == "classification" and self.num_classes and self.num_classes >= 2:
             return math.log(self.num_classes), f"ln({self.num_classes}) for {self.num_classes} classes"
         if self.task == "binary":
