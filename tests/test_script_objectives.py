@@ -179,3 +179,11 @@ def test_cli_gan_verdicts(tmp_path, text, expected):
         assert report["verdict"] == "healthy", findings
     else:
         assert findings[:1] == [expected], findings
+
+
+def test_ladder_does_not_apply_to_several_independent_objectives(tmp_path):
+    target = target_of(tmp_path, TWO.replace("{LR}", "0.5").replace("{LR_D}", "0.5"))
+    reruns = len(target.reruns)
+    result = run(target, "script-ladder")
+    assert result.status == "skipped" and not result.data.get("cannot_run"), result.summary
+    assert "several objectives" in result.summary and len(target.reruns) == reruns
