@@ -31,9 +31,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from nnwizard.probes._objectives import ADVERSARIAL, adversarial_reason, objectives
+from nnwizard.probes._objectives import ADVERSARIAL
 from nnwizard.probes.api import ProbeContext, Table, cannot_run, failed, passed, probe, skipped
-from nnwizard.probes.intervene import _on_script, _raised, _rerun
+from nnwizard.probes.intervene import _curves, _on_script, _raised, _rerun
 from nnwizard.probes.ladder import MIN_RUNG_STEPS, _majority, ladder_outcome, rung_learns
 from nnwizard.probes.trace import _fmt
 
@@ -160,9 +160,9 @@ def script_ladder(ctx: ProbeContext, target):
     info = target.model_info
     if not rec.steps or info is None:
         return skipped("the script trained no model to simplify")
-    objs = objectives(rec)
-    if objs.adversarial:   # a rung judges whether the loss falls: an adversarial objective's need not
-        return skipped(adversarial_reason(objs), "adversarial", objectives=objs.text)
+    objs, skip = _curves(target)   # a rung judges whether the loss falls: an adversarial objective's need not
+    if skip is not None:
+        return skip
     if objs.several:       # a rung swaps one model, loss or optimizer and reads one loss curve
         return skipped(f"{objs.text}: a rung replaces one model, loss or optimizer and judges one loss curve, so the "
                        f"ladder does not apply to several objectives", objectives=objs.text)
