@@ -246,3 +246,31 @@ def test_cancelled_probe_ends_at_its_next_python_instruction(target):
     assert result.status == "errored" and "timed out" in result.summary and result.data["stopped"] is True
     time.sleep(0.1)
     assert threading.active_count() == before
+
+
+class _SlowUser(ScriptedPrompter):
+    """A user who thinks for a while at each prompt."""
+
+    def __init__(self, think_s: float):
+        super().__init__()
+        self.think_s = think_s
+
+    def choose_symptoms(self, choices):
+        time.sleep(self.think_s)
+        return ["flat"]
+
+    def ask(self, question):
+        time.sleep(self.think_s)
+        return super().ask(question)
+
+
+def test_time_at_the_prompts_is_not_spent_from_the_budget(target, tree):
+    from nnwizard.budget import CEILING, Budget
+
+    budget = Budget(total_s=0.1, step_s=0.01)
+    think = CEILING * budget.total_s  # each answer alone would put the session past its ceiling
+    engine = Engine(target, {"t": tree}, load_catalog(), _SlowUser(think), budget=budget)
+    diagnosis = engine.run([])
+    assert [(r.id, r.status) for r in diagnosis.results] == [("test-measure", "failed"), ("test-raises", "errored")]
+    assert all("past" not in r.summary for r in diagnosis.results)
+    assert budget.elapsed() < think

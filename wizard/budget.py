@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,6 +57,15 @@ class Budget:
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
+
+    @contextmanager
+    def paused(self):
+        """Time spent inside (waiting for the user's answer at a prompt) is not spent on the diagnosis."""
+        t0 = time.monotonic()
+        try:
+            yield
+        finally:
+            self.started += time.monotonic() - t0
 
     def remaining(self) -> float:
         return self.total_s - self.elapsed()
@@ -115,6 +125,11 @@ class Budget:
                     batch=self.batch, user_batch=self.user_batch, how=self.how, explicit=self.explicit,
                     elapsed_s=round(self.elapsed(), 2),
                     plain_steps_used=_r(self.plain_steps(self.elapsed())), timeouts=self.timeouts)
+
+
+def paused(budget: Budget | None):
+    """``budget.paused()``, or nothing to pause when the session has no budget."""
+    return budget.paused() if budget is not None else nullcontext()
 
 
 def _s(seconds: float | None) -> str:

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
-from nnwizard.budget import Budget
+from nnwizard.budget import Budget, paused
 from nnwizard.catalog import Catalog
 from nnwizard.isolation import GRACE_S, run_probe
 from nnwizard.probes.api import ProbeContext, ProbeResult, cannot_run, could_not_run, get
@@ -128,7 +128,8 @@ class Engine:
                               budget=self.budget)
         try:
             if not given:
-                given = self.prompter.choose_symptoms(dict(SYMPTOMS)) or ["auto"]
+                with paused(self.budget):
+                    given = self.prompter.choose_symptoms(dict(SYMPTOMS)) or ["auto"]
                 diagnosis.given_symptoms = given
             diagnosis.symptoms = [s for s in given if s != "auto"]
             queue = self._trees_for(given)
@@ -238,7 +239,8 @@ class Engine:
             return diagnosis.answers[node.key]
         question = Question(node.key, node.ask, dict(node.choices), node.default, node.help)
         self.listener(Event("question", tree.id, name, {"question": question}))
-        answer = self.prompter.ask(question)
+        with paused(self.budget):
+            answer = self.prompter.ask(question)
         diagnosis.answers[node.key] = answer
         self.listener(Event("answer", tree.id, name, {"key": node.key, "answer": answer}))
         return answer
