@@ -12,6 +12,12 @@ def _finite(values):
     return [v if isinstance(v, (int, float)) and math.isfinite(v) else float("nan") for v in values]
 
 
+def _wide(series) -> bool:
+    """Positive values over more than three decades: a linear axis would flatten all but the largest."""
+    values = [v for vs in series for v in _finite(vs) if not math.isnan(v)]
+    return bool(values) and min(values) > 0 and max(values) > 1e3 * min(values)
+
+
 def render(artifact, folder: Path, prefix: str) -> Path | None:
     """Draw one artifact into ``folder``; returns the PNG path, or None for non-graphic artifacts."""
     if not isinstance(artifact, (LinePlot, BarPlot, ImageGrid)):
@@ -40,7 +46,7 @@ def render(artifact, folder: Path, prefix: str) -> Path | None:
                 ax.axvline(x, color="red", linestyle="--", linewidth=1)
                 ax.annotate(label, (x, 1), xycoords=("data", "axes fraction"), fontsize=8, color="red",
                             va="top", ha="left")
-            if artifact.logy and any(v > 0 for vs in artifact.series.values() for v in _finite(vs)):
+            if (artifact.logy and any(v > 0 for vs in artifact.series.values() for v in _finite(vs))) or _wide(artifact.series.values()):
                 ax.set_yscale("log")  # (a log axis with nothing positive to show makes matplotlib raise)
             if artifact.logx:
                 ax.set_xscale("log")
