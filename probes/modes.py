@@ -57,7 +57,7 @@ def mode_after_eval(ctx: ProbeContext):
         flags.setdefault(_path, []).append(module.training)
 
     handles = [m.register_forward_pre_hook(lambda mod, args, _p=p: hook(mod, args, _p)) for p, m in layers.items()]
-    train_fn = "train_epoch" if target.user_train_epoch else "train_step" if target.user_train_step else "the reference step"
+    train_fn = "train_epoch" if target.user_train_epoch else "train_step" if target.user_train_step else "reference step"
     eval_fn = "evaluate" if target.user_evaluate else "the reference evaluate"
     files = user_source_files(target)
     state = {}
