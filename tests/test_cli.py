@@ -132,3 +132,47 @@ def test_interrupt_writes_partial_report_and_exits_130(capsys, tmp_path, monkeyp
     report = json.loads(js.read_text())
     assert report["interrupted"] is True and len(report["probes"]) == 2
     assert "Interrupted" in md.read_text()
+
+
+SCRIPT = '''
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+model = nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x, y = torch.randn(32, 4), torch.randint(0, 2, (32,))
+for step in range(100):
+    opt.zero_grad()
+    loss = nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    opt.step()
+    if step == STOP:
+        raise KeyboardInterrupt  # what Ctrl-C raises in the script's own frame
+'''
+
+
+@pytest.mark.parametrize("stop", [4, -1])
+def test_ctrl_c_in_the_observed_run_writes_what_was_recorded_and_exits_130(capsys, tmp_path, stop):
+    path = tmp_path / "train.py"
+    body = SCRIPT.replace("STOP", str(stop)) if stop >= 0 else SCRIPT.replace("for step", "raise KeyboardInterrupt\nfor step")
+    path.write_text(body.replace("if step == -1:", "if False:"))
+    js, md = tmp_path / "p.json", tmp_path / "p.md"
+    code, _, _ = cli(capsys, "diagnose", "--script", str(path), "--non-interactive", "--json", str(js), "--report", str(md), "-q")
+    report = json.loads(js.read_text())
+    assert code == 130 and report["interrupted"] is True and report["verdict"] != "healthy"
+    assert report["script"]["exit"] == "interrupted" and report["script"]["steps"] == max(stop + 1, 0)
+    text = md.read_text()
+    assert "interrupted (Ctrl-C)" in text
+    assert ("nothing to diagnose yet" in text) == (stop < 0)
+
+
+def test_ctrl_c_before_anything_was_measured_is_one_line_and_130(capsys, monkeypatch):
+    import nnwizard.session as session
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(session, "diagnose", interrupted)
+    code, _, err = cli(capsys, "diagnose", "-m", HEALTHY, "--non-interactive")
+    assert code == 130 and err.strip().endswith("nnwizard: interrupted")

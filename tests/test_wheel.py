@@ -32,7 +32,7 @@ def test_wheel_contents(wheel):
     assert "nnwizard/probes/sanity.py" in names and "nnwizard/cli.py" in names
     assert not any(n.startswith(("wizard/", "probes/", "trees/")) for n in names), "no top-level wizard/probes/trees"
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
-    assert "nnwizard = nnwizard.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "nnwizard = nnwizard.launch:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
 
 
 def test_installed_wheel_runs_from_another_directory(wheel, tmp_path):

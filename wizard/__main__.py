@@ -1,3 +1,3 @@
-from nnwizard.cli import main
+from nnwizard.launch import main
 
 main()

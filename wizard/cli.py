@@ -3,6 +3,7 @@ that shows users one clear line (``--debug`` for the traceback) with the contrac
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import tempfile
@@ -32,6 +33,19 @@ app.add_typer(probes_app, name="probes")
 
 FAIL_ON_NAMES = {"low": 0.3, "medium": 0.5, "high": 0.8}
 _debug = False
+
+
+def _interruptible(command):
+    """Ctrl-C that reaches a command (before anything was measured, or in a run with no partial report to write)
+    ends it with one line and exit 130; typer alone would exit 130 without a word."""
+    @functools.wraps(command)
+    def run(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except KeyboardInterrupt:
+            print("nnwizard: interrupted", file=sys.stderr)
+            raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
+    return run
 
 
 def _version(value: bool) -> None:
@@ -64,6 +78,7 @@ def parse_fail_on(value: str | None) -> float | None:
 
 
 @app.command()
+@_interruptible
 def diagnose(
     module: Optional[str] = typer.Option(None, "--module", "-m", help="Training module: mypkg.train, path/to/train.py, optionally :attr."),
     script: Optional[str] = typer.Option(None, "--script", help="An unmodified training script (path or dotted name), run as `python train.py ARGS` would; ARGS go after `--`."),
@@ -148,6 +163,7 @@ def trees_validate(paths: Optional[List[Path]] = typer.Argument(None, help="Tree
 
 
 @app.command()
+@_interruptible
 def curve(
     file: Path = typer.Argument(..., help="A loss log: CSV (step, loss, val_loss...), JSON lines, or a TensorBoard event file."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the shape and the series as JSON here."),
@@ -161,6 +177,7 @@ def curve(
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@_interruptible
 def watch(
     ctx: typer.Context,
     script: str = typer.Option(..., "--script", help="The training script (path or dotted module), run as python would."),
@@ -176,6 +193,7 @@ def watch(
 
 
 @app.command()
+@_interruptible
 def replay(
     bundle: Path = typer.Argument(..., help="A bundle folder saved by watch: DIR/anomaly-step<N>."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the JSON report here."),
@@ -252,9 +270,8 @@ def _exit(code: int, hard: bool) -> None:
     not yet back in Python) would make interpreter shutdown abort inside torch (SIGABRT, exit 134),
     so the command (``hard``: not a call from Python with its own argv) then ends the process at
     once, after flushing what it wrote; the reports are already written."""
-    from nnwizard.isolation import stragglers
-
-    if hard and stragglers():
+    isolation = sys.modules.get("nnwizard.isolation")  # not imported: no probe ran (and torch may be half-imported)
+    if hard and isolation is not None and isolation.stragglers():
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()

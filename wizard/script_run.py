@@ -521,6 +521,14 @@ def _alarm(seconds: float | None):
         signal.signal(signal.SIGALRM, previous)
 
 
+class ScriptInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a run of the script; ``result`` holds what was recorded until then."""
+
+    def __init__(self, result: RunResult):
+        super().__init__("interrupted")
+        self.result = result
+
+
 def run_script(script: Script, args: list[str] | None = None, options: RunOptions | None = None) -> RunResult:
     """Run the script once; never raises for what the script does (KeyboardInterrupt excepted)."""
     from nnwizard.isolation import preserved_state, seed_everything
@@ -580,12 +588,12 @@ def run_script(script: Script, args: list[str] | None = None, options: RunOption
                 sys.stdout, sys.stderr = saved_out, saved_err
                 out.close_partial()
                 err.close_partial()
-    if exit_kind == "interrupted":
-        raise KeyboardInterrupt
     result = RunResult(script, args, recorder.recording, exit_kind, code, list(lines),
                        sandbox.written() if sandbox else [], scratch, round(time.monotonic() - started, 3),
                        list(dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught))[:8],
                        round(imports[0], 3))
+    if exit_kind == "interrupted":
+        raise ScriptInterrupted(result)
     return result
 
 

@@ -75,6 +75,9 @@ def script_problem(target) -> str | None:
     rec, run = target.recording, target.run
     if rec.error is not None:
         return None
+    if run.exit == "interrupted" and not rec.steps:
+        what = "calling a torch.nn.Module" if not rec.models else "its first optimizer step"
+        return f"The script was interrupted (Ctrl-C) after {run.seconds:.1f} s, before {what}: nothing to diagnose yet."
     if not rec.models:
         how = {"finished": "ran to its end", "exited": f"exited with code {run.exit_code}", "stopped": "was stopped"}.get(run.exit, run.exit)
         return (f"The script {how} in {run.seconds:.1f} s without ever calling a torch.nn.Module, so there is no "
@@ -123,7 +126,8 @@ def _ended(obs: dict) -> str:
         return f"raised {e['type']} at {e['where'] or '?'} after {e['step']} steps"
     if obs["stopped"]:
         return f"stopped by nnwizard: {obs['stopped']}"
-    return {"finished": "ran to its end", "exited": f"exited with code {obs['exit_code']}"}.get(obs["exit"], obs["exit"])
+    return {"finished": "ran to its end", "exited": f"exited with code {obs['exit_code']}",
+            "interrupted": "interrupted (Ctrl-C)"}.get(obs["exit"], obs["exit"])
 
 
 def print_observed(console, obs: dict) -> None:

@@ -60,14 +60,17 @@ def _check_target(opts: Options) -> None:
 
 def _load_script_target(opts: Options, listener):
     from nnwizard.engine import Event
-    from nnwizard.script_run import DEFAULT_MAX_STEPS, RunOptions, StepFit, load_script, run_script
+    from nnwizard.script_run import DEFAULT_MAX_STEPS, RunOptions, ScriptInterrupted, StepFit, load_script, run_script
     from nnwizard.script_target import ScriptTarget
 
     script = load_script(opts.script)
     steps = opts.max_steps or DEFAULT_MAX_STEPS
     if listener is not None:
         listener(Event("script-start", data={"script": str(script.path), "args": opts.script_args, "max_steps": steps}))
-    run = run_script(script, opts.script_args, RunOptions(max_steps=steps, seed=opts.seed, listeners=[StepFit()]))
+    try:
+        run = run_script(script, opts.script_args, RunOptions(max_steps=steps, seed=opts.seed, listeners=[StepFit()]))
+    except ScriptInterrupted as stop:  # Ctrl-C: what was recorded until then goes into a partial report
+        run = stop.result
     target = ScriptTarget(run)
     if listener is not None:
         listener(Event("script-observed", data={"observed": target.observed()}))
@@ -96,6 +99,8 @@ def diagnose(opts: Options, listener=None) -> Diagnosis:
         seed_everything(opts.seed)
         target = _load_script_target(opts, listener) if opts.script else load_target(opts.module, opts.device)
         trees = select_trees(trees, target)
+        if opts.script and target.run.exit == "interrupted":
+            return Diagnosis(target, opts.seed, symptoms=[], given_symptoms=list(opts.symptoms), interrupted=True)
         if opts.script:
             from nnwizard.script_view import script_problem
 
