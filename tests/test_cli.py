@@ -176,3 +176,14 @@ def test_ctrl_c_before_anything_was_measured_is_one_line_and_130(capsys, monkeyp
     monkeypatch.setattr(session, "diagnose", interrupted)
     code, _, err = cli(capsys, "diagnose", "-m", HEALTHY, "--non-interactive")
     assert code == 130 and err.strip().endswith("nnwizard: interrupted")
+
+
+def test_a_script_that_raises_unexplained_says_so_in_the_verdict(capsys, tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text("import torch\nraise RuntimeError('no data folder')\n")
+    js = tmp_path / "r.json"
+    code, _, err = cli(capsys, "diagnose", "--script", str(path), "--non-interactive", "--json", str(js))
+    report = json.loads(js.read_text())
+    assert code == 0 and report["verdict"] == "inconclusive"
+    assert [(n["probe"], n["why"]) for n in report["not_run"]] == [("trace-crash", "training-raised")]
+    assert "no data folder" in err.split("Verdict:")[1]

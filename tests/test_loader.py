@@ -78,6 +78,12 @@ def test_import_error_inside_user_module_names_the_line(make_module):
         load_target("broken_import", "cpu")
 
 
+def test_syntax_error_names_the_users_line_not_the_loader(make_module):
+    make_module("bad_syntax_mod", "import torch\ndef make_model(:\n    pass\n")
+    with pytest.raises(TargetError, match=r"raised while being imported at .*bad_syntax_mod.py:2: SyntaxError"):
+        load_target("bad_syntax_mod", "cpu")
+
+
 def test_exception_at_import_time(make_module):
     make_module("raises_mod", "x = 1\nraise RuntimeError('boom at import')\n")
     with pytest.raises(TargetError, match="raised while being imported.*boom at import"):

@@ -41,7 +41,10 @@ def _package_root(file: Path) -> tuple[Path, str]:
 
 
 def _raised_at(exc: BaseException) -> str:
-    """The innermost frame outside site-packages: where the user's code raised."""
+    """The innermost frame outside site-packages: where the user's code raised (for a syntax error: the
+    line that does not parse, not the import machinery that read it)."""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f" at {exc.filename}:{exc.lineno}"
     frames = traceback.extract_tb(exc.__traceback__)
     user = [f for f in frames if "site-packages" not in f.filename and "importlib" not in f.filename]
     frame = (user or frames)[-1] if frames else None

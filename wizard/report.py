@@ -91,7 +91,7 @@ def not_run(diagnosis: Diagnosis) -> list[NotRun]:
         if could_not_run(r):
             why = "timed-out" if "timeout_s" in r.data else "errored" if r.status == "errored" else str(r.data["cannot_run"])
             out.append(NotRun(probe=r.id, status=r.status, why=why, reason=r.summary))
-        elif r.data.get("training_raised") and r.outcome == "unclassified":
+        elif r.data.get("training_raised") and r.outcome in ("unclassified", "other"):  # module mode, script mode
             out.append(NotRun(probe=r.id, status=r.status, why="training-raised", reason=r.summary))
     return out
 
