@@ -177,13 +177,13 @@ class Engine:
         stays counted until its tree ends: the budget errs towards keeping time), and, while one of
         them measures symptoms, the share of the costliest trees one measured symptom may queue."""
         trees = ([self._tree] if self._tree is not None else []) + [t for t in self._queue if t is not self._tree]
-        skip = {self._key(running), *self._cache}
-        ahead = [n for t in trees for n in t.nodes.values() if n.kind == "probe" and self._key(n) not in skip]
+        unrun = [n for t in trees for n in t.nodes.values() if n.kind == "probe" and self._key(n) not in self._cache]
+        ahead = [n for n in unrun if self._key(n) != self._key(running)]
         budget = self.budget
         budget.pending = {n.probe: get(n.probe).share for n in ahead if get(n.probe).share > 0}
         budget.floors = {p: get(p).floor for p in budget.pending}
         budget.fixed = {n.probe: get(n.probe).cost for n in ahead if get(n.probe).share == 0}
-        measures = any(n.follow == "symptoms" for n in [running, *ahead])
+        measures = any(n.follow == "symptoms" for n in [running, *unrun])  # the same run may sit in several trees
         budget.future = self._symptom_share(trees, {running.probe, *budget.pending, *(k[0] for k in self._cache)}) if measures else 0.0
 
     def _symptom_share(self, queued: list[Tree], known: set[str]) -> float:
