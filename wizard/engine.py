@@ -120,8 +120,8 @@ class Engine:
         self._reported: set[tuple] = set()  # cache keys whose result is in diagnosis.results
         self._latest: dict[str, ProbeResult] = {}
         self._first: set[str] = set()  # the trees the session's symptoms queued (not those a measured symptom added)
-        self._queue: list[Tree] = []  # the trees still to walk, and the one being walked
-        self._tree: Tree | None = None
+        self._queue: list[Tree] = []  # the trees still to walk (the session queue itself, grown by measured symptoms)
+        self._tree: Tree | None = None  # the tree being walked
         self._walked: list[str] = []  # the ids of the trees walked (or being walked)
 
     # ------------------------------------------------------------------------------------ public
