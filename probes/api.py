@@ -184,8 +184,7 @@ class ProbeContext:
         if spent + per_step > room or self.budget.spare() < per_step:
             return False
         if spent + per_step > self.allowance_s:  # borrowing: never what the probes still to come need at least
-            keep = sum(get(p).floor for p in self.budget.pending) * (self.budget.step_s or 0.0)
-            if self.budget.spare() - per_step < keep:
+            if self.budget.spare() - per_step < self.budget.keep_s(self.budget.spare()):
                 return False
         if self.deadline is not None and self.deadline - time.monotonic() < per_step + 1:
             end = time.monotonic() + per_step + 2  # the safety net moves with the measured steps, never past the cap

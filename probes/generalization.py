@@ -165,6 +165,7 @@ def _opt_settings(optimizer) -> dict:
               "nothing-fits": "neither the user's model nor a wide MLP fits the subset"},
     timeout_s=60,
     share=0.15,
+    floor=2 * MIN_FIT_STEPS + 3,  # two fits at their minimum and the model copies (evaluations not counted)
 )
 def capacity_check(ctx):
     target = ctx.target

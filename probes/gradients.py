@@ -171,6 +171,7 @@ def _activation_stats(model, inputs, files) -> dict[str, dict]:
               "no-activations": "the model uses no ReLU/sigmoid/tanh"},
     timeout_s=60,
     share=0.08,
+    floor=4,  # the statistics at init; its steps are optional
 )
 def activation_stats(ctx: ProbeContext):
     from nnwizard.target import user_source_files

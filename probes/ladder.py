@@ -131,6 +131,7 @@ def _majority(batches) -> float | None:
               "loop": "nothing learns through the user's loop, not even a plain MLP or a known rule"},
     timeout_s=90,
     share=0.2,
+    floor=6 * MIN_RUNG_STEPS + 6 * 3,
 )
 def simplify_ladder(ctx):
     target = ctx.target

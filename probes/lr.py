@@ -117,6 +117,7 @@ def _run(ctx, factor: float = 1.0, steps: int = 40, clip: float | None = None, m
               "none-learns": "no setting of the learning rate moves the loss"},
     timeout_s=90,
     share=0.2,
+    floor=4 * (MIN_SWEEP + 1),  # four rates at their minimum (their evaluations not counted)
 )
 def lr_sweep(ctx: ProbeContext):
     target = ctx.target
@@ -229,6 +230,7 @@ def _noise(losses: list[float]) -> tuple[float, float]:
               "none-helps": "the loss is noisy and no remedy helps clearly"},
     timeout_s=120,
     share=0.25,
+    floor=5 * MIN_OSCILLATION + 4,
 )
 def oscillation(ctx: ProbeContext):
     target = ctx.target

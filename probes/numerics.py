@@ -224,6 +224,7 @@ def _run_until_nonfinite(ctx, model, optimizer, batches, steps, snapshot=True):
               "unlocated": "the replay of the failing step stayed finite", "crashed": "the step raised"},
     timeout_s=90,
     share=0.2,
+    floor=1.2 * MIN_BISECT + 6,
 )
 def nan_bisect(ctx: ProbeContext):
     target = ctx.target

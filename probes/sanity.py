@@ -226,6 +226,7 @@ def _clear(target, model, batch, losses: list[float], every: int = 10) -> bool:
               "target-mismatch": "the step's loss approaches zero while the loss against the targets does not"},
     timeout_s=120,
     share=0.2,
+    floor=MIN_OVERFIT_STEPS + 3,
 )
 def overfit_one_batch(ctx: ProbeContext):
     target = ctx.target

@@ -29,10 +29,11 @@ def test_plan_steps_keeps_the_wanted_steps_when_they_fit():
 def test_allot_shares_the_budget_and_sizes_fixed_probes_by_their_cost():
     budget = Budget(total_s=100.0, step_s=2.0)
     budget.pending = {"triage-run": 0.3, "overfit-one-batch": 0.2, "activation-stats": 0.1}
-    allowance, limit, reason = budget.allot(0.2, 1.0, 60.0, probe_id="overfit-one-batch")
-    assert reason is None and allowance == pytest.approx(95.0 * 0.2 / 0.6, abs=0.1) and limit >= 60.0
-    assert budget.allot(0.3, 1.0, 60.0, probe_id="triage-run")[0] == pytest.approx(95.0 * 0.3 / 0.4, abs=0.2)
-    allowance, limit, reason = budget.allot(0.0, 14, 60.0)  # a fixed-cost audit: 14 steps of 2 s
+    allowance, limit, reason, lendable = budget.allot(0.2, 1.0, 60.0, probe_id="overfit-one-batch")
+    assert reason is None and allowance == pytest.approx(100.0 * 0.2 / 0.6, abs=0.1) and limit >= 60.0
+    assert lendable == pytest.approx(100.0 * 0.4 / 0.6, abs=0.1)  # what the probes after it were to share
+    assert budget.allot(0.3, 1.0, 60.0, probe_id="triage-run")[0] == pytest.approx(100.0 * 0.3 / 0.4, abs=0.2)
+    allowance, limit, reason, _ = budget.allot(0.0, 14, 60.0)  # a fixed-cost audit: 14 steps of 2 s
     assert allowance is None and limit == pytest.approx(3 * 14 * 2.0 + 10)
     budget.timeouts = 1  # after a time-out: the cost, not the generous default
     assert budget.allot(0.0, 1, 60.0)[1] == pytest.approx(16.0)
@@ -41,6 +42,65 @@ def test_allot_shares_the_budget_and_sizes_fixed_probes_by_their_cost():
     assert budget.allot(0.3, 1.0, 60.0)[0] == 0.0
     budget.started -= 100.0
     assert "past" in budget.allot(0.0, 1, 60.0)[2]
+
+
+def test_pending_fixed_cost_audits_keep_their_declared_cost_at_a_slow_step():
+    # 0.5 s a step, a 20 s budget: the audits still to come cost 12 + 14 steps = 13 s, far more than
+    # the 1 s a 5% reserve kept; a budgeted probe allotted now gets only what is left beyond them
+    budget = Budget(total_s=20.0, step_s=0.5)
+    budget.fixed = {"determinism": 12, "step-audit": 14}
+    budget.pending = {"overfit-one-batch": 0.2}
+    assert budget.reserve_s() == pytest.approx(13.0)
+    assert budget.spare() == pytest.approx(7.0, abs=0.05)
+    allowance = budget.allot(0.2, 1.0, 60.0, probe_id="overfit-one-batch")[0]
+    assert allowance == pytest.approx(7.0, abs=0.05)
+    budget.fixed = {}  # once they ran, their time is the probes' again
+    assert budget.allot(0.2, 1.0, 60.0, probe_id="overfit-one-batch")[0] == pytest.approx(20.0, abs=0.05)
+
+
+def test_an_early_probe_leaves_later_probes_their_floors():
+    budget = Budget(total_s=10.0, step_s=0.1)
+    budget.pending = {"overfit-one-batch": 0.2, "triage-run": 0.3, "simplify-ladder": 0.2}
+    budget.floors = {"overfit-one-batch": 23, "triage-run": 34, "simplify-ladder": 198}
+    allowance, _, _, lendable = budget.allot(0.2, 1.0, 60.0, probe_id="overfit-one-batch", floor=23)
+    # the ladder's floor (19.8 s) cannot fit the 10 s left, so it is not kept (the ladder will say so);
+    # triage-run's 3.4 s is: overfit gets its own 2.3 s floor and its share of the 4.3 s beyond both
+    assert allowance == pytest.approx(2.3 + 4.3 * 0.2 / 0.7, abs=0.05)
+    assert 10.0 - allowance - lendable >= 3.4 - 0.05
+    # while a probe that measures symptoms is still to come, the trees it may queue keep their share
+    budget.pending = {"overfit-one-batch": 0.2, "triage-run": 0.3}
+    budget.future = 0.5
+    kept = budget.allot(0.2, 1.0, 60.0, probe_id="overfit-one-batch", floor=23)[0]
+    assert kept == pytest.approx(2.3 + 4.3 * 0.2 / 1.0, abs=0.05)
+    # a probe's own floor that does not fit what is left: it gets what is left (and plans from that)
+    small = Budget(total_s=1.0, step_s=0.1)
+    assert small.allot(0.2, 1.0, 60.0, probe_id="overfit-one-batch", floor=23)[0] == pytest.approx(1.0, abs=0.05)
+
+
+def test_the_engine_tells_the_budget_what_its_queued_trees_still_run():
+    from nnwizard.catalog import load_catalog
+    from nnwizard.engine import Engine
+    from nnwizard.session import select_trees
+    from nnwizard.tree import load_trees
+
+    target = load_example("healthy_mlp")
+    engine = Engine(target, select_trees(load_trees(), target), load_catalog(), None, budget=Budget(total_s=20.0, step_s=0.5))
+    engine._queue = engine._trees_for(["auto"])
+    overfit = next(n for t in engine._queue for n in t.nodes.values() if n.kind == "probe" and n.probe == "overfit-one-batch")
+    engine._plan_ahead(overfit)
+    budget = engine.budget
+    assert "triage-run" in budget.pending and budget.floors["triage-run"] > 0 and "overfit-one-batch" not in budget.pending
+    assert budget.fixed["step-audit"] == 14 and budget.reserve_s() > 0.05 * budget.total_s
+    # triage-run measures symptoms: the trees one symptom may queue keep their share (oscillating's two sweeps)
+    assert budget.future == pytest.approx(0.45)
+    from nnwizard.probes.api import ProbeResult
+
+    for tree in engine._queue:  # everything ran: nothing is kept any more
+        for node in tree.nodes.values():
+            if node.kind == "probe":
+                engine._cache[engine._key(node)] = ProbeResult("passed", "ok", "", {})
+    engine._plan_ahead(overfit)
+    assert budget.pending == {} and budget.fixed == {} and budget.future == 0.0
 
 
 def test_calibrate_uses_a_measured_step_time_and_slices_dear_batches():
@@ -77,7 +137,7 @@ def test_a_training_probe_borrows_its_minimum_from_what_is_left():
     assert plenty.plan_steps(200, minimum=20, fixed=3) == 20 and plenty.plan["borrowed_s"] == pytest.approx(0.23)
     assert plenty.allowance_s == pytest.approx(0.23)
     spent = Budget(total_s=100.0, step_s=0.01)
-    spent.started -= 99.9  # nothing left beyond the reserve: no borrowing, the probe is skipped
+    spent.started -= 99.9  # nothing left: no borrowing, the probe is skipped
     poor = ProbeContext(target, {}, {}, 0, budget=spent, allowance_s=0.05)
     assert poor.plan_steps(200, minimum=20, fixed=3) == 0 and "borrowed_s" not in poor.plan
 
@@ -148,7 +208,7 @@ def test_a_run_goes_past_its_plan_while_its_own_steps_fit(monkeypatch):
     assert 190 <= done <= 200
     # ... but never into the smallest run of a budgeted probe still to come (triage-run's floor: about 34 steps)
     tight = Budget(total_s=7.0, step_s=0.1)
-    tight.pending = {"triage-run": 0.3}
+    tight.pending, tight.floors = {"triage-run": 0.3}, {"triage-run": 33.7}
     clock.now = time.monotonic()
     tight.started = clock.now
     keeper = ProbeContext(load_example("healthy_mlp"), {}, {}, 0, budget=tight, allowance_s=2.0, lendable_s=4.0)

@@ -8,12 +8,22 @@ diagnosis of a small model takes, the probes work on the first ``SLICE`` samples
 ``SMALL_SLICE`` when that is still too dear), and the step time of that slice is measured too.
 
 The session has one budget in seconds (``--budget``; by default ``max(20 s, 40 plain steps)`` less a
-fifth for loading and reporting). Fixed-cost probes (the loop audits: a handful of steps each) are not
-drawn from it: they run first and get a time limit sized by their own cost. Probes that train for
-many steps take a share of it, capped by what is left, and plan their step counts with
-``plan_steps``; one whose minimum does not fit is skipped and says so. A run may go past its plan
-while its own measured steps still fit its allowance (``ProbeContext.more_steps``), and one whose
-cut run cannot conclude may borrow up to ``LEND`` of what the probes after it were to share.
+fifth for loading and reporting). Fixed-cost probes (the loop audits: a handful of steps each) run
+first and get a time limit sized by their own declared cost. Probes that train for many steps plan
+their step counts with ``plan_steps`` from an allowance ``allot`` gives them out of what is left,
+where the engine keeps, for the probes of the session's queued trees that are still to run:
+
+- the fixed-cost ones' declared cost in measured steps (``fixed``), so an audit queued later is never
+  starved, however dear a step is;
+- the budgeted ones' ``floor`` (their smallest run, ``floors``), so an early probe cannot take what a
+  later one needs at least (a floor that cannot fit what is left anyway is not kept);
+- while a probe that measures symptoms is still to run, the ``future`` share of the trees one measured
+  symptom may queue, so that the probes known now do not take the budget those trees will need.
+
+What is left beyond that is shared in proportion to the shares. One whose minimum does not fit is
+skipped and says so. A run may go past its plan while its own measured steps still fit its allowance
+(``ProbeContext.more_steps``), and one whose cut run cannot conclude may borrow up to ``LEND`` of what
+the known probes after it were to share above their floors, never their floors.
 """
 
 from __future__ import annotations
@@ -33,7 +43,6 @@ DEFAULT_MIN_S = 20.0  # the default budget: max(DEFAULT_MIN_S, DEFAULT_STEPS pla
 DEFAULT_STEPS = 40
 DEFAULT_SHARE = 0.8   # ... of which this part is for the probes (the rest: start-up, loading, reports)
 AFFORD_STEPS = 300    # a budget below this many plain steps at the user's batch makes the probes slice
-RESERVE = 0.05        # of the budget kept for the fixed-cost probes of trees queued later
 CEILING = 2.0         # past this multiple of the budget, nothing more runs the user's code
 LIMIT_MARGIN = 3.0    # a fixed-cost probe's time limit: this many times its cost in measured steps ...
 LIMIT_FLOOR_S = 10.0  # ... plus this (building models, reading batches)
@@ -54,6 +63,9 @@ class Budget:
     started: float = field(default_factory=time.monotonic)
     timeouts: int = 0
     pending: dict[str, float] = field(default_factory=dict)  # shares of the budgeted probes still to come
+    floors: dict[str, float] = field(default_factory=dict)   # their smallest runs, in steps (ProbeSpec.floor)
+    fixed: dict[str, float] = field(default_factory=dict)    # declared costs of the fixed-cost probes still to come
+    future: float = 0.0  # the share of the trees a measured symptom may still queue (0 once nothing measures one)
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
@@ -70,9 +82,24 @@ class Budget:
     def remaining(self) -> float:
         return self.total_s - self.elapsed()
 
+    def reserve_s(self) -> float:
+        """Seconds the fixed-cost probes still to come cost by their declared cost in measured steps."""
+        return sum(self.fixed.values()) * (self.step_s or 0.0)
+
     def spare(self) -> float:
-        """Seconds left beyond the reserve for the fixed-cost probes of trees queued later."""
-        return self.remaining() - RESERVE * self.total_s
+        """Seconds left beyond what the fixed-cost probes still to come cost."""
+        return self.remaining() - self.reserve_s()
+
+    def keep_s(self, within: float, exclude: str = "") -> float:
+        """Seconds the smallest runs of the budgeted probes still to come (but ``exclude``) need, in
+        queue order, each one only while the floors so far fit ``within``: a floor that cannot fit
+        what is left is not kept (that probe will say it did not fit), so it starves no one."""
+        step, kept = self.step_s or 0.0, 0.0
+        for probe_id in self.pending:
+            need = self.floors.get(probe_id, 0.0) * step
+            if probe_id != exclude and kept + need <= within:
+                kept += need
+        return kept
 
     def plain_steps(self, seconds: float) -> float | None:
         """``seconds`` in plain steps of the user's batch."""
@@ -80,20 +107,28 @@ class Budget:
         return seconds / step if step else None
 
     def allot(self, share: float, cost: float, timeout_s: float, probe_timeout: float | None = None,
-              probe_id: str = "") -> tuple[float | None, float, str | None]:
-        """(allowance in seconds or None, time limit, reason to skip or None) for one probe. A
-        budgeted probe gets its part of what is left in proportion to the shares of the budgeted
-        probes the session's trees still have to run (so the budget is used, not more)."""
+              probe_id: str = "", floor: float = 0.0) -> tuple[float | None, float, str | None, float]:
+        """(allowance in seconds or None, time limit, reason to skip or None, seconds it may borrow)
+        for one probe. A budgeted probe gets its ``floor`` (its smallest run, in steps) where that
+        fits beside the floors of the budgeted probes still to come, and its part of the rest in
+        proportion to the shares of those probes and of the trees a measured symptom may still queue.
+        What it may borrow is what the known probes after it were to share above their floors."""
         step = self.step_s or 0.0
+        lendable = 0.0
         if self.elapsed() > CEILING * self.total_s:
             return None, 0.0, (f"the session is past {CEILING:.0f}x its budget of {self.total_s:.0f} s "
-                               f"({self.elapsed():.0f} s spent): not run")
+                               f"({self.elapsed():.0f} s spent): not run"), lendable
         if share > 0:
             # what is left may be nothing: the probe then plans 0 steps and says what it could not do
-            left = self.spare()
-            ahead = share + sum(s for p, s in self.pending.items() if p != probe_id)
+            left = max(0.0, self.spare())
+            own = min(floor * step, left)
+            keep = self.keep_s(left - own, exclude=probe_id)
+            others = sum(s for p, s in self.pending.items() if p != probe_id)
+            ahead = share + others + self.future
             self.pending.pop(probe_id, None)
-            allowance = max(0.0, left * share / ahead)
+            surplus = max(0.0, left - own - keep)
+            allowance = own + surplus * share / ahead
+            lendable = surplus * others / ahead
             limit = max(timeout_s, 2 * allowance + LIMIT_FLOOR_S + 6 * step)
         else:
             allowance = None
@@ -104,7 +139,7 @@ class Budget:
         if probe_timeout is not None:
             limit = probe_timeout
             allowance = None if allowance is None else min(allowance, 0.8 * probe_timeout)
-        return allowance, limit, None
+        return allowance, limit, None, lendable
 
     def grace_s(self) -> float:
         """How long a cancelled probe may take to leave the native op it is in."""

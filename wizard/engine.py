@@ -120,6 +120,9 @@ class Engine:
         self._reported: set[tuple] = set()  # cache keys whose result is in diagnosis.results
         self._latest: dict[str, ProbeResult] = {}
         self._first: set[str] = set()  # the trees the session's symptoms queued (not those a measured symptom added)
+        self._queue: list[Tree] = []  # the trees still to walk (the session queue itself, grown by measured symptoms)
+        self._tree: Tree | None = None  # the tree being walked
+        self._walked: list[str] = []  # the ids of the trees walked (or being walked)
 
     # ------------------------------------------------------------------------------------ public
     def run(self, symptoms: list[str] | None = None, answers: dict[str, str] | None = None) -> Diagnosis:
@@ -132,7 +135,8 @@ class Engine:
                     given = self.prompter.choose_symptoms(dict(SYMPTOMS)) or ["auto"]
                 diagnosis.given_symptoms = given
             diagnosis.symptoms = [s for s in given if s != "auto"]
-            queue = self._trees_for(given)
+            queue = self._queue = self._trees_for(given)
+            self._walked = diagnosis.trees
             self._first = {t.id for t in queue}
             if self.budget is not None:
                 self._cheap_first(queue)
@@ -141,6 +145,7 @@ class Engine:
                 if tree.id in diagnosis.trees:
                     continue
                 diagnosis.trees.append(tree.id)
+                self._tree = tree
                 for symptom in self._walk(tree, diagnosis):
                     if symptom not in diagnosis.symptoms:
                         diagnosis.symptoms.append(symptom)
@@ -160,13 +165,38 @@ class Engine:
         probe. Their results are cached; each enters the diagnosis when its tree walk reaches it."""
         nodes = [(tree, name, node) for tree in trees for name, node in tree.nodes.items() if node.kind == "probe"]
         cheap = [(t, n, node) for t, n, node in nodes if get(node.probe).share == 0]
-        self.budget.pending = {node.probe: get(node.probe).share for _, _, node in nodes if get(node.probe).share > 0}
         if not cheap:
             return
         self.listener(Event("tree-start", "cheap-first", data={"title": "Cheap audits first (a few steps each)"}))
         for tree, name, node in cheap:
             self._run_cached(tree, name, node)
         self.listener(Event("tree-end", "cheap-first"))
+
+    def _plan_ahead(self, running: Node) -> None:
+        """Tell the budget what is still to run before ``running`` is allotted: the probes of the tree
+        being walked and of the trees queued after it that have no result yet (a branch not taken
+        stays counted until its tree ends: the budget errs towards keeping time), and, while one of
+        them measures symptoms, the share of the costliest trees one measured symptom may queue."""
+        trees = ([self._tree] if self._tree is not None else []) + [t for t in self._queue if t is not self._tree]
+        unrun = [n for t in trees for n in t.nodes.values() if n.kind == "probe" and self._key(n) not in self._cache]
+        ahead = [n for n in unrun if self._key(n) != self._key(running)]
+        budget = self.budget
+        budget.pending = {n.probe: get(n.probe).share for n in ahead if get(n.probe).share > 0}
+        budget.floors = {p: get(p).floor for p in budget.pending}
+        budget.fixed = {n.probe: get(n.probe).cost for n in ahead if get(n.probe).share == 0}
+        measures = any(n.follow == "symptoms" for n in [running, *unrun])  # the same run may sit in several trees
+        budget.future = self._symptom_share(trees, {running.probe, *budget.pending, *(k[0] for k in self._cache)}) if measures else 0.0
+
+    def _symptom_share(self, queued: list[Tree], known: set[str]) -> float:
+        """The most the trees of one symptom, not queued yet, would share among the budgeted probes
+        they add (the ones not run and not pending already)."""
+        best = 0.0
+        skip = {t.id for t in queued} | set(self._walked)
+        for symptom in SYMPTOMS:
+            added = {n.probe for t in self._trees_for([symptom]) if t.id not in skip
+                     for n in t.nodes.values() if n.kind == "probe" and n.probe not in known}
+            best = max(best, sum(get(p).share for p in added))
+        return best
 
     # ----------------------------------------------------------------------------------- walking
     def _trees_for(self, symptoms: list[str]) -> list[Tree]:
@@ -291,11 +321,11 @@ class Engine:
                            budget=self.budget)
         limit, grace, reason = self.probe_timeout, GRACE_S, None
         if self.budget is not None:
-            spare = self.budget.spare()
-            ctx.allowance_s, limit, reason = self.budget.allot(spec.share, spec.cost, spec.timeout_s, self.probe_timeout,
-                                                               spec.id)
+            self._plan_ahead(node)
+            ctx.allowance_s, limit, reason, lendable = self.budget.allot(spec.share, spec.cost, spec.timeout_s,
+                                                                         self.probe_timeout, spec.id, spec.floor)
             if ctx.allowance_s is not None and self.probe_timeout is None:
-                ctx.lendable_s = max(0.0, spare - ctx.allowance_s)  # what the budgeted probes after it were to share
+                ctx.lendable_s = lendable  # what the known budgeted probes after it were to share above their floors
             grace = self.budget.grace_s()
             if ctx.allowance_s is not None:  # a safety net: the probe's planned steps fit its allowance
                 ctx.deadline = time.monotonic() + 1.25 * ctx.allowance_s + 3
