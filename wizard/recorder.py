@@ -526,6 +526,30 @@ class Recorder:
             self._module_hooks = [module_mod.register_module_forward_pre_hook(self._forward_pre),
                                   module_mod.register_module_forward_hook(self._forward_post, always_call=True)]
 
+    def _call_patch(self, original: Callable) -> Callable:
+        """Full mode watches module calls through ``nn.Module.__call__`` instead of the global module
+        hooks: those put every module call of the process (each submodule of each forward) on torch's
+        slow hook path for the whole run; this costs one Python call per submodule call, and sees
+        every top-level module call from start to end (a model first run in a late test loop too).
+        The same pre/post functions run as under the global hooks, at the top level only (a
+        submodule's call inside a forward passes straight through)."""
+        rec = self
+
+        @functools.wraps(original)
+        def __call__(this, *args, **kwargs):
+            if rec._depth:
+                return original(this, *args, **kwargs)
+            try:
+                event = rec._model_called(this, args)
+                output = original(this, *args, **kwargs)
+                if event is not None:
+                    rec._model_output(event, output)
+                return output
+            finally:
+                rec._depth = 0
+                rec._resume()
+        return __call__
+
     def _unhook_modules(self) -> None:
         while self._module_hooks:
             self._module_hooks.pop().remove()
@@ -546,8 +570,11 @@ class Recorder:
         self._fns = {name: [fn for fn in (getattr(listener, name, None) for listener in self.listeners) if fn is not None]
                      for name in ("on_batch", "on_forward", "on_loss", "on_loss_args", "on_backward", "on_step_pre",
                                   "on_step_post", "on_scheduler")}
-        self._hook_modules()
-        self._undo.append(self._unhook_modules)
+        if self.full:
+            self._patch(nn.Module, "__call__", self._call_patch)
+        else:
+            self._hook_modules()
+            self._undo.append(self._unhook_modules)
         for h in (optimizer_mod.register_optimizer_step_pre_hook(self._step_pre),
                   optimizer_mod.register_optimizer_step_post_hook(self._step_post)):
             self._undo.append(h.remove)
@@ -807,75 +834,96 @@ class Recorder:
         return index
 
     def _forward_pre(self, module, args):
+        """Light mode's global forward pre hook (full mode: :meth:`_model_called`)."""
         self._depth += 1
-        if self._depth != 1:
+        if self._depth != 1 or self._in_loss:
             return None
-        if self.full:
-            if self._opt_paused:  # a step that raised (no post hook ran) and was caught by the script
-                self._opt_paused = self._in_opt_step = False
-                self._resume()
-            self._pause()
-        if self._in_loss:
-            return None
-        if self._manual_open is not None:
-            self._close_manual()
         index = self._model_index(module)
         if index is None:
             return None
         info = self.recording.models[index]
         info.forwards += 1
         self._last_model = info
-        grad = torch.is_grad_enabled()
         top = self._loader_stack[-1] if self._loader_stack else None
-        event = ForwardEvent(index, module.training, grad, self.steps_taken, loader=top.index if top else None,
-                             iteration=top.iterations - 1 if top else -1)
+        event = ForwardEvent(index, module.training, torch.is_grad_enabled(), self.steps_taken,
+                             loader=top.index if top else None, iteration=top.iterations - 1 if top else -1)
         self._pending_forwards.append(event)
         if len(self._pending_forwards) > 64:
             self.flush_pending(keep=32)
-        if self.full:
-            self._last_event = event
-            self.recording.forwards.append(event)
-            if grad and len(self.recording.model_inputs) < KEEP_PAIRS:
-                self.recording.model_inputs.append((index, cpu_copy(tuple(args))))
-            for t in _tensors(args):
-                if t.layout != torch.strided:
-                    continue  # sparse inputs (a graph's adjacency matrix): isfinite has no sparse kernel
-                if t.is_floating_point() and t.numel() and not math.isfinite(float(t.sum())) \
-                        and not bool(torch.isfinite(t).all()):   # (a sum of finite values may overflow)
-                    self._step_record().nonfinite_input = True
-                    break
-        if self.max_forwards is not None and sum(m.forwards for m in self.recording.models) > self.max_forwards:
-            self.recording.stopped = f"{self.max_forwards} model forward calls were recorded"
-            raise StopRun(self.recording.stopped)
-        self._check_time()
+        self._check_forwards()
         self._notify("on_forward", info, args)
         return None
 
     def _forward_post(self, module, args, output):
-        if self._depth == 1 and self.full:
-            try:
-                self._model_returned(module, output)
-            finally:
-                self._resume()
-        else:
-            self._model_returned(module, output)
+        self._depth = max(self._depth - 1, 0)
         return None
 
-    def _model_returned(self, module, output) -> None:
-        self._depth = max(self._depth - 1, 0)
-        if self._depth == 0 and not self._in_loss:
-            known = self._module_ids.get(id(module))
-            index = known[1] if known is not None else None
-            if index is not None and self.full:
-                out = next(_tensors(output), None)
-                if out is not None:
-                    self._last_out = (index, weakref.ref(out), list(out.shape))
-                    if self._pending_forwards and self._pending_forwards[-1].model == index:
-                        event = self._pending_forwards[-1]
-                        event.node = out.grad_fn
-                        if self.full:  # every output (an RNN's hidden state too): for graphs carried across steps
-                            event.outs = [t.grad_fn for t, _ in zip(_tensors(output), range(4)) if t.grad_fn is not None]
-        return None
+    def _check_forwards(self) -> None:
+        if self.max_forwards is not None and sum(m.forwards for m in self.recording.models) > self.max_forwards:
+            self.recording.stopped = f"{self.max_forwards} model forward calls were recorded"
+            raise StopRun(self.recording.stopped)
+        self._check_time()
+
+    def _model_called(self, module, args) -> ForwardEvent | None:
+        """Full mode, a top-level module call begins (see :meth:`_call_patch`; the mode leaves the
+        stack until :meth:`_model_output`): a model's forward event, its first inputs copied, and
+        whether they are finite."""
+        self._depth = 1
+        if self._opt_paused:  # a step that raised (no post hook ran) and was caught by the script
+            self._opt_paused = self._in_opt_step = False
+            self._resume()
+        self._pause()
+        if self._in_loss:
+            return None
+        if self._manual_open is not None:
+            self._close_manual()
+        known = self._module_ids.get(id(module))
+        index = known[1] if known is not None and known[0]() is module else self._model_index(module)
+        if index is None:
+            return None
+        rec = self.recording
+        info = rec.models[index]
+        info.forwards += 1
+        self._last_model = info
+        grad = torch.is_grad_enabled()
+        top = self._loader_stack[-1] if self._loader_stack else None
+        event = ForwardEvent(index, module.training, grad, rec.total_steps, loader=top.index if top else None,
+                             iteration=top.iterations - 1 if top else -1)
+        self._last_event = event
+        rec.forwards.append(event)
+        pending = self._pending_forwards
+        pending.append(event)
+        if len(pending) > 64:
+            self.flush_pending(keep=32)
+        if grad and len(rec.model_inputs) < KEEP_PAIRS:
+            rec.model_inputs.append((index, cpu_copy(tuple(args))))
+        for t in (args if len(args) == 1 and isinstance(args[0], torch.Tensor) else _tensors(args)):
+            if t.layout != torch.strided:
+                continue  # sparse inputs (a graph's adjacency matrix): isfinite has no sparse kernel
+            if t.is_floating_point() and t.numel() and not math.isfinite(float(t.sum())) \
+                    and not bool(torch.isfinite(t).all()):   # (a sum of finite values may overflow)
+                self._step_record().nonfinite_input = True
+                break
+        self._check_forwards()
+        self._notify("on_forward", info, args)
+        return event
+
+    def _model_output(self, event: ForwardEvent, output) -> None:
+        """Full mode, the model's forward returned ``output``: what its loss and a later backward
+        are traced back to (the first output tensor; up to 4 outputs' graph nodes)."""
+        if isinstance(output, torch.Tensor):
+            out, node = output, output.grad_fn
+            outs = [node] if node is not None else []
+        else:
+            out = next(_tensors(output), None)
+            if out is None:
+                return
+            node = out.grad_fn
+            outs = [t.grad_fn for t, _ in zip(_tensors(output), range(4)) if t.grad_fn is not None]
+        self._last_out = (event.model, weakref.ref(out), list(out.shape))
+        pending = self._pending_forwards
+        if pending and pending[-1] is event:   # every output (an RNN's hidden state too): for graphs carried across steps
+            event.node, event.outs = node, outs
 
     # -- losses -----------------------------------------------------------------------------------
     def _loss_wrapper(self, name: str, original: Callable) -> Callable:
