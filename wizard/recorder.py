@@ -15,8 +15,9 @@ Usage::
 
 What is installed while the ``with`` block runs (and removed on exit, exceptions included):
 
-- global module forward pre/post hooks (``torch.nn.modules.module.register_module_forward_*``):
-  top-level module calls are *models* (loss modules excepted); their mode, grad mode, inputs;
+- global module forward pre/post hooks (``torch.nn.modules.module.register_module_forward_*``; full mode:
+  a patched ``nn.Module.__call__`` instead): top-level module calls are *models* (loss modules excepted);
+  their mode, grad mode, inputs;
 - global optimizer step pre/post hooks (``torch.optim.optimizer.register_optimizer_step_*``):
   one :class:`StepRecord` per ``optimizer.step()``, with gradient norm, params without grad, LRs;
 - ``Optimizer.zero_grad`` / ``Module.zero_grad``, ``Tensor.backward`` / ``torch.autograd.backward``,
@@ -61,9 +62,16 @@ before the backward, see ``_loss_reading``); the gradient norm
 measured cost so that it stays within NORM_SHARE of the measured step time (``recording.norm_interval``,
 at most ``norm_every_max``; ``StepRecord.grad_norm`` is None on the other steps); only the last
 LIGHT_KEEP step records and scheduler events are kept (``recording.total_steps`` counts them all),
-no loss calls and no forward events. Full mode adds the TorchFunctionMode and small copies, and
-measures every step: the gradient norm, and the update on the first 64 steps on at most UPDATE_SAMPLE
-evenly spaced values per tensor (see benchmarks/recorder_overhead.py).
+no loss calls and no forward events.
+
+Full mode adds the TorchFunctionMode and small copies, and records every step, forward and loss call;
+it watches module calls through a patched ``nn.Module.__call__`` rather than the global hooks (a
+submodule's call inside a forward passes straight through: no hook path for it). Each optimizer's
+gradient norm (and the largest parameter change, measured on at most UPDATE_SAMPLE evenly spaced
+values per tensor up to step UPDATE_STEPS) is measured on its first FULL_DETAIL steps, then on every
+FULL_EVERY-th, on the last 3 of the step budget and on any step whose loss is non-finite
+(``StepRecord.grad_norm`` / ``update`` is None on the others; a NaN gradient between two measured
+steps shows in the next step's loss). See benchmarks/recorder_overhead.py.
 """
 
 from __future__ import annotations
@@ -102,7 +110,9 @@ NORM_SHARE = 0.01  # light mode: the gradient-norm reduction may cost this share
 NORM_FIRST = 5  # light mode: steps that always measure it (the triggers' starting level)
 NORM_EVERY_MAX = 10  # light mode: the longest interval between two gradient-norm measurements
 SPAN_CHECKS = 4  # steps at whose first backward full mode looks for the graph of the step before
-UPDATE_STEPS = 64  # full mode: the steps whose parameter change (StepRecord.update) is measured
+FULL_DETAIL = 16  # full mode: the first steps whose gradient norm and parameter change are always measured,
+FULL_EVERY = 4    # then every FULL_EVERY-th step's, the last 3 of the step budget's, and any step with a non-finite loss
+UPDATE_STEPS = 64  # full mode: the parameter change (StepRecord.update) is measured up to this step
 UPDATE_SAMPLE = 4096  # full mode: a parameter's change over a step is compared on at most this many evenly spaced values
 
 
@@ -1323,7 +1333,12 @@ class Recorder:
         trainable = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
         grads = [g if not g.requires_grad else g.detach() for g in (p.grad for p in trainable) if g is not None]
         step.grads_total, step.grads_none = len(trainable), len(trainable) - len(grads)
-        if grads:
+        n, own = step.step, info.steps + 1   # (sampled per optimizer: a GAN's two alternate)
+        due = own <= FULL_DETAIL or not own % FULL_EVERY or (self.max_steps is not None and n > self.max_steps - 3) \
+            or (step.loss is not None and not math.isfinite(step.loss))
+        if grads and not due:
+            step.grad_norm = None   # between measured steps (a NaN gradient shows in the next step's loss)
+        elif grads:
             total = total_norm(torch._foreach_norm(grads))
             step.grad_norm = total
             step.grads_nonfinite = not math.isfinite(total)
@@ -1336,7 +1351,7 @@ class Recorder:
             names = {id(p): f"{m.name}.{n}" if len(self.recording.models) > 1 else n
                      for m in self.recording.models for n, p in m.module.named_parameters()}
             step.none_names = [names.get(id(p), "?") for p in trainable if p.grad is None][:40]
-        if trainable and step.step <= UPDATE_STEPS:
+        if trainable and due and n <= UPDATE_STEPS:
             views = self._views(optimizer, trainable)
             self._before_step = (trainable, views, _snapshot(views))
         self._notify("on_step_pre", optimizer, step)
