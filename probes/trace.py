@@ -181,7 +181,8 @@ def trace_zero_grad(ctx: ProbeContext, rec):
         return skipped(f"{len(rec.steps)} optimizer steps recorded: need two with a backward between", "too-short")
     carried = sum(measured) / len(measured)
     calls = sum(1 for s in later if s.zero_grad)
-    growth = (later[-1].grad_norm or 0.0) / max(rec.steps[0].grad_norm or 0.0, 1e-30)
+    measured_norms = [s.grad_norm for s in rec.steps if s.grad_norm is not None]   # (sampled after the first steps)
+    growth = (measured_norms[-1] if measured_norms else 0.0) / max(rec.steps[0].grad_norm or 0.0, 1e-30)
     data = dict(steps=len(rec.steps), carried=carried, zero_grad_steps=calls, zero_grad_calls=rec.zero_grads,
                 grad_growth=growth, checked=len(measured))
     # with several optimizers each must clear its own gradients: judged per optimizer, the worst one
@@ -198,7 +199,7 @@ def trace_zero_grad(ctx: ProbeContext, rec):
         if len(by_opt) > 1 and 0 <= worst < len(rec.optimizers):
             models = [rec.models[m].name for m in rec.optimizers[worst].models if m < len(rec.models)]
             whose = f"optimizer #{worst + 1}'s ({rec.optimizers[worst].name}{' over ' + ', '.join(models) if models else ''})"
-            norms = [s.grad_norm or 0.0 for s in rec.steps if s.optimizer == worst]
+            norms = [s.grad_norm for s in rec.steps if s.optimizer == worst and s.grad_norm is not None] or [0.0]
             growth = norms[-1] / max(norms[0], 1e-30)
             data["grad_growth"] = growth
         n = len(by_opt[worst])

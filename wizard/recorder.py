@@ -15,8 +15,9 @@ Usage::
 
 What is installed while the ``with`` block runs (and removed on exit, exceptions included):
 
-- global module forward pre/post hooks (``torch.nn.modules.module.register_module_forward_*``):
-  top-level module calls are *models* (loss modules excepted); their mode, grad mode, inputs;
+- global module forward pre/post hooks (``torch.nn.modules.module.register_module_forward_*``; full mode:
+  a patched ``nn.Module.__call__`` instead): top-level module calls are *models* (loss modules excepted);
+  their mode, grad mode, inputs;
 - global optimizer step pre/post hooks (``torch.optim.optimizer.register_optimizer_step_*``):
   one :class:`StepRecord` per ``optimizer.step()``, with gradient norm, params without grad, LRs;
 - ``Optimizer.zero_grad`` / ``Module.zero_grad``, ``Tensor.backward`` / ``torch.autograd.backward``,
@@ -61,9 +62,16 @@ before the backward, see ``_loss_reading``); the gradient norm
 measured cost so that it stays within NORM_SHARE of the measured step time (``recording.norm_interval``,
 at most ``norm_every_max``; ``StepRecord.grad_norm`` is None on the other steps); only the last
 LIGHT_KEEP step records and scheduler events are kept (``recording.total_steps`` counts them all),
-no loss calls and no forward events. Full mode adds the TorchFunctionMode and small copies, and
-measures every step: the gradient norm, and the update on the first 64 steps on at most UPDATE_SAMPLE
-evenly spaced values per tensor (see benchmarks/recorder_overhead.py).
+no loss calls and no forward events.
+
+Full mode adds the TorchFunctionMode and small copies, and records every step, forward and loss call;
+it watches module calls through a patched ``nn.Module.__call__`` rather than the global hooks (a
+submodule's call inside a forward passes straight through: no hook path for it). Each optimizer's
+gradient norm (and the largest parameter change, measured on at most UPDATE_SAMPLE evenly spaced
+values per tensor up to step UPDATE_STEPS) is measured on its first FULL_DETAIL steps, then on every
+FULL_EVERY-th, on the last 3 of the step budget and on any step whose loss is non-finite
+(``StepRecord.grad_norm`` / ``update`` is None on the others; a NaN gradient between two measured
+steps shows in the next step's loss). See benchmarks/recorder_overhead.py.
 """
 
 from __future__ import annotations
@@ -102,6 +110,9 @@ NORM_SHARE = 0.01  # light mode: the gradient-norm reduction may cost this share
 NORM_FIRST = 5  # light mode: steps that always measure it (the triggers' starting level)
 NORM_EVERY_MAX = 10  # light mode: the longest interval between two gradient-norm measurements
 SPAN_CHECKS = 4  # steps at whose first backward full mode looks for the graph of the step before
+FULL_DETAIL = 12  # full mode: the first steps whose gradient norm and parameter change are always measured (the trace table shows the first 11),
+FULL_EVERY = 4    # then every FULL_EVERY-th step's, the last 3 of the step budget's, and any step with a non-finite loss
+UPDATE_STEPS = 64  # full mode: the parameter change (StepRecord.update) is measured up to this step
 UPDATE_SAMPLE = 4096  # full mode: a parameter's change over a step is compared on at most this many evenly spaced values
 
 
@@ -313,6 +324,16 @@ def total_norm(norms: list[torch.Tensor]) -> float:
         return math.sqrt(sum(float(n) ** 2 for n in norms))
 
 
+def _positive(values: list[torch.Tensor]) -> list[bool]:
+    """Which of these scalar tensors are > 0, read with one host transfer where there are many."""
+    if len(values) > 8:
+        try:
+            return torch.stack([v.float() for v in values]).gt(0).tolist()
+        except RuntimeError:  # on several devices
+            pass
+    return [float(v) > 0 for v in values]
+
+
 def _update_views(params: list[torch.Tensor], exact: bool) -> list[torch.Tensor]:
     """Full mode: the values of each parameter a step's change is measured on: all of them for a tensor
     of at most UPDATE_SAMPLE values (or ``exact``), else UPDATE_SAMPLE evenly spaced ones (a copy of
@@ -325,13 +346,36 @@ def _update_views(params: list[torch.Tensor], exact: bool) -> list[torch.Tensor]
     return out
 
 
-def _largest_change(after: list[torch.Tensor], before: list[torch.Tensor]) -> float:
+def _snapshot(views: list[torch.Tensor]) -> torch.Tensor | list[torch.Tensor]:
+    """A copy of the values of ``views``: one flat tensor (a single copy op), or a copy of each where
+    they do not concatenate (on several devices)."""
+    try:
+        return torch.cat(views) if len(views) != 1 else views[0].clone()
+    except RuntimeError:
+        return [v.clone() for v in views]
+
+
+def _largest_change(after: list[torch.Tensor], before: torch.Tensor | list[torch.Tensor]) -> float:
+    """The largest |change| between the values of ``after`` now and their ``_snapshot`` before."""
+    if isinstance(before, torch.Tensor):
+        now = torch.cat(after) if len(after) != 1 else after[0]
+        return float((now - before).abs_().max()) if now.numel() else 0.0
     pairs = [(a, b) for a, b in zip(after, before) if a.numel()]
     if not pairs:
         return 0.0
     diffs = torch._foreach_sub([a for a, _ in pairs], [b for _, b in pairs])
     torch._foreach_abs_(diffs)
     return float(torch.stack([d.max().float() for d in diffs]).max())
+
+
+_DTYPE_NAMES: dict = {}
+
+
+def _dtype_name(dtype) -> str:
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).replace("torch.", "")
+    return name
 
 
 def _shape(x) -> list | None:
@@ -473,8 +517,10 @@ class Recorder:
         self._batch_index = -1
         self._before_step: list[torch.Tensor] | None = None   # full mode: parameter values before optimizer.step()
         self._exact_update = False    # full mode: compare every value (a sampled comparison saw no change)
+        self._view_cache: dict[int, tuple] = {}   # full mode: id(optimizer) -> (its parameters' ids and storages, _update_views)
         self._file_kinds: dict[str, tuple] = {}   # where(): code file name -> (what it is, its base name)
         self._loss_value: tuple | None = None   # (weakref, value) of the last loss call's result
+        self._loss_link: tuple | None = None    # full mode: (weakref to a loss value, its LossCall, the ForwardEvent it comes from)
         self._scaled: set[int] = set()
         self._scales: dict[int, tuple] = {}   # GradScaler.scale outputs -> (weakref, scale)
         self._kept: dict[int, tuple[str, weakref.ref, int]] = {}   # id -> (where, ref, step made)
@@ -526,6 +572,30 @@ class Recorder:
             self._module_hooks = [module_mod.register_module_forward_pre_hook(self._forward_pre),
                                   module_mod.register_module_forward_hook(self._forward_post, always_call=True)]
 
+    def _call_patch(self, original: Callable) -> Callable:
+        """Full mode watches module calls through ``nn.Module.__call__`` instead of the global module
+        hooks: those put every module call of the process (each submodule of each forward) on torch's
+        slow hook path for the whole run; this costs one Python call per submodule call, and sees
+        every top-level module call from start to end (a model first run in a late test loop too).
+        The same pre/post functions run as under the global hooks, at the top level only (a
+        submodule's call inside a forward passes straight through)."""
+        rec = self
+
+        @functools.wraps(original)
+        def __call__(this, *args, **kwargs):
+            if rec._depth:
+                return original(this, *args, **kwargs)
+            try:
+                event = rec._model_called(this, args)
+                output = original(this, *args, **kwargs)
+                if event is not None:
+                    rec._model_output(event, output)
+                return output
+            finally:
+                rec._depth = 0
+                rec._resume()
+        return __call__
+
     def _unhook_modules(self) -> None:
         while self._module_hooks:
             self._module_hooks.pop().remove()
@@ -546,8 +616,11 @@ class Recorder:
         self._fns = {name: [fn for fn in (getattr(listener, name, None) for listener in self.listeners) if fn is not None]
                      for name in ("on_batch", "on_forward", "on_loss", "on_loss_args", "on_backward", "on_step_pre",
                                   "on_step_post", "on_scheduler")}
-        self._hook_modules()
-        self._undo.append(self._unhook_modules)
+        if self.full:
+            self._patch(nn.Module, "__call__", self._call_patch)
+        else:
+            self._hook_modules()
+            self._undo.append(self._unhook_modules)
         for h in (optimizer_mod.register_optimizer_step_pre_hook(self._step_pre),
                   optimizer_mod.register_optimizer_step_post_hook(self._step_post)):
             self._undo.append(h.remove)
@@ -807,75 +880,96 @@ class Recorder:
         return index
 
     def _forward_pre(self, module, args):
+        """Light mode's global forward pre hook (full mode: :meth:`_model_called`)."""
         self._depth += 1
-        if self._depth != 1:
+        if self._depth != 1 or self._in_loss:
             return None
-        if self.full:
-            if self._opt_paused:  # a step that raised (no post hook ran) and was caught by the script
-                self._opt_paused = self._in_opt_step = False
-                self._resume()
-            self._pause()
-        if self._in_loss:
-            return None
-        if self._manual_open is not None:
-            self._close_manual()
         index = self._model_index(module)
         if index is None:
             return None
         info = self.recording.models[index]
         info.forwards += 1
         self._last_model = info
-        grad = torch.is_grad_enabled()
         top = self._loader_stack[-1] if self._loader_stack else None
-        event = ForwardEvent(index, module.training, grad, self.steps_taken, loader=top.index if top else None,
-                             iteration=top.iterations - 1 if top else -1)
+        event = ForwardEvent(index, module.training, torch.is_grad_enabled(), self.steps_taken,
+                             loader=top.index if top else None, iteration=top.iterations - 1 if top else -1)
         self._pending_forwards.append(event)
         if len(self._pending_forwards) > 64:
             self.flush_pending(keep=32)
-        if self.full:
-            self._last_event = event
-            self.recording.forwards.append(event)
-            if grad and len(self.recording.model_inputs) < KEEP_PAIRS:
-                self.recording.model_inputs.append((index, cpu_copy(tuple(args))))
-            for t in _tensors(args):
-                if t.layout != torch.strided:
-                    continue  # sparse inputs (a graph's adjacency matrix): isfinite has no sparse kernel
-                if t.is_floating_point() and t.numel() and not math.isfinite(float(t.sum())) \
-                        and not bool(torch.isfinite(t).all()):   # (a sum of finite values may overflow)
-                    self._step_record().nonfinite_input = True
-                    break
-        if self.max_forwards is not None and sum(m.forwards for m in self.recording.models) > self.max_forwards:
-            self.recording.stopped = f"{self.max_forwards} model forward calls were recorded"
-            raise StopRun(self.recording.stopped)
-        self._check_time()
+        self._check_forwards()
         self._notify("on_forward", info, args)
         return None
 
     def _forward_post(self, module, args, output):
-        if self._depth == 1 and self.full:
-            try:
-                self._model_returned(module, output)
-            finally:
-                self._resume()
-        else:
-            self._model_returned(module, output)
+        self._depth = max(self._depth - 1, 0)
         return None
 
-    def _model_returned(self, module, output) -> None:
-        self._depth = max(self._depth - 1, 0)
-        if self._depth == 0 and not self._in_loss:
-            known = self._module_ids.get(id(module))
-            index = known[1] if known is not None else None
-            if index is not None and self.full:
-                out = next(_tensors(output), None)
-                if out is not None:
-                    self._last_out = (index, weakref.ref(out), list(out.shape))
-                    if self._pending_forwards and self._pending_forwards[-1].model == index:
-                        event = self._pending_forwards[-1]
-                        event.node = out.grad_fn
-                        if self.full:  # every output (an RNN's hidden state too): for graphs carried across steps
-                            event.outs = [t.grad_fn for t, _ in zip(_tensors(output), range(4)) if t.grad_fn is not None]
-        return None
+    def _check_forwards(self) -> None:
+        if self.max_forwards is not None and sum(m.forwards for m in self.recording.models) > self.max_forwards:
+            self.recording.stopped = f"{self.max_forwards} model forward calls were recorded"
+            raise StopRun(self.recording.stopped)
+        self._check_time()
+
+    def _model_called(self, module, args) -> ForwardEvent | None:
+        """Full mode, a top-level module call begins (see :meth:`_call_patch`; the mode leaves the
+        stack until :meth:`_model_output`): a model's forward event, its first inputs copied, and
+        whether they are finite."""
+        self._depth = 1
+        if self._opt_paused:  # a step that raised (no post hook ran) and was caught by the script
+            self._opt_paused = self._in_opt_step = False
+            self._resume()
+        self._pause()
+        if self._in_loss:
+            return None
+        if self._manual_open is not None:
+            self._close_manual()
+        known = self._module_ids.get(id(module))
+        index = known[1] if known is not None and known[0]() is module else self._model_index(module)
+        if index is None:
+            return None
+        rec = self.recording
+        info = rec.models[index]
+        info.forwards += 1
+        self._last_model = info
+        grad = torch.is_grad_enabled()
+        top = self._loader_stack[-1] if self._loader_stack else None
+        event = ForwardEvent(index, module.training, grad, rec.total_steps, loader=top.index if top else None,
+                             iteration=top.iterations - 1 if top else -1)
+        self._last_event = event
+        rec.forwards.append(event)
+        pending = self._pending_forwards
+        pending.append(event)
+        if len(pending) > 64:
+            self.flush_pending(keep=32)
+        if grad and len(rec.model_inputs) < KEEP_PAIRS:
+            rec.model_inputs.append((index, cpu_copy(tuple(args))))
+        for t in (args if len(args) == 1 and isinstance(args[0], torch.Tensor) else _tensors(args)):
+            if t.layout != torch.strided:
+                continue  # sparse inputs (a graph's adjacency matrix): isfinite has no sparse kernel
+            if t.is_floating_point() and t.numel() and not math.isfinite(float(t.sum())) \
+                    and not bool(torch.isfinite(t).all()):   # (a sum of finite values may overflow)
+                self._step_record().nonfinite_input = True
+                break
+        self._check_forwards()
+        self._notify("on_forward", info, args)
+        return event
+
+    def _model_output(self, event: ForwardEvent, output) -> None:
+        """Full mode, the model's forward returned ``output``: what its loss and a later backward
+        are traced back to (the first output tensor; up to 4 outputs' graph nodes)."""
+        if isinstance(output, torch.Tensor):
+            out, node = output, output.grad_fn
+            outs = [node] if node is not None else []
+        else:
+            out = next(_tensors(output), None)
+            if out is None:
+                return
+            node = out.grad_fn
+            outs = [t.grad_fn for t, _ in zip(_tensors(output), range(4)) if t.grad_fn is not None]
+        self._last_out = (event.model, weakref.ref(out), list(out.shape))
+        pending = self._pending_forwards
+        if pending and pending[-1] is event:   # every output (an RNN's hidden state too): for graphs carried across steps
+            event.node, event.outs = node, outs
 
     # -- losses -----------------------------------------------------------------------------------
     def _loss_wrapper(self, name: str, original: Callable) -> Callable:
@@ -909,18 +1003,22 @@ class Recorder:
             return value
         return loss
 
-    def _from_model(self, x: torch.Tensor) -> tuple[bool, list | None]:
+    def _from_model(self, x: torch.Tensor) -> tuple[bool, list | None, Any]:
+        """Does the loss input ``x`` come from a model's output: (yes, that output's shape, and the
+        output's graph node when ``x`` is the last forward's first output or its graph reaches it)."""
         if self._last_out is None:
-            return False, None
+            return False, None, None
         _, ref, shape = self._last_out
         out = ref()
         if out is None:
-            return bool(x.requires_grad), shape
-        if x is out or (x.untyped_storage().data_ptr() == out.untyped_storage().data_ptr() and x.numel()):
-            return True, shape
+            return bool(x.requires_grad), shape, None
+        if x is out:
+            return True, shape, out.grad_fn
+        if x.untyped_storage().data_ptr() == out.untyped_storage().data_ptr() and x.numel():
+            return True, shape, None
         target = out.grad_fn
         if target is None:
-            return False, shape
+            return False, shape, None
         stack, seen = [x.grad_fn], 0
         while stack and seen < 200:
             node = stack.pop()
@@ -928,14 +1026,14 @@ class Recorder:
                 continue
             seen += 1
             if node == target:
-                return True, shape
+                return True, shape, target
             stack.extend(fn for fn, _ in node.next_functions)
         # any output of a forward no backward has reached yet (a second output, e.g. an actor-critic's value
         # head, or an output saved over an episode before one backward)
         outs = {id(n) for e in self._pending_forwards[-64:] for n in e.outs}
         if outs and x.grad_fn is not None and _reached(x.grad_fn, outs, limit=200):
-            return True, shape
-        return False, shape
+            return True, shape, None
+        return False, shape, None
 
     def _loss_called(self, name: str, args, kwargs, value, original=None) -> None:
         x = args[0] if args else kwargs.get("input")
@@ -955,42 +1053,48 @@ class Recorder:
                                                                None, True, None)
             self._notify("on_loss_args", light, args, kwargs, value)  # watch: the live tensors
             return
-        reduction = kwargs.get("reduction", "mean")
-        if kwargs.get("size_average") is False or kwargs.get("reduce") is False:
+        reduction = kwargs.get("reduction", "mean") if kwargs else "mean"
+        if kwargs and (kwargs.get("size_average") is False or kwargs.get("reduce") is False):
             reduction = "sum" if kwargs.get("reduce") is not False else "none"
+        grad = torch.is_grad_enabled()
         v = None
-        if isinstance(value, torch.Tensor) and value.numel() == 1:
-            v = float(value.detach())
-        elif isinstance(value, torch.Tensor) and value.numel():
-            v = float(value.detach().float().mean())
-        if v is not None:
-            self._loss_value = (weakref.ref(value), v)
-        if torch.is_grad_enabled() and v is not None:
-            self._window_values.append(v)
-        from_model, out_shape = self._from_model(x)
+        is_tensor = isinstance(value, torch.Tensor)
+        if is_tensor:
+            n = value.numel()
+            if n:
+                v = float(value.detach()) if n == 1 else float(value.detach().float().mean())
+                self._loss_value = (weakref.ref(value), v)
+                if grad:
+                    self._window_values.append(v)
+        from_model, out_shape, direct = self._from_model(x)
         if self._depth > 0:  # called inside a model's forward (Hugging Face models compute their own loss)
             from_model = True
-        if from_model and self._last_event is not None:
-            self._last_event.scored = True
+        event = self._last_event
+        if from_model and event is not None:
+            event.scored = True
         same = False
-        if isinstance(y, torch.Tensor) and self.full:
+        y_tensor = isinstance(y, torch.Tensor)
+        if y_tensor:
             ref = self._derived.get(id(y))
             same = (ref is not None and ref() is y) or (
-                y.numel() > 0 and y is not x and y.untyped_storage().data_ptr() == x.untyped_storage().data_ptr())
+                y is not x and y.numel() > 0 and y.untyped_storage().data_ptr() == x.untyped_storage().data_ptr())
         training = self._last_model.module.training if self._last_model else None
-        call = LossCall(name, list(x.shape), str(x.dtype).replace("torch.", ""), _shape(y),
-                        str(y.dtype).replace("torch.", "") if isinstance(y, torch.Tensor) else None, v, reduction,
-                        torch.is_grad_enabled(), training, self.steps_taken, self.where() if self.full else None,
-                        from_model, out_shape, same)
-        if torch.is_grad_enabled() and self._kept_pairs < KEEP_PAIRS:
+        call = LossCall(name, list(x.shape), _dtype_name(x.dtype), list(y.shape) if y_tensor else None,
+                        _dtype_name(y.dtype) if y_tensor else None, v, reduction, grad, training,
+                        self.recording.total_steps, self.where(), from_model, out_shape, same)
+        if grad and self._kept_pairs < KEEP_PAIRS:
             self._kept_pairs += 1
             call.inputs, call.targets = cpu_copy(x), cpu_copy(y)
             call.replay = (original, tuple(args[2:]), {k: v for k, v in kwargs.items() if k not in ("input", "target")})
-        if isinstance(value, torch.Tensor):
+        if is_tensor:
             call.node = value.grad_fn
         self.recording.loss_calls.append(call)
-        if call.node is not None or not self.full:
+        if call.node is not None:
             self._pending_losses.append(call)
+            # the backward on this very value reaches this call and, when x is the last output (or its
+            # graph reaches it), that forward: _before_backward need not search the graph
+            self._loss_link = (weakref.ref(value), call, event if event is not None and direct is not None
+                               and event.node is direct else None)
         self._notify("on_loss", call)
         self._notify("on_loss_args", call, args, kwargs, value)  # watch: the live tensors (added by watch)
 
@@ -1047,9 +1151,11 @@ class Recorder:
                 if len(self._spent) > 64:
                     self._spent = {k: r for k, r in self._spent.items() if r() is not None}
         if self.full and loss is not None:
-            targets = {id(e.node) for e in self._pending_forwards if e.node is not None}
-            targets |= {id(c.node) for c in self._pending_losses if c.node is not None}
-            reached = _reached(loss.grad_fn, targets)
+            reached = self._linked(loss)
+            if reached is None:
+                targets = {id(e.node) for e in self._pending_forwards if e.node is not None}
+                targets |= {id(c.node) for c in self._pending_losses if c.node is not None}
+                reached = _reached(loss.grad_fn, targets)
         else:
             reached = None
         keep_f, keep_l = [], []
@@ -1078,6 +1184,21 @@ class Recorder:
             rec.stopped = f"the budget of {self.max_steps} backward passes was reached (no optimizer.step() so far)"
             raise StopRun(rec.stopped)
 
+    def _linked(self, loss: torch.Tensor) -> set[int] | None:
+        """The graph nodes a backward on ``loss`` reaches, known without a search when ``loss`` is the
+        value of the only pending loss call and the only pending forward is the one that call's
+        input came from (see ``_loss_link``); None when the graph must be searched."""
+        link = self._loss_link
+        if link is None or link[0]() is not loss or loss.grad_fn is not link[1].node:
+            return None
+        pending_f, pending_l = self._pending_forwards, self._pending_losses
+        if len(pending_l) != 1 or pending_l[0] is not link[1] or len(pending_f) > 1:
+            return None
+        event = link[2]
+        if pending_f and pending_f[0] is not event:
+            return None
+        return {id(link[1].node), id(event.node)} if pending_f else {id(link[1].node)}
+
     def _carried(self) -> tuple[float | None, dict[int, float]]:
         """Share of the optimizers' trainable tensors whose .grad is still non-zero now, at the first
         backward after a step (cleared gradients are None or all zero): over all of them (and the
@@ -1093,13 +1214,13 @@ class Recorder:
         if not owned:
             return None, {}
         live = [(i, g) for i, g in owned if g is not None]
-        norms = torch._foreach_norm([g.detach() for _, g in live]) if live else []
         counts: dict[int, list[int]] = {}
         for i, _ in owned:
             counts.setdefault(i, [0, 0])[1] += 1
-        for (i, _), n in zip(live, norms):
-            if float(n) > 0:
-                counts[i][0] += 1
+        if live:
+            for (i, _), nonzero in zip(live, _positive(torch._foreach_norm([g.detach() for _, g in live]))):
+                if nonzero:
+                    counts[i][0] += 1
         nonzero = sum(c[0] for c in counts.values())
         return nonzero / len(owned), {i: c[0] / c[1] for i, c in counts.items()}
 
@@ -1210,11 +1331,15 @@ class Recorder:
         step.lrs = [float(g["lr"]) for g in optimizer.param_groups]
         step.grad_enabled = torch.is_grad_enabled()
         trainable = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
-        grads = [p.grad.detach() for p in trainable if p.grad is not None]
+        grads = [g if not g.requires_grad else g.detach() for g in (p.grad for p in trainable) if g is not None]
         step.grads_total, step.grads_none = len(trainable), len(trainable) - len(grads)
-        if grads:
-            norms = torch._foreach_norm(grads)
-            total = total_norm(norms)
+        n, own = step.step, info.steps + 1   # (sampled per optimizer: a GAN's two alternate)
+        due = own <= FULL_DETAIL or not own % FULL_EVERY or (self.max_steps is not None and n > self.max_steps - 3) \
+            or (step.loss is not None and not math.isfinite(step.loss))
+        if grads and not due:
+            step.grad_norm = None   # between measured steps (a NaN gradient shows in the next step's loss)
+        elif grads:
+            total = total_norm(torch._foreach_norm(grads))
             step.grad_norm = total
             step.grads_nonfinite = not math.isfinite(total)
         else:
@@ -1222,13 +1347,28 @@ class Recorder:
         values = self._window_values
         step.loss_calls = len(values)
         step.loss_call_mean = sum(values) / len(values) if values else None
-        if self.full and step.step <= 3 and step.grads_none:
+        if step.step <= 3 and step.grads_none:
             names = {id(p): f"{m.name}.{n}" if len(self.recording.models) > 1 else n
                      for m in self.recording.models for n, p in m.module.named_parameters()}
             step.none_names = [names.get(id(p), "?") for p in trainable if p.grad is None][:40]
-        if self.full and trainable and step.step <= 64:
-            self._before_step = [v.clone() for v in _update_views(trainable, self._exact_update)]
+        if trainable and due and n <= UPDATE_STEPS:
+            views = self._views(optimizer, trainable)
+            self._before_step = (trainable, views, _snapshot(views))
         self._notify("on_step_pre", optimizer, step)
+
+    def _views(self, optimizer, trainable: list[torch.Tensor]) -> list[torch.Tensor]:
+        """``_update_views`` of the optimizer's trainable parameters, made again only when a parameter
+        changed (another tensor, new storage: ``p.data = ...``) or exact comparison was switched on."""
+        try:
+            key = ([id(p) for p in trainable], [p.data_ptr() for p in trainable], self._exact_update)
+        except RuntimeError:  # tensors without storage
+            return _update_views(trainable, self._exact_update)
+        known = self._view_cache.get(id(optimizer))
+        if known is not None and known[0] == key:
+            return known[1]
+        views = _update_views(trainable, self._exact_update)
+        self._view_cache[id(optimizer)] = (key, views)
+        return views
 
     def _loss_reading(self, loss: torch.Tensor, scaler) -> tuple:
         """Light mode, at ``backward()``: how ``_measure_light`` reads this loss at the step, as
@@ -1326,10 +1466,9 @@ class Recorder:
         info = self._optimizer_info(optimizer)
         info.steps += 1
         if self._before_step is not None:
-            trainable = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
-            before, self._before_step = self._before_step, None
-            after = _update_views(trainable, self._exact_update)
-            if len(after) == len(before) and all(a.shape == b.shape for a, b in zip(after, before)):
+            (trainable, views, before), self._before_step = self._before_step, None
+            after = self._views(optimizer, trainable)
+            if after is views or (len(after) == len(views) and all(a.shape == b.shape for a, b in zip(after, views))):
                 step.update = _largest_change(after, before)
                 if step.update == 0 and step.grad_norm and not self._exact_update \
                         and any(p.numel() > UPDATE_SAMPLE for p in trainable):
@@ -1428,7 +1567,7 @@ class Recorder:
         if step.step <= 3 and step.grads_none:
             names = {id(p): n for key, (p, n) in self._manual_candidates.items() if key == id(p)}
             step.none_names = [names[id(p)] for p in params if p.grad is None][:40]
-        copies = [(p, p.detach().clone(), norms.get(id(p), 0.0)) for p in params] if step.step <= 64 else []
+        copies = [(p, p.detach().clone(), norms.get(id(p), 0.0)) for p in params] if step.step <= UPDATE_STEPS else []
         self._manual_open = (step, copies, set())
 
     def _merge_manual(self) -> None:

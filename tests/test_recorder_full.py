@@ -1,0 +1,114 @@
+"""The full recorder's cheap paths (script-mode diagnosis observes with it): module calls through a
+patched ``nn.Module.__call__`` instead of the global hooks, the backward that knows its forward and
+loss call without a graph search, and the gradient norm / parameter change sampled after the first
+steps."""
+
+from __future__ import annotations
+
+import copy
+import io
+import math
+
+import torch
+from torch import nn
+
+from nnwizard import recorder as recorder_mod
+from nnwizard.recorder import FULL_DETAIL, FULL_EVERY, Recorder
+
+
+def _mlp():
+    return nn.Sequential(nn.Linear(6, 12), nn.ReLU(), nn.Dropout(0.1), nn.Linear(12, 3))
+
+
+def _step(model, opt, crit, n=1):
+    for _ in range(n):
+        loss = crit(model(torch.randn(8, 6)), torch.randint(0, 3, (8,)))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
+def test_full_mode_sees_every_top_level_call_without_global_hooks_and_leaves_models_picklable():
+    torch.manual_seed(0)
+    model, late = _mlp(), nn.Linear(6, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    crit = nn.CrossEntropyLoss()
+    original_call = nn.Module.__call__
+    with Recorder("full") as rec:
+        assert not torch.nn.modules.module._global_forward_hooks and not torch.nn.modules.module._global_forward_pre_hooks
+        assert not model._forward_hooks and not model[0]._forward_pre_hooks
+        _step(model, opt, crit, 30)
+        model.eval()
+        with torch.no_grad():
+            late(torch.randn(4, 6))   # a model first run after 30 steps is still seen
+            model(torch.randn(4, 6))
+        buffer = io.BytesIO()
+        torch.save(model, buffer)     # no hook of ours on the instance: it pickles and copies as usual
+        twin = copy.deepcopy(model)
+        twin(torch.randn(2, 6))
+    assert nn.Module.__call__ is original_call
+    r = rec.recording
+    assert [m.name for m in r.models][:2] == ["Sequential", "Linear"] and r.models[0].forwards == 31
+    assert r.models[1].forwards == 1 and r.models[1].first_step == 30
+    trained = [f for f in r.forwards if f.trained]
+    assert len(trained) == 30 and all(f.training and f.grad_enabled for f in trained)
+    assert [(f.model, f.training, f.grad_enabled, f.trained) for f in r.forwards[30:32]] == [(1, True, False, False), (0, False, False, False)]
+    assert sum(not c.eval for c in r.loss_calls) == 30
+
+
+def test_backward_marks_only_what_it_reaches_with_and_without_the_graph_search():
+    """One pending forward and loss call whose value is backpropagated: found without a search; an
+    evaluation forward in between, or a loss scaled before backward: the graph is searched; both
+    mark the same forwards and loss calls as trained."""
+    torch.manual_seed(0)
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    crit = nn.CrossEntropyLoss()
+    with Recorder("full") as rec:
+        _step(model, opt, crit, 2)                    # the direct case
+        out = model(torch.randn(8, 6))
+        with torch.no_grad():
+            crit(model(torch.randn(8, 6)), torch.randint(0, 3, (8,)))   # evaluation between forward and backward
+        loss = crit(out, torch.randint(0, 3, (8,))) * 0.5               # not the loss call's own value
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    r = rec.recording
+    assert [f.trained for f in r.forwards] == [True, True, True, False]
+    assert [c.eval for c in r.loss_calls] == [False, False, True, False]
+    assert [s.forwards for s in r.steps] == [{0: 1}, {0: 1}, {0: 1}]
+
+
+def test_gradient_norm_and_update_are_measured_on_the_first_steps_then_sampled_and_on_a_nan():
+    torch.manual_seed(0)
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    crit = nn.CrossEntropyLoss()
+    n = FULL_DETAIL + 3 * FULL_EVERY + 1
+    with Recorder("full") as rec:
+        _step(model, opt, crit, n)
+        x = torch.randn(8, 6)
+        x[0, 0] = math.nan
+        loss = crit(model(x), torch.randint(0, 3, (8,)))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    steps = rec.recording.steps
+    measured = [s.step for s in steps if s.grad_norm is not None]
+    assert measured[:FULL_DETAIL] == list(range(1, FULL_DETAIL + 1))
+    assert [k for k in measured if FULL_DETAIL < k <= n] == [k for k in range(FULL_DETAIL + 1, n + 1) if k % FULL_EVERY == 0]
+    assert steps[-1].step in measured and steps[-1].grads_nonfinite and steps[-1].nonfinite_input  # the NaN step
+    assert [s.step for s in steps if s.update is not None] == [k for k in measured if k <= recorder_mod.UPDATE_STEPS]
+    assert all(s.update > 0 for s in steps[:FULL_DETAIL])
+
+
+def test_the_last_steps_of_the_budget_are_measured():
+    torch.manual_seed(0)
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with Recorder("full", max_steps=FULL_DETAIL + 7) as rec:
+        try:
+            _step(model, opt, nn.CrossEntropyLoss(), 100)
+        except recorder_mod.StopRun:
+            pass
+    assert [s.grad_norm is not None for s in rec.recording.steps[-3:]] == [True, True, True]
