@@ -240,6 +240,9 @@ def _tail(losses: list[float]) -> float:
 @_on_script
 def script_lr_sweep(ctx: ProbeContext, target):
     if not losses_of(target.run) or not target.recording.optimizers:
+        if any(s.manual for s in target.recording.steps):
+            return skipped("the script updates its parameters by hand (no torch.optim optimizer): there is no "
+                           "optimizer learning rate to scale")
         return skipped("the script took no optimizer step")
     objs, skip = _curves(target)
     if skip is not None:

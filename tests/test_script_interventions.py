@@ -250,3 +250,12 @@ def test_lr_sweep_makes_no_long_rerun_when_the_rate_moves_the_loss(tmp_path):
     result = run(target, "script-lr-sweep")
     assert result.outcome == "ok" and "long_steps" not in result.data, result.summary
     assert len(target.reruns) == 2
+
+
+def test_lr_sweep_says_why_it_cannot_scale_a_hand_written_update(tmp_path):
+    text = BASE.format(LR="1e-2", OPT="SGD", LOSS="F.cross_entropy(out, yb)", SEED="torch.manual_seed(0)").replace(
+        "optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)\n", "").replace(
+        "        optimizer.zero_grad()\n", "        model.zero_grad()\n").replace(
+        "        optimizer.step()\n", "        for p in model.parameters():\n            p.data.add_(p.grad, alpha=-0.1)\n")
+    result = run(target_of(script(tmp_path, text=text), steps=20), "script-lr-sweep")
+    assert result.status == "skipped" and "by hand" in result.summary, result.summary
