@@ -5,6 +5,7 @@ saturated sigmoid/tanh outputs), measured on the user's model, data and step."""
 from __future__ import annotations
 
 import math
+import time
 
 import torch
 
@@ -191,8 +192,11 @@ def _lower_lr_cure(ctx, batches, steps: int, inputs, files, layer: str, losses: 
     The step size is the cause when a lower rate keeps the layer alive AND trains better (a lower late
     loss); a lower rate that only moves the weights less keeps units alive trivially and does not count."""
     base = _late_loss(losses)
-    for factor in (0.1, 0.01, 0.001):
-        if ctx.time_left() < 4:
+    for runs, factor in enumerate((0.1, 0.01, 0.001), start=1):
+        # each rerun costs about what each training run so far cost: only within this probe's allowance
+        # (the probes after it share what is left of the session's budget)
+        spent = time.monotonic() - ctx.started
+        if ctx.time_left() < 4 or (ctx.allowance_s is not None and spent + spent / runs > ctx.allowance_s):
             return None
         try:
             stats, done, low = _train_and_measure(ctx, batches, steps, inputs, files, factor)
