@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import math
+import time
 from typing import Any, Callable
 
 import torch
@@ -360,7 +361,9 @@ def _longer_arm(ctx, target, reruns: dict, observed: list[float], objective: int
     run = reruns.get("x100-long")   # several objectives: one rerun serves each one's series
     if run is None:
         need = target.rerun_cost(steps) * (target.measured_step_s or 0.0)
-        if ctx.time_left() < 1.5 * need + 2:
+        # within this probe's allowance: the ladder after it (when nothing learns) needs its own share
+        spent = time.monotonic() - ctx.started
+        if ctx.time_left() < 1.5 * need + 2 or (ctx.allowance_s is not None and spent + need > ctx.allowance_s):
             return None
         run = reruns["x100-long"] = _rerun(ctx, target, steps, lr_scale=100.0)
     losses = losses_of(run, objective)[:steps]
