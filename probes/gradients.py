@@ -5,6 +5,7 @@ saturated sigmoid/tanh outputs), measured on the user's model, data and step."""
 from __future__ import annotations
 
 import math
+import time
 
 import torch
 
@@ -163,10 +164,57 @@ def _activation_stats(model, inputs, files) -> dict[str, dict]:
     return stats
 
 
+def _train_and_measure(ctx, batches, steps: int, inputs, files, factor: float = 1.0):
+    """Train a fresh model (same seed) through the user's step at lr x factor; (stats, steps, losses)."""
+    target = ctx.target
+    model = target.fresh_model(ctx.seed)
+    model.train()
+    optimizer = target.make_optimizer(model)
+    for group in optimizer.param_groups:
+        if "lr" in group:
+            group["lr"] = group["lr"] * factor
+    losses: list[float] = []
+    for i in range(steps):
+        losses.append(float(target.train_step(model, batches[i % len(batches)], optimizer)))
+        if ctx.time_left() < 2:
+            break
+    return (_activation_stats(model, inputs, files) if losses else {}), len(losses), losses
+
+
+def _late_loss(losses: list[float]) -> float:
+    """Mean of the last quarter of a training run's losses (inf when any of them is not finite)."""
+    tail = losses[-max(1, len(losses) // 4):]
+    return sum(tail) / len(tail) if tail and all(map(math.isfinite, tail)) else math.inf
+
+
+def _lower_lr_cure(ctx, batches, steps: int, inputs, files, layer: str, losses: list[float]) -> dict | None:
+    """Units that died while training: rerun the same steps from the same weights at lr/10, lr/100, lr/1000.
+    The step size is the cause when a lower rate keeps the layer alive AND trains better (a lower late
+    loss); a lower rate that only moves the weights less keeps units alive trivially and does not count."""
+    base = _late_loss(losses)
+    for runs, factor in enumerate((0.1, 0.01, 0.001), start=1):
+        # each rerun costs about what each training run so far cost: only within this probe's allowance
+        # (the probes after it share what is left of the session's budget)
+        spent = time.monotonic() - ctx.started
+        if ctx.time_left() < 4 or (ctx.allowance_s is not None and spent + spent / runs > ctx.allowance_s):
+            return None
+        try:
+            stats, done, low = _train_and_measure(ctx, batches, steps, inputs, files, factor)
+        except Exception:  # noqa: BLE001
+            return None
+        dead = stats.get(layer, {}).get("dead", math.nan)
+        late = _late_loss(low)
+        if done == steps and dead <= DEAD_FRACTION and late < 0.9 * base:
+            return dict(lr_factor=factor, dead_lower_lr=dead, loss_lower_lr=late,
+                        loss_lr=base if math.isfinite(base) else float("nan"))
+    return None
+
+
 @probe(
     "activation-stats",
     title="Dead ReLU units and saturated sigmoid/tanh outputs, per layer",
     outcomes={"ok": "no layer mostly dead or saturated", "dead": "over half of a ReLU layer's units are zero for every sample",
+              "dead-lr": "ReLU units die during training at the configured lr and stay alive at a lower lr that trains better",
               "saturated": "over half of a sigmoid/tanh layer's outputs sit in the flat tails",
               "no-activations": "the model uses no ReLU/sigmoid/tanh"},
     timeout_s=60,
@@ -189,18 +237,12 @@ def activation_stats(ctx: ProbeContext):
         return passed("the model uses no ReLU, sigmoid or tanh", "no-activations")
     # the two traced forward passes cost about two steps; what is left trains (none: init only)
     steps = ctx.plan_steps(int(ctx.param("steps", 20)), minimum=0, fixed=4)
-    optimizer = target.make_optimizer(model)
-    done = 0
+    batches = []
     try:
         batches = target.batches(max(1, min(steps, len(target.train_loader))))
-        for i in range(steps):
-            target.train_step(model, batches[i % len(batches)], optimizer)
-            done += 1
-            if ctx.time_left() < 2:
-                break
-        trained = _activation_stats(model, inputs, files) if done else {}
+        trained, done, losses = _train_and_measure(ctx, batches, steps, inputs, files)
     except Exception:  # noqa: BLE001
-        trained = {}
+        trained, done, losses = {}, 0, []
     rows, labels, dead_vals = [], [], []
     worst_dead, worst_sat = None, None
     for label, s in init.items():
@@ -234,6 +276,16 @@ def activation_stats(ctx: ProbeContext):
     arts = [plot, table]
     dead = worst_dead is not None and worst_dead[0] > DEAD_FRACTION
     sat = worst_sat is not None and worst_sat[0] > SATURATED_FRACTION
+    if dead and (not sat or worst_dead[0] >= worst_sat[0]) and worst_dead[2] <= DEAD_FRACTION and done:
+        # the units died during training, not at initialisation: is the step size the cause?
+        cure = _lower_lr_cure(ctx, batches, done, inputs, files, worst_dead[1], losses)
+        if cure:
+            data.update(cure)
+            return failed("dead-lr", f"ReLU layer '{worst_dead[1]}': {worst_dead[2]:.0%} of its units are zero for all "
+                          f"{len(inputs)} samples at initialisation, {worst_dead[0]:.0%} after {done} steps at the "
+                          f"configured learning rate, {cure['dead_lower_lr']:.0%} after {done} steps at lr x"
+                          f"{cure['lr_factor']:g}, where the training loss also ended lower ({cure['loss_lower_lr']:.3g} "
+                          f"against {cure['loss_lr']:.3g}): the units die of the step size", arts, **data)
     if dead and (not sat or worst_dead[0] >= worst_sat[0]):
         return failed("dead", f"ReLU layer '{worst_dead[1]}': {worst_dead[0]:.0%} of its units are zero for all "
                       f"{len(inputs)} samples {worst_dead[4]} ({worst_dead[2]:.0%} at initialisation)", arts, **data)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import math
+import time
 from typing import Any, Callable
 
 import torch
@@ -240,6 +241,9 @@ def _tail(losses: list[float]) -> float:
 @_on_script
 def script_lr_sweep(ctx: ProbeContext, target):
     if not losses_of(target.run) or not target.recording.optimizers:
+        if any(s.manual for s in target.recording.steps):
+            return skipped("the script updates its parameters by hand (no torch.optim optimizer): there is no "
+                           "optimizer learning rate to scale")
         return skipped("the script took no optimizer step")
     objs, skip = _curves(target)
     if skip is not None:
@@ -296,6 +300,14 @@ def _sweep_judged(ctx, target, reruns: dict, steps: int, wanted: int, objective:
         tail = _tail(runs[100.0]) if len(runs[100.0]) >= n else math.nan
         d[100.0] = (start - tail) / start if math.isfinite(tail) and start > 0 else -math.inf
     outcome = sweep_outcome(d)
+    # nothing moved within the sweep's window, but the observed run is longer: a model trained from
+    # scratch (a transformer) can sit on its plateau for a few dozen steps at any rate. lr*100 then
+    # gets the observed run's whole length, against what the observed run removed over the same steps
+    longer = None
+    if outcome == "none-learns" and 100.0 in d and len(observed) >= n + MIN_SWEEP and ctx.param("extend", True):
+        longer = _longer_arm(ctx, target, reruns, observed, objective)
+        if longer is not None and longer["drop"] >= MOVES and longer["drop"] >= longer["observed_drop"] + BETTER:
+            outcome = "too-low"
     count = len(runs) - 1
     # "too low" is about the run, not the sweep's window: the observed run must barely move over all
     # its recorded steps too (a healthy rate is slower than lr*10 over the first few steps)
@@ -314,10 +326,17 @@ def _sweep_judged(ctx, target, reruns: dict, steps: int, wanted: int, objective:
     if held:
         text += (f"; lr*10 is faster over these {n} steps, but the observed run removed {whole:.0%} of the loss over "
                  f"its {len(observed)} steps at lr")
+    if longer is not None:
+        text += (f"; over the observed run's {longer['steps']} steps lr*100{lr_text(100.0)} removed "
+                 f"{longer['drop']:.0%}, the configured lr {longer['observed_drop']:.0%}")
     data = dict(lr=lr, steps=n, drop_observed=whole, observed_steps=len(observed), planned_steps=steps, wanted_steps=wanted, start_loss=start, drop_lr10=d[0.1],
                 drop_lr=d[1.0], drop_lrx10=d[10.0], drop_lrx100=d.get(100.0), reruns=count, errors=errors, text=text, moves=MOVES, better=BETTER)
     if lr is not None:
         data.update(lr_low=lr * 0.1, lr_high=lr * 10, best_lr=lr * max(d, key=lambda f: d[f]))
+    if longer is not None:
+        data.update(long_steps=longer["steps"], drop_long_lrx100=longer["drop"], drop_long_observed=longer["observed_drop"])
+        if outcome == "too-low" and lr is not None:
+            data["best_lr"] = lr * 100.0
     longest = max(len(v) for v in runs.values())
     plot = LinePlot("script-lr-sweep", "The script's training loss at lr/10, lr (observed) and lr*10",
                     {f"lr x{f:g}": [x if math.isfinite(x) else math.nan for x in v] + [math.nan] * (longest - len(v))
@@ -333,6 +352,27 @@ def _sweep_judged(ctx, target, reruns: dict, steps: int, wanted: int, objective:
                               reason="budget", **data)
         return failed("none-learns", text, [plot, table], **data)
     return passed(text, artifacts=[plot, table], **data)
+
+
+def _longer_arm(ctx, target, reruns: dict, observed: list[float], objective: int | None) -> dict | None:
+    """lr*100 rerun for the observed run's length (when the time left fits it): the share of the loss
+    it removed and the share the observed run removed over the same steps; None when it cannot tell."""
+    steps = len(observed)
+    run = reruns.get("x100-long")   # several objectives: one rerun serves each one's series
+    if run is None:
+        need = target.rerun_cost(steps) * (target.measured_step_s or 0.0)
+        # within this probe's allowance: the ladder after it (when nothing learns) needs its own share
+        spent = time.monotonic() - ctx.started
+        if ctx.time_left() < 1.5 * need + 2 or (ctx.allowance_s is not None and spent + need > ctx.allowance_s):
+            return None
+        run = reruns["x100-long"] = _rerun(ctx, target, steps, lr_scale=100.0)
+    losses = losses_of(run, objective)[:steps]
+    if len(losses) < steps or _raised(run):
+        return None
+    start, tail, mine = observed[0], _tail(losses), _tail(observed)
+    if not (start > 0 and math.isfinite(tail) and math.isfinite(mine)):
+        return None
+    return dict(steps=steps, drop=(start - tail) / start, observed_drop=(start - mine) / start)
 
 
 # ------------------------------------------------------------------------------------ determinism

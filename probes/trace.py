@@ -263,9 +263,12 @@ def trace_backward_step(ctx: ProbeContext, rec):
     if max(norms) == 0 and all(s.grads_none == s.grads_total for s in rec.steps):
         opt = rec.optimizers[rec.steps[0].optimizer] if rec.steps[0].optimizer >= 0 else None
         data["foreign"] = opt.foreign if opt else 0
+        cleared = sum(s.zero_grad_after_backward for s in rec.steps)
+        data.update(zero_after_backward=cleared == len(rec.steps), zero_after_backward_steps=cleared)
+        why = (f"; zero_grad() ran after the backward and before optimizer.step() in {cleared} of them" if cleared else "")
         return failed("no-grad-at-step", f"optimizer.step() ran {len(rec.steps)} times but none of the optimizer's "
                       f"{rec.steps[0].grads_total} parameter tensors ever had a gradient, although backward() ran "
-                      f"{rec.backwards} times", **data)
+                      f"{rec.backwards} times{why}", **data)
     updates = [s.update for s in rec.steps if s.update is not None]
     if updates and max(updates) == 0 and max(norms) > 0:
         data["lrs"] = rec.steps[0].lrs

@@ -45,3 +45,37 @@ def test_flat_diagnoses(name):
     _, report = diagnose_example(name, expected["symptoms"])
     top = report.hypotheses[0]
     assert top.id in expected["hypotheses"] and top.confidence >= 0.5, [(h.id, h.confidence) for h in report.hypotheses[:3]]
+
+
+_LR_DEAD = '''
+import torch
+from torch import nn
+from examples.datasets import blobs, split
+
+def build_model():
+    return nn.Sequential(nn.Linear(16, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 4))
+
+def build_data():
+    return split(*blobs())
+
+loss_fn = nn.CrossEntropyLoss()
+
+def build_optimizer(model):
+    return torch.optim.Adam(model.parameters(), lr=LR)
+'''
+
+
+def test_activation_stats_dead_from_the_step_size(tmp_path):
+    """ReLUs alive at initialisation that die at a huge lr, and live and train better at a lower one, are
+    the lr's doing (dead-lr); a net dead at initialisation stays 'dead'; a sane lr stays quiet."""
+    from nnwizard.target import load_target
+
+    (tmp_path / "lr_dead.py").write_text(_LR_DEAD.replace("lr=LR", "lr=1.0"))
+    result = run_probe_on("activation-stats", load_target(str(tmp_path / "lr_dead.py"), "cpu"))
+    assert result.outcome == "dead-lr", result.summary
+    assert result.data["dead_init"] <= 0.5 < result.data["dead_fraction"]
+    assert result.data["dead_lower_lr"] <= 0.5 and result.data["loss_lower_lr"] < result.data["loss_lr"]
+    (tmp_path / "lr_ok.py").write_text(_LR_DEAD.replace("lr=LR", "lr=1e-3"))
+    assert run_probe_on("activation-stats", load_target(str(tmp_path / "lr_ok.py"), "cpu")).outcome == "ok"
+    at_init = run_probe_on("activation-stats", load_example("broken_dead_relu"))
+    assert at_init.outcome == "dead" and at_init.data["dead_init"] > 0.5

@@ -229,3 +229,33 @@ def test_cli_reports_the_reruns_of_an_lr_too_high_script(tmp_path):
     assert sweep["outcome"] == "too-high" and "2 reruns" in sweep["summary"]
     assert {"learning rate x0.1, seed 0", "learning rate x10, seed 0"} <= {r["what"] for r in report["script"]["reruns"]}
     assert "### Reruns of the script (interventions)" in md.read_text()
+
+
+# a small-initialised 3-layer MLP under Adam: it sits on its plateau for a few dozen steps at any rate;
+# at lr 2e-5 nothing moves in 60 steps, lr*100 leaves the plateau only after its first 30
+PLATEAU = BASE.format(LR="{LR}", OPT="Adam", LOSS="F.cross_entropy(out, yb)", SEED="torch.manual_seed(0)").replace(
+    "nn.Linear(64, 4))", "nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))\n"
+    "with torch.no_grad():\n    for p in model.parameters():\n        p.mul_(0.05)")
+
+
+def test_lr_sweep_gives_lr_x100_the_observed_runs_length_when_nothing_moved(tmp_path):
+    result = run(target_of(script(tmp_path, text=PLATEAU.replace("{LR}", "2e-5")), steps=60), "script-lr-sweep")
+    assert result.outcome == "too-low", result.summary
+    assert result.data["drop_lrx100"] < 0.1 <= result.data["drop_long_lrx100"] and result.data["long_steps"] == 60
+    assert "over the observed run's 60 steps lr*100" in result.summary
+
+
+def test_lr_sweep_makes_no_long_rerun_when_the_rate_moves_the_loss(tmp_path):
+    target = target_of(script(tmp_path, text=PLATEAU.replace("{LR}", "2e-3")), steps=60)
+    result = run(target, "script-lr-sweep")
+    assert result.outcome == "ok" and "long_steps" not in result.data, result.summary
+    assert len(target.reruns) == 2
+
+
+def test_lr_sweep_says_why_it_cannot_scale_a_hand_written_update(tmp_path):
+    text = BASE.format(LR="1e-2", OPT="SGD", LOSS="F.cross_entropy(out, yb)", SEED="torch.manual_seed(0)").replace(
+        "optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)\n", "").replace(
+        "        optimizer.zero_grad()\n", "        model.zero_grad()\n").replace(
+        "        optimizer.step()\n", "        for p in model.parameters():\n            p.data.add_(p.grad, alpha=-0.1)\n")
+    result = run(target_of(script(tmp_path, text=text), steps=20), "script-lr-sweep")
+    assert result.status == "skipped" and "by hand" in result.summary, result.summary

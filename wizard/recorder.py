@@ -171,6 +171,7 @@ class StepRecord:
     grads_total: int = 0
     grads_nonfinite: bool = False
     zero_grad: bool = False      # a zero_grad() (optimizer or model) ran since the previous step
+    zero_grad_after_backward: bool = False  # a zero_grad() ran after a backward of this step, before its step()
     carried: float | None = None  # share of the optimizer's grads still non-zero at the first backward after the previous step
     lrs: list[float] = field(default_factory=list)
     epoch: int = 0               # DataLoader iterations started so far
@@ -495,7 +496,7 @@ class Recorder:
         self._pending_forwards: list[ForwardEvent] = []
         self._pending_losses: list[LossCall] = []
         self._last_step_t = 0.0
-        self._zero_grad_since = False
+        self._zero_grad_since = self._zero_after_backward = False
         self._window_values = []
         self._backward_since_step = 0
         self._carried_by: dict[int, float] = {}  # full mode: optimizer index -> its share of grads still set at the first backward after a step
@@ -632,6 +633,7 @@ class Recorder:
                 if rec._manual_open is not None:
                     rec._close_manual()
                 rec._zero_grad_since = True
+                rec._zero_after_backward = rec._zero_after_backward or rec._backward_since_step > 0
                 rec.recording.zero_grads += 1
                 if not rec.full:
                     return original(this, *args, **kwargs)
@@ -1326,6 +1328,7 @@ class Recorder:
         if info.index in self._carried_by:  # this optimizer's own gradients, measured at the first backward after the last step
             step.carried = self._carried_by[info.index]
         step.zero_grad = self._zero_grad_since
+        step.zero_grad_after_backward = self._zero_after_backward
         step.epoch, step.batch = self._epochs, self._batch_index
         step.scheduler_steps = self._scheduler_count
         step.lrs = [float(g["lr"]) for g in optimizer.param_groups]
@@ -1403,6 +1406,7 @@ class Recorder:
         step.closure = closure
         step.optimizer, step.t = info.index, self.now()
         step.zero_grad = self._zero_grad_since
+        step.zero_grad_after_backward = self._zero_after_backward
         step.epoch, step.batch = self._epochs, self._batch_index
         step.scheduler_steps = self._scheduler_count
         step.lrs = [float(g["lr"]) for g in optimizer.param_groups]
@@ -1480,7 +1484,7 @@ class Recorder:
         rec = self.recording
         rec.steps.append(step)
         rec.total_steps += 1
-        self._zero_grad_since = False
+        self._zero_grad_since = self._zero_after_backward = False
         self._backward_since_step = 0
         if self.full:
             self._confirm_kept()
@@ -1553,6 +1557,7 @@ class Recorder:
         params = [p for key, (p, _) in self._manual_candidates.items() if key == id(p)]
         step.manual, step.optimizer, step.t = True, -1, self.now()
         step.zero_grad = self._zero_grad_since
+        step.zero_grad_after_backward = self._zero_after_backward
         step.epoch, step.batch = self._epochs, self._batch_index
         step.scheduler_steps = len(self.recording.scheduler_steps)
         step.grad_enabled = torch.is_grad_enabled()
@@ -1597,6 +1602,7 @@ class Recorder:
         self._confirm_kept()
         self._prev_nodes, self._trained_nodes = self._trained_nodes, []
         self._zero_grad_since, self._window_values, self._backward_since_step = False, [], 0
+        self._zero_after_backward = False
         self._manual_key = None  # `.data = ...` gave parameters new storage
         self._refresh_manual()
         if budget and self.max_steps is not None and self.recording.total_steps >= self.max_steps:
