@@ -1017,7 +1017,7 @@ class Recorder:
         if not self.full:
             if loss is not None and loss.numel():
                 scaled = self._scales.pop(id(loss), None) if self._scales else None
-                self._loss_t = self._loss_reading(loss.detach(), scaled[1] if scaled is not None and scaled[0]() is loss else None)
+                self._loss_t = self._loss_reading(loss, scaled[1] if scaled is not None and scaled[0]() is loss else None)
                 if len(self._scales) > 16:
                     self._scales = {k: v for k, v in self._scales.items() if v[0]() is not None}
             if self._pending_forwards:  # only while the global module hooks are on (discovery)
@@ -1236,13 +1236,15 @@ class Recorder:
 
     def _loss_reading(self, loss: torch.Tensor, scaler) -> tuple:
         """Light mode, at ``backward()``: how ``_measure_light`` reads this loss at the step, as
-        (tensor, CUDA event or None, GradScaler or None). On CPU the tensor itself (one float() at the
-        step). On CUDA no host sync: the value (unscaled on the device by the GradScaler's scale) is
+        (tensor, CUDA event or None, GradScaler or None). On CPU the tensor itself, not detached (one
+        ``item()`` at the step; its graph's saved values are freed by the backward). On CUDA no host
+        sync: the value (unscaled on the device by the GradScaler's scale) is
         copied to a pinned host scalar with ``non_blocking=True`` and an event recorded behind the
         copy, both queued *before* the backward; the step waits on that event, i.e. for the forward
         and the loss only, while the backward and the update stay queued on the GPU."""
         if loss.is_cuda:
             try:
+                loss = loss.detach()
                 value = loss.float().mean() if loss.numel() > 1 else loss.float().reshape(())
                 scale = getattr(scaler, "_scale", None) if scaler is not None else None
                 if isinstance(scale, torch.Tensor):
@@ -1282,7 +1284,7 @@ class Recorder:
                 event.synchronize()
                 step.loss = float(loss)
             else:
-                value = float(loss) if loss.numel() == 1 else float(loss.float().mean())
+                value = loss.item() if loss.numel() == 1 else float(loss.detach().float().mean())  # item(): no detach, no warning
                 scale = scaler.get_scale() if scaler is not None else None
                 step.loss = value / scale if scale else value
             step.losses.append(step.loss)
