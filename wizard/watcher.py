@@ -588,7 +588,11 @@ class Watch:
     def _write(self, line: dict) -> None:
         if self._log is None:
             return
-        self._log.write(json.dumps(_jsonable(line)) + "\n")
+        try:  # a line of plain finite numbers (the common case) needs no conversion
+            text = json.dumps(line, allow_nan=False)
+        except (TypeError, ValueError):  # NaN/Inf (written as strings) or a value json does not know
+            text = json.dumps(_jsonable(line))
+        self._log.write(text + "\n")
         now = time.monotonic()
         if "anomaly" in line or now - self._flushed >= FLUSH_S:  # a flush is a system call: at most once a second
             self._log.flush()
