@@ -10,13 +10,16 @@ calls, so ``--toggle-collect`` counts exactly those loops); the per-step instruc
 its inclusive total over ``--steps``. The sampled work is fixed so that two runs count the same work:
 JSON lines every 10 steps (``every=10``), the gradient norm on steps 1-5 and every 5th, the
 update/weight ratio on every logged step (watch's defaults choose these from measured time, which
-differs from run to run under valgrind). Slow: about 4-8 minutes (importing torch under valgrind).
+differs from run to run under valgrind) and the hash seed is fixed. What still varies between runs
+(allocator state, a flush once a second) moves the watched count by about 0.5%. Slow: about 4-10
+minutes (importing torch under valgrind).
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import os
 import re
 import subprocess
 import sys
@@ -74,7 +77,8 @@ def main() -> None:
         out = Path(tmp) / "callgrind.out"
         subprocess.run(["valgrind", "--tool=callgrind", "--collect-atstart=no", "--toggle-collect=functools_reduce",
                         "--toggle-collect=builtin_sorted", f"--callgrind-out-file={out}", sys.executable, __file__,
-                        "--child", "--steps", str(args.steps)], check=True, capture_output=True, cwd=ROOT)
+                        "--child", "--steps", str(args.steps)], check=True, capture_output=True, cwd=ROOT,
+                       env={**os.environ, "PYTHONHASHSEED": "0"})  # the same dict/set layouts from run to run
         text = subprocess.run(["callgrind_annotate", "--inclusive=yes", str(out)], check=True, capture_output=True,
                               text=True).stdout
     counts = {}
