@@ -196,3 +196,53 @@ def test_tensorboard_scalars_when_installed(tmp_path):
 
     curves = read_log(tmp_path / "w" / "tensorboard")
     assert len(curves.train) == 4  # steps 1, 2, 4, 6
+
+
+# ------------------------------------------------------------------------------------ exact replay
+class _FunctionalDropout(nn.Module):
+    """Randomness inside forward, no Dropout module: only the RNG state can make its replay exact."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 16), nn.Linear(16, 3)
+
+    def forward(self, x):
+        return self.b(nn.functional.dropout(torch.relu(self.a(x)), 0.5, self.training))
+
+
+@pytest.mark.parametrize("kind", ["module", "functional"])
+def test_bundle_of_a_dropout_model_replays_its_step_bit_exactly(tmp_path, monkeypatch, kind):
+    from nnwizard import anomaly
+    from nnwizard.bundle import load_bundle
+    from nnwizard.replay import ReplayTarget
+
+    real = anomaly.Detector.check
+    monkeypatch.setattr(anomaly.Detector, "check", lambda self, step, loss, norm: real(self, step, loss, norm) or (
+        anomaly.Anomaly("loss-spike", step, "forced", loss, norm) if step == 10 else None))  # a logged step: checked in full
+    torch.manual_seed(3)
+    model = (nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.5), nn.Linear(16, 3)) if kind == "module"
+             else _FunctionalDropout())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    batches = [(torch.randn(16, 8), torch.randint(0, 3, (16,))) for _ in range(12)]
+    losses = []
+    with nnwizard.watch(model, optimizer, out=tmp_path / "w", tensorboard=False, quiet=True) as w:
+        for i, (x, y) in enumerate(batches):
+            torch.rand(3)  # the loop's own RNG use between steps (shuffling, augmentation) moves the state
+            loss = nn.functional.cross_entropy(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+    assert [b.name for b in w.bundles] == ["anomaly-step10"]
+    target = ReplayTarget.from_bundle(load_bundle(w.bundles[0]), torch.device("cpu"))
+    replay_model = target.fresh_model()
+    replay_model.train()
+    batch = target.batches(1)[0]
+    replayed = target._step(replay_model, batch, target.loss_fn, target.make_optimizer(replay_model))
+    assert replayed.item() == losses[9]  # the very step, bit for bit (the dropout masks included)
+    torch.random.set_rng_state(batch[2]["rng"])
+    torch.rand(1)  # a state one draw off gives other dropout masks: the check above is not vacuous
+    shifted = (batch[0], batch[1], {**batch[2], "rng": torch.random.get_rng_state()})
+    replay_model = target.fresh_model()
+    replay_model.train()
+    assert target._step(replay_model, shifted, target.loss_fn, target.make_optimizer(replay_model)).item() != losses[9]

@@ -103,19 +103,23 @@ class Detector:
         could fire: finite, below the spike limit and the explosion bound; the starting levels are
         known, see _bounds)."""
         queue, self._queue = self._queue, []
+        last, still, zero_since, norms = self._last, self._still, self._zero_since, self.norms
         for step, loss, grad_norm in queue:
-            last = self._last
-            self._still = self._still + 1 if last is not None and \
-                abs(loss - last) <= 1e-7 * max(abs(loss), abs(last), 1e-12) else 0
-            self._last = loss
-            self.losses.append(loss)
+            still = still + 1 if last is not None and abs(loss - last) <= 1e-7 * max(abs(loss), abs(last), 1e-12) else 0
+            last = loss
             if grad_norm is not None:
-                self._zero_since = (self._zero_since or step) if grad_norm == 0.0 else None
-                self.norms.append(grad_norm)
+                zero_since = (zero_since or step) if grad_norm == 0.0 else None
+                norms.append(grad_norm)
+        self._last, self._still, self._zero_since = last, still, zero_since
+        self.losses.extend([q[1] for q in queue])
         while len(self.losses) > self.triggers.window:
             self.losses.popleft()
         while len(self.norms) > self.triggers.window:
             self.norms.popleft()
+
+    def __post_init__(self) -> None:  # the windows drop their oldest value themselves
+        self.losses = deque(self.losses, maxlen=self.triggers.window)
+        self.norms = deque(self.norms, maxlen=self.triggers.window)
 
     def _bounds(self) -> None:
         """quick()'s bounds for the next ``gap`` steps (see the module docstring)."""

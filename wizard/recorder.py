@@ -677,8 +677,9 @@ class Recorder:
                 return result
             return backward
 
-        self._patch(torch.Tensor, "backward", backward_patch)
-        self._patch(torch.autograd, "backward", backward_patch)
+        if self.full:  # the mode must leave before Tensor.backward's own __torch_function__ check
+            self._patch(torch.Tensor, "backward", backward_patch)
+        self._patch(torch.autograd, "backward", backward_patch)  # Tensor.backward calls it: one frame in light mode
 
         def sched_patch(original):
             @functools.wraps(original)
@@ -786,7 +787,10 @@ class Recorder:
         return self.recording.total_steps
 
     def _notify(self, name: str, *args) -> None:
-        for fn in self._fns.get(name, ()):
+        fns = self._fns.get(name)
+        if not fns:
+            return
+        for fn in fns:
             try:
                 fn(self, *args)
             except StopRun:
@@ -1107,8 +1111,8 @@ class Recorder:
         loss = tensors if isinstance(tensors, torch.Tensor) else next(_tensors(tensors), None)
         rec = self.recording
         rec.backwards += 1
-        step = self._step_record()
-        if self._backward_since_step == 0 and self.steps_taken and self.full:
+        step = self._pending or self._step_record()
+        if self.full and self._backward_since_step == 0 and self.steps_taken:
             step.carried, self._carried_by = self._carried()
             if self._prev_nodes and loss is not None and len(rec.steps) <= SPAN_CHECKS:
                 if _reached(loss.grad_fn, {id(n) for n in self._prev_nodes}) and len(rec.graph_spans) < 8:
@@ -1119,7 +1123,7 @@ class Recorder:
         if not self.full:
             if loss is not None and loss.numel():
                 scaled = self._scales.pop(id(loss), None) if self._scales else None
-                self._loss_t = self._loss_reading(loss.detach(), scaled[1] if scaled is not None and scaled[0]() is loss else None)
+                self._loss_t = self._loss_reading(loss, scaled[1] if scaled is not None and scaled[0]() is loss else None)
                 if len(self._scales) > 16:
                     self._scales = {k: v for k, v in self._scales.items() if v[0]() is not None}
             if self._pending_forwards:  # only while the global module hooks are on (discovery)
@@ -1278,7 +1282,7 @@ class Recorder:
 
     def _step_record(self) -> StepRecord:
         if self._pending is None:
-            self._pending = StepRecord(step=self.steps_taken + 1, optimizer=-1, t=0.0)
+            self._pending = StepRecord(step=self.recording.total_steps + 1, optimizer=-1, t=0.0)
         return self._pending
 
     def _step_pre(self, optimizer, args, kwargs):
@@ -1375,13 +1379,15 @@ class Recorder:
 
     def _loss_reading(self, loss: torch.Tensor, scaler) -> tuple:
         """Light mode, at ``backward()``: how ``_measure_light`` reads this loss at the step, as
-        (tensor, CUDA event or None, GradScaler or None). On CPU the tensor itself (one float() at the
-        step). On CUDA no host sync: the value (unscaled on the device by the GradScaler's scale) is
+        (tensor, CUDA event or None, GradScaler or None). On CPU the tensor itself, not detached (one
+        ``item()`` at the step; its graph's saved values are freed by the backward). On CUDA no host
+        sync: the value (unscaled on the device by the GradScaler's scale) is
         copied to a pinned host scalar with ``non_blocking=True`` and an event recorded behind the
         copy, both queued *before* the backward; the step waits on that event, i.e. for the forward
         and the loss only, while the backward and the update stay queued on the GPU."""
         if loss.is_cuda:
             try:
+                loss = loss.detach()
                 value = loss.float().mean() if loss.numel() > 1 else loss.float().reshape(())
                 scale = getattr(scaler, "_scale", None) if scaler is not None else None
                 if isinstance(scale, torch.Tensor):
@@ -1401,34 +1407,39 @@ class Recorder:
     def _measure_light(self, optimizer, closure: bool) -> None:
         """Light mode before ``optimizer.step()``: the loss of the last backward (one read), LRs, which
         gradients exist, and the gradient norm on the steps due (see :meth:`_norm_due`)."""
-        info = self._optimizer_info(optimizer)
-        step = self._step_record()
+        info = self._opt_ids.get(id(optimizer))
+        if info is None or info.optimizer is not optimizer:
+            info = self._optimizer_info(optimizer)
+        step = self._pending or self._step_record()
         step.closure = closure
-        step.optimizer, step.t = info.index, self.now()
+        step.optimizer, step.t = info.index, time.monotonic() - self._t0
         step.zero_grad = self._zero_grad_since
         step.zero_grad_after_backward = self._zero_after_backward
         step.epoch, step.batch = self._epochs, self._batch_index
         step.scheduler_steps = self._scheduler_count
-        step.lrs = [float(g["lr"]) for g in optimizer.param_groups]
+        groups = optimizer.param_groups
+        step.lrs = [float(g["lr"]) for g in groups]
         step.grad_enabled = torch.is_grad_enabled()
-        if self._loss_t is not None:
-            loss, event, scaler = self._loss_t
+        reading = self._loss_t
+        if reading is not None:
+            loss, event, scaler = reading
             self._loss_t = None
             if event is not None:  # CUDA: wait for the forward's loss copy only (see _loss_reading)
                 event.synchronize()
                 step.loss = float(loss)
             else:
-                value = float(loss) if loss.numel() == 1 else float(loss.float().mean())
+                value = loss.item() if loss.numel() == 1 else float(loss.detach().float().mean())  # item(): no detach, no warning
                 scale = scaler.get_scale() if scaler is not None else None
                 step.loss = value / scale if scale else value
             step.losses.append(step.loss)
-        trainable = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
+        trainable = [p for g in groups for p in g["params"] if p.requires_grad]
         withgrad = [p for p in trainable if p.grad is not None]
         step.grads_total, step.grads_none = len(trainable), len(trainable) - len(withgrad)
         self.grad_norms = None
+        n = step.step
         if not withgrad:
             step.grad_norm = 0.0
-        elif self._norm_due(step.step):
+        elif n <= NORM_FIRST or not n % self.recording.norm_interval and self._norm_due(n):
             started = time.perf_counter()
             grads = [p.grad.detach() if p.grad.requires_grad else p.grad for p in withgrad]
             norms = torch._foreach_norm(grads)
@@ -1452,7 +1463,8 @@ class Recorder:
         if self._step_s > 0:
             need = self._norm_cost / (NORM_SHARE * self._step_s)
             top = max(int(self.norm_every_max), 1)
-            self.recording.norm_interval = next((d for d in range(1, top + 1) if top % d == 0 and d >= need), top)
+            self.recording.norm_interval = 1 if need <= 1 else \
+                next((d for d in range(2, top + 1) if top % d == 0 and d >= need), top)
         return True
 
     def _step_post(self, optimizer, args, kwargs):
@@ -1465,9 +1477,11 @@ class Recorder:
                 self._resume()
 
     def _after_step(self, optimizer) -> None:
-        step = self._step_record()
+        step = self._pending or self._step_record()
         self._pending = None
-        info = self._optimizer_info(optimizer)
+        info = self._opt_ids.get(id(optimizer))
+        if info is None or info.optimizer is not optimizer:
+            info = self._optimizer_info(optimizer)
         info.steps += 1
         if self._before_step is not None:
             (trainable, views, before), self._before_step = self._before_step, None
@@ -1478,7 +1492,7 @@ class Recorder:
                         and any(p.numel() > UPDATE_SAMPLE for p in trainable):
                     step.update = None   # the sampled values did not move: compare every value from the next step on
                     self._exact_update = True
-        now = self.now()
+        now = time.monotonic() - self._t0
         step.duration_s = now - self._last_step_t
         self._last_step_t = now
         rec = self.recording
@@ -1503,7 +1517,8 @@ class Recorder:
         if self.max_steps is not None and rec.total_steps >= self.max_steps:
             self.recording.stopped = f"the budget of {self.max_steps} optimizer steps was reached"
             raise StopRun(self.recording.stopped)
-        self._check_time()
+        if self.time_limit_s is not None:
+            self._check_time()
 
     # -- hand-written updates (full mode) ---------------------------------------------------------
     def _refresh_manual(self) -> None:

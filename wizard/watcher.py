@@ -142,6 +142,7 @@ def _total_norm(tensors: list[torch.Tensor]) -> float:
     return total_norm(torch._foreach_norm(tensors))
 
 
+_cpu_rng = torch.default_generator.get_state  # torch.random.get_rng_state without its Python frame
 MAX_PER_STEP = 64  # model calls / loss calls / backwards kept for one step (a loop with no step() stays bounded)
 
 
@@ -300,7 +301,7 @@ class Watch:
         cur = self._current
         calls = cur["calls"]
         if not calls:
-            cur["rng"] = torch.random.get_rng_state()  # the RNG state at the step's first forward
+            cur["rng"] = _cpu_rng()  # the RNG state at the step's first forward
         elif calls[-1]["module"] is module and "out" not in calls[-1]:
             calls[-1].update(args=args, kwargs=kwargs)  # the first call, seen twice
             return None
@@ -432,7 +433,8 @@ class Watch:
         grads = step_rec.grads_total > step_rec.grads_none
         norm = step_rec.grad_norm if grads else None  # None: not measured on this step (Recorder._norm_due)
         loss, lrs = step_rec.loss, step_rec.lrs
-        index, detector = self._detector(optimizer)
+        known = self._opt_det.get(id(optimizer))
+        index, detector = (known[1], known[2]) if known is not None and known[0] is optimizer else self._detector(optimizer)
         h = (self.steps, loss, norm, lrs, index, time.monotonic())
         self._history.append(h)
         if self._first is None:  # the first step with a positive LR (a warmup may start at 0)
@@ -586,7 +588,11 @@ class Watch:
     def _write(self, line: dict) -> None:
         if self._log is None:
             return
-        self._log.write(json.dumps(_jsonable(line)) + "\n")
+        try:  # a line of plain finite numbers (the common case) needs no conversion
+            text = json.dumps(line, allow_nan=False)
+        except (TypeError, ValueError):  # NaN/Inf (written as strings) or a value json does not know
+            text = json.dumps(_jsonable(line))
+        self._log.write(text + "\n")
         now = time.monotonic()
         if "anomaly" in line or now - self._flushed >= FLUSH_S:  # a flush is a system call: at most once a second
             self._log.flush()

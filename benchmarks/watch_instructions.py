@@ -1,0 +1,95 @@
+"""Watch overhead in CPU instructions (load-independent): callgrind counts the instructions of a plain
+and a watched small-MLP step in one process; their ratio does not move with other processes' load,
+which the wall-clock ratio of ``watch_overhead.py`` does on a shared machine.
+
+    python benchmarks/watch_instructions.py [--steps 200]        # needs valgrind (callgrind_annotate)
+
+Method: one process; 40 warm-up steps, then ``--steps`` plain steps inside ``functools.reduce`` and
+``--steps`` watched steps inside ``sorted(key=...)`` (two C functions that nothing else in the loop
+calls, so ``--toggle-collect`` counts exactly those loops); the per-step instruction count of each is
+its inclusive total over ``--steps``. The sampled work is fixed so that two runs count the same work:
+JSON lines every 10 steps (``every=10``), the gradient norm on steps 1-5 and every 5th, the
+update/weight ratio on every logged step (watch's defaults choose these from measured time, which
+differs from run to run under valgrind) and the hash seed is fixed. What still varies between runs
+(allocator state, a flush once a second) moves the watched count by about 0.5%. Slow: about 4-10
+minutes (importing torch under valgrind).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _child(steps: int) -> None:
+    import torch
+    from torch import nn
+
+    import nnwizard
+    from nnwizard import recorder, watcher
+
+    recorder.Recorder._norm_due = lambda self, n: n <= 5 or n % 5 == 0
+    watcher.UPDATE_SHARE = 1e9
+    torch.set_num_threads(1)
+
+    def make():
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
+        return m, torch.optim.Adam(m.parameters(), lr=1e-4)
+
+    batches = [(torch.randn(64, 32), torch.randint(0, 10, (64,))) for _ in range(steps + 40)]
+    loss_fn = nn.CrossEntropyLoss()
+
+    def run(model, opt, b):
+        loss = loss_fn(model(b[0]), b[1])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    mp, op = make()
+    mw, ow = make()
+    for b in batches[:40]:
+        run(mp, op, b)
+    functools.reduce(lambda acc, b: run(mp, op, b), batches[40:], None)
+    with tempfile.TemporaryDirectory() as out, nnwizard.watch(mw, ow, out=out, every=10, tensorboard=False, quiet=True):
+        for b in batches[:40]:
+            run(mw, ow, b)
+        sorted(batches[40:], key=lambda b: run(mw, ow, b) or 0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        _child(args.steps)
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "callgrind.out"
+        subprocess.run(["valgrind", "--tool=callgrind", "--collect-atstart=no", "--toggle-collect=functools_reduce",
+                        "--toggle-collect=builtin_sorted", f"--callgrind-out-file={out}", sys.executable, __file__,
+                        "--child", "--steps", str(args.steps)], check=True, capture_output=True, cwd=ROOT,
+                       env={**os.environ, "PYTHONHASHSEED": "0"})  # the same dict/set layouts from run to run
+        text = subprocess.run(["callgrind_annotate", "--inclusive=yes", str(out)], check=True, capture_output=True,
+                              text=True).stdout
+    counts = {}
+    for line in text.splitlines():
+        m = re.match(r"\s*([\d,]+) .*:(functools_reduce|builtin_sorted) ", line)
+        if m:
+            counts[m.group(2)] = int(m.group(1).replace(",", "")) / args.steps
+    plain, watched = counts["functools_reduce"], counts["builtin_sorted"]
+    print(f"small MLP, instructions per step: plain {plain / 1e6:.3f}M, watched {watched / 1e6:.3f}M, "
+          f"ratio {watched / plain:.3f}x ({args.steps} steps each)")
+
+
+if __name__ == "__main__":
+    main()
