@@ -890,6 +890,20 @@ class Recorder:
         self._depth += 1
         if self._depth != 1 or self._in_loss:
             return None
+        found = self._forward_event(module)
+        if found is None:
+            return None
+        self._check_forwards()
+        self._notify("on_forward", found[0], args)
+        return None
+
+    def _forward_post(self, module, args, output):
+        self._depth = max(self._depth - 1, 0)
+        return None
+
+    def _forward_event(self, module) -> tuple[ModelInfo, ForwardEvent] | None:
+        """A top-level module call that is a model's (both modes): its forward event, counted and queued for
+        the backward that reaches it; None for anything else (a loss module, a submodule called directly)."""
         index = self._model_index(module)
         if index is None:
             return None
@@ -902,13 +916,7 @@ class Recorder:
         self._pending_forwards.append(event)
         if len(self._pending_forwards) > 64:
             self.flush_pending(keep=32)
-        self._check_forwards()
-        self._notify("on_forward", info, args)
-        return None
-
-    def _forward_post(self, module, args, output):
-        self._depth = max(self._depth - 1, 0)
-        return None
+        return info, event
 
     def _check_forwards(self) -> None:
         if self.max_forwards is not None and sum(m.forwards for m in self.recording.models) > self.max_forwards:
@@ -929,26 +937,15 @@ class Recorder:
             return None
         if self._manual_open is not None:
             self._close_manual()
-        known = self._module_ids.get(id(module))
-        index = known[1] if known is not None and known[0]() is module else self._model_index(module)
-        if index is None:
+        found = self._forward_event(module)
+        if found is None:
             return None
+        info, event = found
         rec = self.recording
-        info = rec.models[index]
-        info.forwards += 1
-        self._last_model = info
-        grad = torch.is_grad_enabled()
-        top = self._loader_stack[-1] if self._loader_stack else None
-        event = ForwardEvent(index, module.training, grad, rec.total_steps, loader=top.index if top else None,
-                             iteration=top.iterations - 1 if top else -1)
         self._last_event = event
         rec.forwards.append(event)
-        pending = self._pending_forwards
-        pending.append(event)
-        if len(pending) > 64:
-            self.flush_pending(keep=32)
-        if grad and len(rec.model_inputs) < KEEP_PAIRS:
-            rec.model_inputs.append((index, cpu_copy(tuple(args))))
+        if event.grad_enabled and len(rec.model_inputs) < KEEP_PAIRS:
+            rec.model_inputs.append((event.model, cpu_copy(tuple(args))))
         for t in (args if len(args) == 1 and isinstance(args[0], torch.Tensor) else _tensors(args)):
             if t.layout != torch.strided:
                 continue  # sparse inputs (a graph's adjacency matrix): isfinite has no sparse kernel
