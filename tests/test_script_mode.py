@@ -720,3 +720,30 @@ def test_a_forward_called_directly_shows_the_module_that_owns_the_parameters(tmp
     plain = record(write(tmp_path, name="t2.py"))   # a model called as model(x): no owner
     assert [m.owner for m in plain.recording.models] == [None]
     assert "seen through" not in _models_line(observed(plain))
+
+
+def test_output_capture_keeps_a_progress_bars_last_state(tmp_path):
+    """A line redrawn with carriage returns (tqdm) is one line in the captured output: its last state."""
+    path = tmp_path / "bar.py"
+    path.write_text("import sys\n"
+                    "for i in range(1, 4):\n"
+                    "    sys.stderr.write(f'\\repoch 0: {i}/3')\n"
+                    "    sys.stderr.flush()\n"
+                    "sys.stderr.write('\\n')\n"
+                    "print('done', end='\\r\\n')\n"
+                    "sys.stdout.write('\\rstill drawing 1/2\\r')\n")
+    run = run_script(load_script(str(path)), [], RunOptions(max_steps=1))
+    assert run.output == ["epoch 0: 3/3", "done", "still drawing 1/2"]
+
+
+def test_a_recording_note_made_for_each_dataloader_is_shown_once_with_its_count():
+    from nnwizard.script_view import _counted
+    assert _counted(["a", "b", "a"]) == ["a (2 times)", "b"]
+
+
+def test_trace_epochs_count_the_training_passes_of_the_loader_not_its_evaluation_passes(tmp_path):
+    """BASE evaluates on its training loader after every epoch: the steps of the second training pass are
+    epoch 2, not 3."""
+    target = record(write(tmp_path), max_steps=100, limit_batches=3)
+    assert [s.epoch for s in target.recording.steps] == [1, 1, 1, 2, 2, 2, 3, 3, 3]
+    assert [s.batch for s in target.recording.steps] == [0, 1, 2] * 3

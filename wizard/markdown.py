@@ -29,6 +29,14 @@ def _table(columns: list[str], rows: list[list], marked: list[int] = ()) -> list
     return lines
 
 
+
+def _took(report) -> str:
+    """The probes' time, and in script mode the observed run's before it (not counted in duration_s)."""
+    observed = (report.script or {}).get("seconds")
+    if observed:
+        return f"{report.duration_s:.1f} s of probes after the script's {observed:.1f} s observed run"
+    return f"{report.duration_s:.1f} s"
+
 def render_markdown(report: Report, diagnosis: Diagnosis, path: str | Path) -> Path:
     path = Path(path)
     assets = path.parent / f"{path.stem}_files"
@@ -47,7 +55,7 @@ def render_markdown(report: Report, diagnosis: Diagnosis, path: str | Path) -> P
         f"Verdict: {verdict_line}. Symptoms: {', '.join(report.symptoms) or 'none measured'}"
         + (f" (given: {', '.join(report.given_symptoms)})" if report.given_symptoms != report.symptoms else "")
         + f". Task: {report.task}" + (f" ({report.task_source})" if report.task_source else "")
-        + f". Seed {report.seed}, {report.duration_s:.1f} s.",
+        + f". Seed {report.seed}, {_took(report)}.",
         "",
         "## Environment",
         "",

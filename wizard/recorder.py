@@ -174,7 +174,7 @@ class StepRecord:
     zero_grad_after_backward: bool = False  # a zero_grad() ran after a backward of this step, before its step()
     carried: float | None = None  # share of the optimizer's grads still non-zero at the first backward after the previous step
     lrs: list[float] = field(default_factory=list)
-    epoch: int = 0               # DataLoader iterations started so far
+    epoch: int = 0               # training passes over the DataLoader whose batch the step took (1 = first)
     batch: int = -1              # batch index within the epoch (-1: no DataLoader)
     scheduler_steps: int = 0     # scheduler.step() calls so far
     update: float | None = None  # largest |change| of a parameter over this step (full mode; on at most UPDATE_SAMPLE values per tensor)
@@ -1755,7 +1755,8 @@ class _LoaderIter:
         self.info.backwards.append(0)
         self.count = 0
         self.done = False
-        rec._epochs += 1
+        # its epoch: 1 + the earlier passes over this loader that trained (an evaluation pass over it does not count)
+        self.epoch = 1 + sum(1 for b in self.info.backwards[:-1] if b > 0)
         rec._loader_stack.append(self.info)
 
     def __iter__(self):
@@ -1801,7 +1802,7 @@ class _LoaderIter:
             rec._close_manual()
         if rec.replace_batch is not None:
             batch = rec.replace_batch(batch, self.count)
-        rec._batch_index = self.count
+        rec._epochs, rec._batch_index = self.epoch, self.count
         self.count += 1
         self.info.batches[-1] = self.count
         if rec.full and len(rec.recording.batches) < KEEP:

@@ -209,13 +209,19 @@ class _Capture(io.TextIOBase):
 
     def write(self, text: str) -> int:
         text = str(text)
-        data = self.partial + text.replace("\r", "\n")
-        parts = data.split("\n")
+        parts = (self.partial + text).split("\n")
         self.partial = parts.pop()
         for line in parts:
-            if line.strip():
-                self.lines.append(line.rstrip()[:300])
+            self._keep(line)
+        if "\r" in self.partial:  # a progress bar redrawing its line: only its latest state is kept
+            head, _, tail = self.partial.rpartition("\r")
+            self.partial = tail if tail.strip() else _shown(head) + "\r"
         return len(text)
+
+    def _keep(self, line: str) -> None:
+        line = _shown(line)
+        if line.strip():
+            self.lines.append(line.rstrip()[:300])
 
     def flush(self) -> None:
         pass
@@ -224,9 +230,17 @@ class _Capture(io.TextIOBase):
         return False
 
     def close_partial(self) -> None:
-        if self.partial.strip():
-            self.lines.append(self.partial.rstrip()[:300])
+        self._keep(self.partial)
         self.partial = ""
+
+
+def _shown(line: str) -> str:
+    """What a terminal shows of a line that carriage returns redrew (tqdm, progress prints): its last
+    non-empty segment."""
+    for segment in reversed(line.split("\r")):
+        if segment.strip():
+            return segment
+    return ""
 
 
 # ------------------------------------------------------------------------------------ sandbox

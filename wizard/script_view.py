@@ -4,6 +4,7 @@ and why the run ended, a compact per-step trace, the files the script wrote, its
 
 from __future__ import annotations
 
+import collections
 import math
 from typing import Any
 
@@ -46,7 +47,7 @@ def observed(target) -> dict[str, Any]:
         "loss": (f"{target.loss_call.fn} (input {target.loss_call.input_shape} {target.loss_call.input_dtype}, target "
                  f"{target.loss_call.target_shape} {target.loss_call.target_dtype})") if target.loss_call else None,
         "eval_loss_calls": evals, "measured_step_s": target.measured_step_s,
-        "manual_steps": sum(1 for s in steps if s.manual), "recording_notes": list(rec.notes),
+        "manual_steps": sum(1 for s in steps if s.manual), "recording_notes": _counted(rec.notes),
         "error": ({"type": rec.error.type, "message": rec.error.message, "where": rec.error.where, "step": rec.error.step}
                   if rec.error else None),
         "capture": target.capture_problem or "ok",
@@ -162,6 +163,12 @@ def print_observed(console, obs: dict) -> None:
             c.print(f"  [dim]│ {escape(line)}[/]", highlight=False)  # the script's text, never read as markup
     if obs["note"]:
         c.print(f"[bold yellow]{obs['note']}[/]", highlight=False)
+
+
+def _counted(notes: list[str]) -> list[str]:
+    """The recorder's notes once each, with how often a repeated one was made (one per DataLoader...)."""
+    counts = collections.Counter(notes)
+    return [note if counts[note] == 1 else f"{note} ({counts[note]} times)" for note in dict.fromkeys(notes)]
 
 
 def _steps_text(obs: dict) -> str:
