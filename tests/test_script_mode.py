@@ -747,3 +747,13 @@ def test_trace_epochs_count_the_training_passes_of_the_loader_not_its_evaluation
     target = record(write(tmp_path), max_steps=100, limit_batches=3)
     assert [s.epoch for s in target.recording.steps] == [1, 1, 1, 2, 2, 2, 3, 3, 3]
     assert [s.batch for s in target.recording.steps] == [0, 1, 2] * 3
+
+
+def test_probes_get_the_eager_module_behind_a_torch_compile_wrapper():
+    """A compiled model's backward refuses retain_graph (batch-independence errored on a healthy compiled
+    script); the probes get the module it wraps, whose parameters are the same tensors in the same order."""
+    from nnwizard.script_target import _eager
+    inner = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+    compiled = torch.compile(inner)   # compiles lazily: nothing is compiled until it is called
+    assert _eager(compiled) is inner and _eager(inner) is inner
+    assert [id(p) for p in compiled.parameters()] == [id(p) for p in inner.parameters()]

@@ -192,7 +192,7 @@ class ScriptTarget(Target):
         self.require_capture()
         if seed is not None:
             torch.manual_seed(seed)
-        return copy.deepcopy(self.model_info.initial).to(self.device)
+        return _eager(copy.deepcopy(self.model_info.initial)).to(self.device)
 
     def make_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
         rec = self.recording
@@ -318,6 +318,14 @@ def _describe(same_batch: bool, lr_scale: float | None, seed: int | None, listen
     if listeners:
         parts.append("ops traced")
     return ", ".join(parts)
+
+
+def _eager(model: nn.Module) -> nn.Module:
+    """The module a ``torch.compile`` wrapper runs, for the probes: they run their own forwards and
+    backwards (retain_graph, create_graph, other shapes) that a compiled graph refuses or recompiles for;
+    its parameters are the same tensors in the same order."""
+    inner = getattr(model, "_orig_mod", None)
+    return inner if isinstance(inner, nn.Module) and type(model).__name__ == "OptimizedModule" else model
 
 
 def trained_model(run: RunResult) -> nn.Module | None:
