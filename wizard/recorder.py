@@ -109,6 +109,7 @@ DISCOVERY_STEPS = 20  # light mode: global module hooks stay at most this many s
 NORM_SHARE = 0.01  # light mode: the gradient-norm reduction may cost this share of a step (sets its interval)
 NORM_FIRST = 5  # light mode: steps that always measure it (the triggers' starting level)
 NORM_EVERY_MAX = 10  # light mode: the longest interval between two gradient-norm measurements
+CLIP_KEEP = 200  # full mode: gradient-clipping calls recorded
 SPAN_CHECKS = 4  # steps at whose first backward full mode looks for the graph of the step before
 FULL_DETAIL = 12  # full mode: the first steps whose gradient norm and parameter change are always measured (the trace table shows the first 11),
 FULL_EVERY = 4    # then every FULL_EVERY-th step's, the last 3 of the step budget's, and any step with a non-finite loss
@@ -247,6 +248,17 @@ class LoaderInfo:
 
 
 @dataclass
+class ClipCall:
+    """A ``torch.nn.utils.clip_grad_norm_`` / ``clip_grad_value_`` call (full mode)."""
+    fn: str
+    where: str | None
+    step: int                    # optimizer steps before it
+    fresh: bool                  # a backward ran since the last step and no zero_grad came after it
+    limit: float | None          # max_norm / clip_value
+    norm: float | None           # the total norm clip_grad_norm_ returned (before clipping)
+
+
+@dataclass
 class RecordedError:
     type: str
     message: str
@@ -279,6 +291,7 @@ class Recording:
     listener_errors: int = 0
     failed_loss: tuple | None = None  # (function name, target) of a loss call that raised
     notes: list[str] = field(default_factory=list)   # what the recording changed (e.g. worker processes off)
+    clips: list[ClipCall] = field(default_factory=list)  # gradient-clipping calls (the first CLIP_KEEP)
     seconds: float = 0.0
     mode: str = "full"
     total_steps: int = 0         # optimizer steps so far (light mode keeps only the last LIGHT_KEEP records)
@@ -499,6 +512,7 @@ class Recorder:
         self._zero_grad_since = self._zero_after_backward = False
         self._window_values = []
         self._backward_since_step = 0
+        self._zeroed_since_backward = False   # a zero_grad came after the latest backward
         self._carried_by: dict[int, float] = {}  # full mode: optimizer index -> its share of grads still set at the first backward after a step
         self._last_model: ModelInfo | None = None
         self._last_event: ForwardEvent | None = None
@@ -597,6 +611,35 @@ class Recorder:
                 rec._resume()
         return __call__
 
+    def _patch_clipping(self) -> None:
+        """Full mode: ``clip_grad_norm_`` / ``clip_grad_value_`` (``torch.nn.utils`` and its ``clip_grad``
+        module, where scripts import them from) record where they ran relative to backward and step."""
+        from torch.nn.utils import clip_grad as clip_mod
+
+        rec = self
+
+        def clip_patch(original):
+            @functools.wraps(original)
+            def clip(*args, **kwargs):
+                fresh = rec._backward_since_step > 0 and not rec._zeroed_since_backward
+                rec._pause()
+                try:
+                    result = original(*args, **kwargs)
+                finally:
+                    rec._resume()
+                if len(rec.recording.clips) < CLIP_KEEP:
+                    limit = args[1] if len(args) > 1 else kwargs.get("max_norm", kwargs.get("clip_value"))
+                    norm = float(result) if isinstance(result, torch.Tensor) and result.numel() == 1 else None
+                    rec.recording.clips.append(ClipCall(original.__name__, rec.where(), rec.steps_taken, fresh,
+                                                        float(limit) if isinstance(limit, (int, float)) else None, norm))
+                return result
+            return clip
+
+        for name in ("clip_grad_norm_", "clip_grad_value_"):
+            for owner in (torch.nn.utils, clip_mod):
+                if name in owner.__dict__:
+                    self._patch(owner, name, clip_patch)
+
     def _unhook_modules(self) -> None:
         while self._module_hooks:
             self._module_hooks.pop().remove()
@@ -634,6 +677,7 @@ class Recorder:
                     rec._close_manual()
                 rec._zero_grad_since = True
                 rec._zero_after_backward = rec._zero_after_backward or rec._backward_since_step > 0
+                rec._zeroed_since_backward = True
                 rec.recording.zero_grads += 1
                 if not rec.full:
                     return original(this, *args, **kwargs)
@@ -658,6 +702,8 @@ class Recorder:
 
         self._patch(torch.optim.Optimizer, "__init__", init_patch)
         self._patch(nn.Module, "zero_grad", zero_grad_patch)
+        if self.full:
+            self._patch_clipping()
 
         def backward_patch(original):
             @functools.wraps(original)
@@ -1116,6 +1162,7 @@ class Recorder:
                     rec.graph_spans.append(f"{self.where() or '?'} at step {len(rec.steps) + 1}")
             self._prev_nodes = []
         self._backward_since_step += 1
+        self._zeroed_since_backward = False
         step.backwards += 1
         if not self.full:
             if loss is not None and loss.numel():
