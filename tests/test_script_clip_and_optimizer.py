@@ -1,4 +1,5 @@
-"""trace-clip: gradient clipping that runs where no step applies it (script mode)."""
+"""Script mode, from the recording: trace-clip (gradient clipping that runs where no step applies it) and
+trace-optimizer-rebuilt (an optimizer built anew every step)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ opt = torch.optim.SGD(model.parameters(), lr=0.05)
 for epoch in range(2):
     for i in range(0, 256, 32):
         loss = nn.functional.mse_loss(model(X[i:i + 32]), Y[i:i + 32])
+        REBUILD
         opt.zero_grad()
         BEFORE
         loss.backward()
@@ -32,14 +34,18 @@ CLIP = "clip_grad_norm_(model.parameters(), 0.1)"
 ORIGINAL = torch.nn.utils.clip_grad_norm_
 
 
-def _trace_clip(tmp_path, where: str | None):
-    text = LOOP
+def _audit(tmp_path, probe_id: str, where: str | None = None, rebuild: str = "pass"):
+    text = LOOP.replace("REBUILD", rebuild)
     for slot in ("BEFORE", "BETWEEN", "AFTER"):
         text = text.replace(slot, CLIP if slot == where else "pass")
     path = tmp_path / "train.py"
     path.write_text(text)
     target = ScriptTarget(run_script(load_script(str(path)), [], RunOptions(max_steps=30)))
-    return get("trace-clip")(ProbeContext(target))
+    return get(probe_id)(ProbeContext(target))
+
+
+def _trace_clip(tmp_path, where: str | None):
+    return _audit(tmp_path, "trace-clip", where)
 
 
 @pytest.mark.parametrize("where", ["BEFORE", "AFTER"])
@@ -62,3 +68,21 @@ def test_clipping_between_backward_and_step_is_quiet(tmp_path):
 def test_no_clipping_is_quiet(tmp_path):
     result = _trace_clip(tmp_path, None)
     assert result.outcome == "ok" and result.data["calls"] == 0
+
+
+@pytest.mark.parametrize("optimizer", ["torch.optim.Adam(model.parameters(), lr=1e-3)",
+                                       "torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)"])
+def test_an_optimizer_with_state_built_every_step_fires(tmp_path, optimizer):
+    result = _audit(tmp_path, "trace-optimizer-rebuilt", rebuild=f"opt = {optimizer}")
+    assert result.outcome == "rebuilt", result.summary
+    assert result.data["built"] >= 16 and result.data["stepped"] == 16 and result.data["most_steps_by_one"] == 1
+
+
+def test_plain_sgd_rebuilt_every_step_loses_nothing(tmp_path):
+    result = _audit(tmp_path, "trace-optimizer-rebuilt", rebuild="opt = torch.optim.SGD(model.parameters(), lr=0.05)")
+    assert result.outcome == "rebuilt-stateless" and result.status == "passed", result.summary
+
+
+def test_an_optimizer_built_once_is_quiet(tmp_path):
+    result = _audit(tmp_path, "trace-optimizer-rebuilt")
+    assert result.outcome == "ok" and result.data["built"] == 1 and result.data["most_steps_by_one"] == 16, result.summary
