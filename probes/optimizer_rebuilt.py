@@ -30,23 +30,19 @@ def trace_optimizer_rebuilt(ctx: ProbeContext, rec):
     opts = rec.optimizers
     if not opts or not rec.steps:
         return skipped("no optimizer step was recorded")
-    families: dict[tuple, list] = {}
-    for o in opts:
-        key = (o.name, frozenset(id(p) for g in o.groups for p in g["params"]))
-        families.setdefault(key, []).append(o)
-    name, members = max(((k[0], v) for k, v in families.items()), key=lambda kv: len(kv[1]))
-    stepped = [o for o in members if o.steps]
-    total = sum(o.steps for o in members)
-    most = max((o.steps for o in members), default=0)
-    data = dict(optimizer=name, built=len(members), stepped=len(stepped), steps=total, most_steps_by_one=most,
-                values=sum(g["values"] for g in members[0].groups))
-    if len(stepped) < 3 or total < 4 or most > 2:
-        return passed(f"{len(opts)} optimizer object(s); the most stepped one took {max(o.steps for o in opts)} "
-                      f"of the {len(rec.steps)} recorded steps", **data)
-    head = (f"the script built {len(members)} {name} optimizers over the same {data['values']:,} parameter values; "
-            f"{len(stepped)} of them stepped, none more than {most} time(s), over {total} steps")
-    if not all(_stateful(o) for o in stepped):
+    info = max(opts, key=lambda o: o.built)
+    runs = [b - a for a, b in zip(info.built_at, info.built_at[1:] + [info.steps])]   # steps of each object
+    stepped = [r for r in runs if r]
+    most = max(runs, default=0)
+    data = dict(optimizer=info.name, built=info.built, stepped=len(stepped), steps=info.steps, most_steps_by_one=most,
+                values=sum(g["values"] for g in info.groups))
+    if info.built < 3 or len(stepped) < 3 or info.steps < 4 or most > 2:
+        return passed(f"{len(opts)} optimizer(s), built {info.built} time(s) at most; the most stepped object took "
+                      f"{most} of the {len(rec.steps)} recorded steps", **data)
+    head = (f"the script built {info.built} {info.name} optimizers over the same {data['values']:,} parameter values; "
+            f"{len(stepped)} of the first {len(runs)} stepped, none more than {most} time(s), over {info.steps} steps")
+    if not _stateful(info):
         return passed(f"{head}, but plain SGD without momentum keeps no state, so rebuilding it loses nothing "
                       "(a scheduler bound to it would restart)", "rebuilt-stateless", **data)
-    return failed("rebuilt", f"{head}: its state ({'momentum' if name == 'SGD' else 'moment estimates'}) restarts at "
+    return failed("rebuilt", f"{head}: its state ({'momentum' if info.name == 'SGD' else 'moment estimates'}) restarts at "
                   "every step, so the update is not the one the optimizer is meant to make", **data)

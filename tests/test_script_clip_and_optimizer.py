@@ -86,3 +86,17 @@ def test_plain_sgd_rebuilt_every_step_loses_nothing(tmp_path):
 def test_an_optimizer_built_once_is_quiet(tmp_path):
     result = _audit(tmp_path, "trace-optimizer-rebuilt")
     assert result.outcome == "ok" and result.data["built"] == 1 and result.data["most_steps_by_one"] == 16, result.summary
+
+
+def test_the_recording_keeps_one_optimizer_per_family_alive(tmp_path):
+    """A loop that builds an Adam per step must not have the recorder keep every one (each with its state)."""
+    import gc
+
+    path = tmp_path / "train.py"
+    path.write_text(LOOP.replace("REBUILD", "opt = torch.optim.Adam(model.parameters(), lr=1e-3)")
+                    .replace("BEFORE", "pass").replace("BETWEEN", "pass").replace("AFTER", "pass"))
+    target = ScriptTarget(run_script(load_script(str(path)), [], RunOptions(max_steps=30)))
+    gc.collect()
+    alive = [o for o in gc.get_objects() if isinstance(o, torch.optim.Adam)]
+    assert len(target.recording.optimizers) == 2          # the SGD built before the loop, and the Adam family
+    assert target.recording.optimizers[1].built == 16 and len(alive) <= 2

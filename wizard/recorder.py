@@ -152,6 +152,8 @@ class OptimizerInfo:
     steps: int = 0
     models: list[int] = field(default_factory=list)   # which models' parameters it holds
     foreign: int = 0             # its parameter tensors that belong to no recorded model
+    built: int = 1               # objects of its class built over the same parameters (``optimizer`` is the latest)
+    built_at: list[int] = field(default_factory=lambda: [0])   # ``steps`` when each was built (the first 64)
 
 
 @dataclass
@@ -1306,10 +1308,17 @@ class Recorder:
                 groups.append({"lr": float(g.get("lr", math.nan)) if not isinstance(g.get("lr"), torch.Tensor) else float(g["lr"]),
                                "params": params, "tensors": len(params), "values": sum(p.numel() for p in params),
                                **{k: v for k, v in g.items() if k not in ("params", "lr") and isinstance(v, (int, float, bool, str, tuple))}})
-            info = OptimizerInfo(len(self.recording.optimizers), type(optimizer).__name__, optimizer, groups)
-            self._opt_ids[id(optimizer)] = info
-            self.recording.optimizers.append(info)
-            self._link(info)
+            same = self._same_family(optimizer)
+            if same is not None:  # built again over the same parameters (in the loop): the same optimizer, restarted
+                same.optimizer, same.groups, same.built = optimizer, groups, same.built + 1
+                if len(same.built_at) < 64:
+                    same.built_at.append(same.steps)
+                info = self._opt_ids[id(optimizer)] = same
+            else:
+                info = OptimizerInfo(len(self.recording.optimizers), type(optimizer).__name__, optimizer, groups)
+                self._opt_ids[id(optimizer)] = info
+                self.recording.optimizers.append(info)
+                self._link(info)
             if not self.full and self._undo and not info.models:  # installed: find the models it trains
                 self._hook_modules()
             if self.lr_scale and id(optimizer) not in self._scaled:
@@ -1317,6 +1326,19 @@ class Recorder:
                 for g in optimizer.param_groups:
                     g["lr"] = g["lr"] * self.lr_scale
         return info
+
+    def _same_family(self, optimizer) -> OptimizerInfo | None:
+        """An optimizer recorded before of the same class over exactly the same parameters: a new one
+        replaces it (the recording keeps one object per family, so a loop that builds an optimizer per
+        step does not keep every one of them, with its state, alive)."""
+        name = type(optimizer).__name__
+        ids = None
+        for info in reversed(self.recording.optimizers):
+            if info.name == name and info.optimizer is not optimizer:
+                ids = ids if ids is not None else {id(p) for g in optimizer.param_groups for p in g["params"]}
+                if {id(p) for g in info.groups for p in g["params"]} == ids:
+                    return info
+        return None
 
     def _link(self, info: OptimizerInfo) -> None:
         ids = {id(p) for g in info.groups for p in g["params"]}

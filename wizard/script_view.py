@@ -25,7 +25,7 @@ def _num(v: float | None) -> Any:
 def observed(target) -> dict[str, Any]:
     run, rec = target.run, target.recording
     models = [_model(m) for m in rec.models]
-    optimizers = [{"name": o.name, "steps": o.steps, "models": [rec.models[i].name for i in o.models],
+    optimizers = [{"name": o.name, "steps": o.steps, "built": o.built, "models": [rec.models[i].name for i in o.models],
                    "groups": [{"lr": g["lr"], "tensors": g["tensors"], "values": g["values"]} for g in o.groups]}
                   for o in rec.optimizers]
     steps = rec.steps
@@ -117,7 +117,8 @@ def _optimizers_line(obs: dict) -> str:
     parts = []
     for o in obs["optimizers"]:
         groups = ", ".join(f"lr {g['lr']:.3g} over {g['tensors']} tensors" for g in o["groups"])
-        parts.append(f"{o['name']} ({len(o['groups'])} group(s): {groups}; {o['steps']} steps)")
+        built = f"; built {o['built']} times" if o.get("built", 1) > 1 else ""
+        parts.append(f"{o['name']} ({len(o['groups'])} group(s): {groups}; {o['steps']} steps{built})")
     return "; ".join(parts) or "none"
 
 
