@@ -32,7 +32,7 @@ def _mode_layers(model: nn.Module) -> dict[str, nn.Module]:
         "ok": "the second training pass runs with Dropout/BatchNorm in training mode",
         "stays-eval": "after evaluate, the next training pass runs with Dropout/BatchNorm in eval mode",
         "eval-in-training": "even the first training pass runs with Dropout/BatchNorm in eval mode",
-        "no-mode-layers": "the model has no Dropout or BatchNorm, so train/eval mode changes nothing",
+        "no-mode-layers": "the model has no Dropout or BatchNorm module, so train/eval mode changes only code that reads self.training",
     },
     timeout_s=60,
     cost=6,
@@ -44,7 +44,7 @@ def mode_after_eval(ctx: ProbeContext):
     model = target.fresh_model(ctx.seed)
     layers = _mode_layers(model)
     if not layers:
-        return passed(f"{type(model).__name__} has no Dropout or BatchNorm layer: eval mode would change nothing",
+        return passed(f"{type(model).__name__} has no Dropout or BatchNorm module: eval mode changes only code that reads self.training",
                       "no-mode-layers")
     batches = int(ctx.param("batches", 1 if target.sample_limit else 2))  # 1 when the session slices dear batches
     optimizer = target.make_optimizer(model)

@@ -439,7 +439,7 @@ def _mode_models(rec) -> dict[int, Any]:
     title="Does the script evaluate with the model in eval mode?",
     outcomes={"ok": "every evaluation forward ran with model.training False",
               "train-mode-in-eval": "evaluation forwards ran with Dropout/BatchNorm in training mode",
-              "no-mode-layers": "the model has no Dropout or BatchNorm, so eval mode changes nothing",
+              "no-mode-layers": "the model has no Dropout or BatchNorm module, so eval mode changes only code that reads self.training",
               "no-eval": "the script never evaluated (no forward without a backward)"},
     timeout_s=10,
 )
@@ -451,7 +451,7 @@ def trace_eval_mode(ctx: ProbeContext, rec):
     evals = [f for p in phases for f in p]
     layered = _mode_models(rec)
     if not any(f.model in layered for f in evals):
-        return passed("the evaluated model has no Dropout or BatchNorm layer: eval mode would change nothing", "no-mode-layers",
+        return passed("the evaluated model has no Dropout or BatchNorm module: eval mode changes only code that reads self.training (eval-stochastic checks a functional dropout)", "no-mode-layers",
                       phases=len(phases), forwards=len(evals))
     bad = [f for f in evals if f.model in layered and f.training]
     names = sorted({layered[f.model].name for f in bad})
@@ -492,7 +492,7 @@ def trace_eval_grad(ctx: ProbeContext, rec):
     outcomes={"ok": "training forwards ran in training mode",
               "stays-eval": "after an evaluation phase, training forwards ran in eval mode",
               "eval-in-training": "training forwards ran in eval mode from the start",
-              "no-mode-layers": "the model has no Dropout or BatchNorm, so the mode changes nothing"},
+              "no-mode-layers": "the model has no Dropout or BatchNorm module, so the mode changes only code that reads self.training"},
     timeout_s=10,
 )
 @_on_recording
@@ -500,7 +500,7 @@ def trace_train_mode(ctx: ProbeContext, rec):
     layered = _mode_models(rec)
     trained = [(i, f) for i, f in enumerate(rec.forwards) if f.trained and f.model in layered]
     if not trained:
-        return passed("the trained model has no Dropout or BatchNorm layer: train/eval mode changes nothing", "no-mode-layers")
+        return passed("the trained model has no Dropout or BatchNorm module: train/eval mode changes only code that reads self.training", "no-mode-layers")
     phases = _phases(rec)
     first = phases[0][0] if phases else None
     first_eval = next((i for i, f in enumerate(rec.forwards) if f is first), None)
