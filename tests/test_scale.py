@@ -329,6 +329,40 @@ def test_probes_a_confirmed_finding_makes_moot_are_not_run_and_say_so():
     assert not [r for r in healthy.results if r.data.get("cannot_run") == "not-needed"]
 
 
+
+def _dear_step(monkeypatch, step_s: float = 0.05, total_s: float = 16.0):
+    """Sessions priced as if a step cost ``step_s`` (the tiny examples' real steps are far cheaper)."""
+    import nnwizard.session as session
+
+    monkeypatch.setattr(session, "calibrate", lambda target, total=None, limit_s=60.0: Budget(
+        total_s=total_s, step_s=step_s, user_step_s=step_s, how="priced by the test"))
+
+
+def test_a_run_the_budget_would_cut_is_not_needed_once_the_cheap_audits_confirm_a_finding(monkeypatch):
+    # at 50 ms a step a 16 s budget cannot fit overfit-one-batch's 200 steps nor triage-run's 300; the cheap
+    # audits (run first) already confirm the missing zero_grad, whose tree is walked after theirs: the
+    # engine foresees that conclusion, so the cut runs are not run and say why instead of being budget cuts
+    _dear_step(monkeypatch)
+    diagnosis, _ = diagnose_example("broken_missing_zero_grad")
+    assert diagnosis.ranked[0].id == "missing-zero-grad" and diagnosis.ranked[0].confidence >= 0.85
+    moot = {r.id: r for r in diagnosis.results if r.data.get("cannot_run") == "not-needed"}
+    assert {"overfit-one-batch", "triage-run"} <= set(moot)
+    overfit = moot["overfit-one-batch"]
+    assert overfit.status == "skipped" and "missing-zero-grad is already confirmed" in overfit.summary
+    assert overfit.data["plan"]["fits"] < overfit.data["plan"]["wanted"] == 200 and "budget fits" in overfit.summary
+    # no confirmed finding: the same cut runs run (and may go past their plan while their own steps fit)
+    healthy, report = diagnose_example("healthy_mlp")
+    assert not [r for r in healthy.results if r.data.get("cannot_run") == "not-needed"]
+    assert next(r for r in healthy.results if r.id == "overfit-one-batch").status == "passed"
+
+
+def test_a_run_that_fits_is_still_run_beside_a_confirmed_finding():
+    # the tiny example's real step: everything fits, so the session's own trees run every probe as before
+    diagnosis, _ = diagnose_example("broken_missing_zero_grad")
+    overfit = next(r for r in diagnosis.results if r.id == "overfit-one-batch")
+    assert overfit.data.get("cannot_run") is None and overfit.data["plan"]["planned"] == 200
+
+
 SLOW_SCRIPT = '''
 import time
 import torch
