@@ -91,8 +91,18 @@ def test_the_engine_tells_the_budget_what_its_queued_trees_still_run():
     budget = engine.budget
     assert "triage-run" in budget.pending and budget.floors["triage-run"] > 0 and "overfit-one-batch" not in budget.pending
     assert budget.fixed["step-audit"] == 14 and budget.reserve_s() > 0.05 * budget.total_s
-    # triage-run measures symptoms: the trees one symptom may queue keep their share (oscillating's two sweeps)
+    # triage-run measures symptoms: the trees one symptom may queue keep their share (oscillating's two
+    # sweeps), but only the probes whose smallest runs fit what is left: at 0.5 s a step neither sweep does
+    # (what is kept is a floor-less probe's share: nan-repair's 0.15)
+    assert budget.future == pytest.approx(0.15)
+    budget.step_s = 0.001
+    engine._plan_ahead(overfit)
     assert budget.future == pytest.approx(0.45)
+    budget.step_s = 0.02  # 3 s left: lr-sweep's 44 steps fit (0.9 s), oscillation's 204 beside them do not (4.1 s)
+    engine._plan_ahead(overfit)
+    budget.started -= budget.spare() - 3.0
+    engine._plan_ahead(overfit)
+    assert 0.15 < budget.future < 0.45
     from nnwizard.probes.api import ProbeResult
 
     for tree in engine._queue:  # everything ran: nothing is kept any more

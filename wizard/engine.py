@@ -190,13 +190,22 @@ class Engine:
 
     def _symptom_share(self, queued: list[Tree], known: set[str]) -> float:
         """The most the trees of one symptom, not queued yet, would share among the budgeted probes
-        they add (the ones not run and not pending already)."""
+        they add (the ones not run and not pending already). As with the floors kept for the probes
+        already queued, a probe whose smallest run cannot fit what is left beside the ones before it
+        keeps no share: it will say it did not fit, and it starves no one."""
         best = 0.0
         skip = {t.id for t in queued} | set(self._walked)
+        room = max(0.0, self.budget.spare()) if self.budget is not None else float("inf")
+        step = (self.budget.step_s or 0.0) if self.budget is not None else 0.0
         for symptom in SYMPTOMS:
-            added = {n.probe for t in self._trees_for([symptom]) if t.id not in skip
-                     for n in t.nodes.values() if n.kind == "probe" and n.probe not in known}
-            best = max(best, sum(get(p).share for p in added))
+            added = list(dict.fromkeys(n.probe for t in self._trees_for([symptom]) if t.id not in skip
+                                       for n in t.nodes.values() if n.kind == "probe" and n.probe not in known))
+            share, floors = 0.0, 0.0
+            for probe_id in added:
+                spec = get(probe_id)
+                if spec.share > 0 and floors + spec.floor * step <= room:
+                    share, floors = share + spec.share, floors + spec.floor * step
+            best = max(best, share)
         return best
 
     # ----------------------------------------------------------------------------------- walking
