@@ -70,8 +70,10 @@ def test_an_early_probe_leaves_later_probes_their_floors():
     # while a probe that measures symptoms is still to come, the trees it may queue keep their share
     budget.pending = {"overfit-one-batch": 0.2, "triage-run": 0.3}
     budget.future = 0.5
-    kept = budget.allot(0.2, 1.0, 60.0, probe_id="overfit-one-batch", floor=23)[0]
+    kept, _, _, lendable = budget.allot(0.2, 1.0, 60.0, probe_id="overfit-one-batch", floor=23)
     assert kept == pytest.approx(2.3 + 4.3 * 0.2 / 1.0, abs=0.05)
+    # a cut run that cannot conclude may borrow from that share too (those trees run only if a symptom is measured)
+    assert lendable == pytest.approx(4.3 * (0.3 + 0.5) / 1.0, abs=0.05)
     # a probe's own floor that does not fit what is left: it gets what is left (and plans from that)
     small = Budget(total_s=1.0, step_s=0.1)
     assert small.allot(0.2, 1.0, 60.0, probe_id="overfit-one-batch", floor=23)[0] == pytest.approx(1.0, abs=0.05)
@@ -371,6 +373,28 @@ def test_a_run_that_fits_is_still_run_beside_a_confirmed_finding():
     diagnosis, _ = diagnose_example("broken_missing_zero_grad")
     overfit = next(r for r in diagnosis.results if r.id == "overfit-one-batch")
     assert overfit.data.get("cannot_run") is None and overfit.data["plan"]["planned"] == 200
+
+
+
+def test_a_cut_triage_run_that_looks_stalled_goes_on_to_tell_a_standstill_from_a_slow_start():
+    from nnwizard.probes import ProbeContext
+    from nnwizard.probes.triage import _Extension
+
+    target = load_example("healthy_mlp")
+    ctx = ProbeContext(target, {}, {}, 0, budget=Budget(total_s=20.0, step_s=0.01), allowance_s=4.0)
+    extend = _Extension(ctx, wanted=300, reference=2.3)
+    assert extend.room == pytest.approx(0.5 * (20.0 - 4.0), abs=0.05)  # half of what is left beyond its allowance
+    stalled = [2.3, 2.2, 2.1, 2.0] + [1.9 + 0.01 * (i % 2) for i in range(56)]
+    out = {"train": stalled, "val": [], "val_steps": [], "epochs": 6}
+    assert extend(out, 3.0) == pytest.approx(0.5) and extend.epochs == 1  # one epoch as the run's epochs cost
+    falling = [2.3 - 0.02 * i for i in range(60)]
+    assert extend({**out, "train": falling}, 3.0) == 0.0  # a clear curve needs no more steps
+    assert extend({**out, "train": stalled * 5}, 3.0) == 0.0  # the wanted steps are the end
+    extend.room = 0.2
+    assert extend(out, 3.0) == 0.0  # never past its part of what is left
+    ctx.budget.floors, ctx.budget.pending = {"capacity-check": 1000}, {"capacity-check": 0.15}
+    kept = _Extension(ctx, wanted=300, reference=2.3)  # the floors of the probes still to come are not lent
+    assert kept.room == pytest.approx(0.5 * (20.0 - 4.0 - 10.0), abs=0.05)
 
 
 SLOW_SCRIPT = '''

@@ -376,7 +376,7 @@ class Engine:
             ctx.allowance_s, limit, reason, lendable = self.budget.allot(spec.share, spec.cost, spec.timeout_s,
                                                                          self.probe_timeout, spec.id, spec.floor)
             if ctx.allowance_s is not None and self.probe_timeout is None:
-                ctx.lendable_s = lendable  # what the known budgeted probes after it were to share above their floors
+                ctx.lendable_s = lendable  # what the budgeted probes after it (and future trees) were to share above their floors
             if ctx.allowance_s is not None and self._diagnosis is not None and tree.id in self._first:
                 # a run the budget would cut cannot add much beside a confirmed finding: the probe is then not run
                 top = self._confirmed(self._diagnosis)
