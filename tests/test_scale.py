@@ -397,6 +397,16 @@ def test_a_cut_triage_run_that_looks_stalled_goes_on_to_tell_a_standstill_from_a
     assert kept.room == pytest.approx(0.5 * (20.0 - 4.0 - 10.0), abs=0.05)
 
 
+
+def test_label_leak_column_quantiles_are_torch_quantile_to_the_bit():
+    from nnwizard.probes.leakage import _column_quantiles
+
+    q = torch.linspace(0, 1, 11)[1:-1]
+    g = torch.Generator().manual_seed(0)
+    for x in (torch.randn(301, 40, generator=g), torch.randint(0, 5, (200, 30), generator=g).float()):
+        assert torch.equal(_column_quantiles(x, q), torch.quantile(x, q, dim=0).T.contiguous())
+
+
 SLOW_SCRIPT = '''
 import time
 import torch
