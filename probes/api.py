@@ -110,6 +110,14 @@ def cannot_run(summary: str, outcome: str = "skipped", *, reason: str = "precond
     return ProbeResult("skipped", outcome, summary, {**data, "cannot_run": reason})
 
 
+def moot_result(finding: str, confidence: float) -> ProbeResult:
+    """The skipped result of a probe deliberately not run because ``finding`` is already confirmed: it
+    would train with that fault in place. It adds no evidence (reason ``not-needed``)."""
+    return cannot_run(f"not run: {finding} is already confirmed ({confidence:.2f}); this probe would train with "
+                      f"that fault in place (fix it, then diagnose again)", reason="not-needed",
+                      confirmed=finding, confidence=confidence)
+
+
 def could_not_run(result: ProbeResult) -> bool:
     """True when ``result`` stands for a measurement that is missing: errored (raised or timed out)
     or skipped by ``cannot_run``."""
@@ -133,6 +141,8 @@ class ProbeContext:
     plan: dict[str, Any] = field(default_factory=dict)  # what plan_steps decided, for the report
     lendable_s: float = 0.0  # seconds the budgeted probes still to come were to share when this one was allotted
     started: float = field(default_factory=lambda: time.monotonic())  # when the probe began (its steps are timed from here)
+    # (finding, confidence) already confirmed when the probe started: a run the budget would cut is then not run
+    moot: tuple[str, float] | None = None
 
     @property
     def device(self):
@@ -152,6 +162,10 @@ class ProbeContext:
         from nnwizard.budget import plan_steps
 
         steps = plan_steps(self.budget, self.allowance_s, wanted, minimum, cost, runs, fixed)
+        if steps < wanted and minimum > 0 and self.moot is not None:
+            # cut short beside a confirmed finding it could not add much to: not run (see ``unaffordable``)
+            self.plan.update(wanted=wanted, planned=0, runs=runs, fits=steps)
+            return 0
         if not steps and minimum > 0 and self.allowance_s is not None:
             # the minimum does not fit this probe's share: take it from what the session has left
             # (the probes after it then share less), so a needed check is not skipped while time remains
@@ -195,7 +209,12 @@ class ProbeContext:
         return True
 
     def unaffordable(self, minimum: int, what: str, **data: Any) -> "ProbeResult":
-        """The skipped result of a probe whose ``minimum`` steps do not fit its allowance."""
+        """The skipped result of a probe whose ``minimum`` steps do not fit its allowance (or, with
+        ``moot``, whose wanted steps do not: it is then not needed)."""
+        if self.moot is not None and "fits" in self.plan:
+            result = moot_result(*self.moot)
+            result.summary += f"; the budget fits {self.plan['fits']} of its {self.plan['wanted']} steps"
+            return result
         b = self.budget
         return cannot_run(f"{self.allowance_s or 0:.1f} s of the session budget ({b.total_s:.0f} s; --budget gives more) "
                        f"fit fewer than the {minimum} {what} at {b.step_s:.3g} s a step", **data, reason="budget")

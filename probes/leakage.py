@@ -233,10 +233,18 @@ def _columns(x: torch.Tensor, limit: int, seed: int):
     return flat[:, cols], cols, d
 
 
+def _column_quantiles(x: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """``torch.quantile(x, q, dim=0).T`` to the bit (the same ranks and interpolation), from one sort of
+    the contiguous transpose, about three times faster on a few thousand columns."""
+    ordered = x.T.contiguous().sort(1).values
+    ranks = q.to(x.dtype) * (x.shape[0] - 1)
+    below, above = ranks.floor().long(), ranks.ceil().long()
+    return torch.lerp(ordered[:, below], ordered[:, above], ranks - ranks.floor())
+
+
 def _binned(train_x, train_y, test_x, bins: int, classes: int | None):
     """Per column: bin by training quantiles, predict each bin's majority class (or mean target)."""
-    q = torch.linspace(0, 1, bins + 1)[1:-1]
-    edges = torch.quantile(train_x, q, dim=0).T.contiguous()  # (d, bins-1)
+    edges = _column_quantiles(train_x, torch.linspace(0, 1, bins + 1)[1:-1])  # (d, bins-1)
     tb = torch.searchsorted(edges, train_x.T.contiguous(), right=True)  # (d, n)
     vb = torch.searchsorted(edges, test_x.T.contiguous(), right=True)
     d = train_x.shape[1]

@@ -9,6 +9,7 @@ import time
 
 import torch
 
+from nnwizard.budget import SMALL_SLICE
 from nnwizard.probes._crash import classify_exception
 from nnwizard.probes._instrument import anomaly_origin, error_kind, expected_input, first_line, trace_modules, user_frame
 from nnwizard.probes.registration import _attribute_findings
@@ -234,6 +235,10 @@ def overfit_one_batch(ctx: ProbeContext):
     steps = ctx.plan_steps(wanted, minimum=MIN_OVERFIT_STEPS, fixed=3)
     if not steps:
         return ctx.unaffordable(MIN_OVERFIT_STEPS, "steps overfitting one batch needs", wanted=wanted)
+    if steps < wanted:
+        # the budget cuts the run: fewer samples are memorised in fewer steps (a cut run concludes only
+        # "learns", never "slow"; the summary names the samples it memorised)
+        size = min(size, SMALL_SLICE)
     batch = target.batch(size=size)
     model = target.fresh_model(ctx.seed)
     optimizer = target.make_optimizer(model)

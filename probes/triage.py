@@ -68,9 +68,11 @@ def _metrics(result) -> tuple[float | None, float | None]:
 
 
 def run_curves(ctx: ProbeContext, budget_s: float, max_epochs: int, max_steps: int, val_batches: int,
-               hard: bool = False):
+               hard: bool = False, extend=None):
     """Train a fresh model through the user's loop; returns a dict of series and bookkeeping. With
-    ``hard`` the run also stops between steps once ``budget_s`` has passed (a budgeted session)."""
+    ``hard`` the run also stops between steps once ``budget_s`` has passed (a budgeted session).
+    ``extend(out, spent)``, asked when the planned epochs are done, returns the seconds of one more
+    epoch it grants (0: none)."""
     target = ctx.target
     model = target.fresh_model(ctx.seed)
     optimizer = target.make_optimizer(model)
@@ -156,6 +158,10 @@ def run_curves(ctx: ProbeContext, budget_s: float, max_epochs: int, max_steps: i
             if n_train * 6 > steps:
                 batches_per_epoch = max(2, steps // 6)
             epochs = min(max_epochs, 1 + max(5, steps // max(batches_per_epoch, 1)))
+        if extend is not None and out["epochs"] >= epochs and epoch + 1 < max_epochs:
+            granted = extend(out, time.monotonic() - started)
+            if granted:
+                budget_s, epochs = max(budget_s, time.monotonic() - started) + granted, epochs + 1
         if out["epochs"] >= epochs or ctx.time_left() < 2 or time.monotonic() - started > (1.0 if hard else 1.5) * budget_s:
             break
         ctx.progress(out["epochs"] / epochs, f"epoch {out['epochs']} loss {mean:.4g}")
@@ -163,6 +169,35 @@ def run_curves(ctx: ProbeContext, budget_s: float, max_epochs: int, max_steps: i
     out["batches_per_epoch"] = batches_per_epoch
     out["model"] = model
     return out
+
+
+class _Extension:
+    """When the budget cut the run and its curve looks stalled high, one more epoch at a time (up to
+    the wanted steps), to tell a standstill from a slow start: a short run of a slowly learning model
+    looks stalled, and the trees that symptom queues cost hundreds of steps. Each epoch is priced as
+    the run's epochs so far cost; the extension takes at most ``LEND`` of what the session has left
+    beyond this probe's allowance and the smallest runs of the probes still to come."""
+
+    def __init__(self, ctx: ProbeContext, wanted: int, reference: float | None):
+        from nnwizard.budget import LEND
+
+        budget = ctx.budget
+        self.ctx, self.wanted, self.reference, self.epochs = ctx, wanted, reference, 0
+        self.room = LEND * max(0.0, budget.spare() - ctx.allowance_s - budget.keep_s(budget.spare()))
+
+    def __call__(self, out: dict, spent: float) -> float:
+        if len(out["train"]) >= self.wanted or not out["epochs"]:
+            return 0.0
+        shape = classify(Curves(train=out["train"], val=out["val"] or None, val_steps=out["val_steps"] or None),
+                         self.reference)
+        need = spent / out["epochs"]
+        if shape.shape != "stalled-high" or need > self.room:
+            return 0.0
+        self.room -= need
+        self.epochs += 1
+        end = max(self.ctx.deadline or 0.0, time.monotonic() + 1.25 * need + 3)  # the safety net moves, never past the cap
+        self.ctx.deadline = end if self.ctx.cap is None else min(self.ctx.cap, end)
+        return need
 
 
 CURVE_OUTCOMES = {  # the shapes of a loss curve; triage-run and trace-run (script mode) both return them
@@ -199,12 +234,13 @@ def triage_run(ctx: ProbeContext):
     cut = planned < wanted
     if cut and ctx.allowance_s is not None:
         budget = max(budget, 0.9 * ctx.allowance_s)
-    data = run_curves(ctx, budget, int(ctx.param("epochs", 40)), planned, val_batches, hard=cut)
-    data.pop("model")  # the trained model is not part of the result
-    train, val = data["train"], data["val"]
     batch = target.batch()
     expected = target.expected_initial_loss(batch[1]) if batch is not None else None
     reference_loss = expected[0] if expected else None
+    extension = _Extension(ctx, wanted, reference_loss) if cut and ctx.allowance_s is not None else None
+    data = run_curves(ctx, budget, int(ctx.param("epochs", 40)), planned, val_batches, hard=cut, extend=extension)
+    data.pop("model")  # the trained model is not part of the result
+    train, val = data["train"], data["val"]
     info = dict(loop=data["loop"], epochs=data["epochs"], steps=len(train), wanted_steps=wanted, planned_steps=planned,
                 seconds=data["seconds"],
                 batches_per_epoch=data["batches_per_epoch"], train=[round(v, 6) for v in train],
@@ -216,6 +252,9 @@ def triage_run(ctx: ProbeContext):
     if data.get("stopped"):
         info["stopped"] = data["stopped"]
     info["val_loss_final"] = val[-1] if val else None
+    if extension is not None and extension.epochs:
+        ctx.plan["extended_to"] = len(train)
+        info["extended_epochs"] = extension.epochs
     if data["error"]:
         err = data["error"]
         info.update(err, symptoms=["crash"], shape="crashed", training_raised=True)
@@ -251,6 +290,8 @@ def triage_run(ctx: ProbeContext):
     plots = [_plot(train, val, data["val_steps"], data["loop"], shape)]
     ref = f" (reference {reference_loss:.4g}: {info['reference_how']})" if reference_loss else ""
     ran = f"{len(train)} steps" + (f" (of {wanted} wanted; the budget fits {planned})" if cut else "")
+    if info.get("extended_epochs"):
+        ran += f" (extended by {info['extended_epochs']} epochs while the curve looked stalled)"
     text = f"{ran} / {data['epochs']} epochs of {data['loop']} in {data['seconds']} s: {shape.title}: {shape.evidence}{ref}"
     if still_high:
         return failed("slow-high", f"{text}; after the whole run the loss is still at {info['level']:.0%} of the "

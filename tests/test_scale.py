@@ -70,8 +70,10 @@ def test_an_early_probe_leaves_later_probes_their_floors():
     # while a probe that measures symptoms is still to come, the trees it may queue keep their share
     budget.pending = {"overfit-one-batch": 0.2, "triage-run": 0.3}
     budget.future = 0.5
-    kept = budget.allot(0.2, 1.0, 60.0, probe_id="overfit-one-batch", floor=23)[0]
+    kept, _, _, lendable = budget.allot(0.2, 1.0, 60.0, probe_id="overfit-one-batch", floor=23)
     assert kept == pytest.approx(2.3 + 4.3 * 0.2 / 1.0, abs=0.05)
+    # a cut run that cannot conclude may borrow from that share too (those trees run only if a symptom is measured)
+    assert lendable == pytest.approx(4.3 * (0.3 + 0.5) / 1.0, abs=0.05)
     # a probe's own floor that does not fit what is left: it gets what is left (and plans from that)
     small = Budget(total_s=1.0, step_s=0.1)
     assert small.allot(0.2, 1.0, 60.0, probe_id="overfit-one-batch", floor=23)[0] == pytest.approx(1.0, abs=0.05)
@@ -91,8 +93,18 @@ def test_the_engine_tells_the_budget_what_its_queued_trees_still_run():
     budget = engine.budget
     assert "triage-run" in budget.pending and budget.floors["triage-run"] > 0 and "overfit-one-batch" not in budget.pending
     assert budget.fixed["step-audit"] == 14 and budget.reserve_s() > 0.05 * budget.total_s
-    # triage-run measures symptoms: the trees one symptom may queue keep their share (oscillating's two sweeps)
+    # triage-run measures symptoms: the trees one symptom may queue keep their share (oscillating's two
+    # sweeps), but only the probes whose smallest runs fit what is left: at 0.5 s a step neither sweep does
+    # (what is kept is a floor-less probe's share: nan-repair's 0.15)
+    assert budget.future == pytest.approx(0.15)
+    budget.step_s = 0.001
+    engine._plan_ahead(overfit)
     assert budget.future == pytest.approx(0.45)
+    budget.step_s = 0.02  # 3 s left: lr-sweep's 44 steps fit (0.9 s), oscillation's 204 beside them do not (4.1 s)
+    engine._plan_ahead(overfit)
+    budget.started -= budget.spare() - 3.0
+    engine._plan_ahead(overfit)
+    assert 0.15 < budget.future < 0.45
     from nnwizard.probes.api import ProbeResult
 
     for tree in engine._queue:  # everything ran: nothing is kept any more
@@ -327,6 +339,72 @@ def test_probes_a_confirmed_finding_makes_moot_are_not_run_and_say_so():
     healthy, report = diagnose_example("healthy_mlp")
     assert report.verdict == "healthy"
     assert not [r for r in healthy.results if r.data.get("cannot_run") == "not-needed"]
+
+
+
+def _dear_step(monkeypatch, step_s: float = 0.05, total_s: float = 16.0):
+    """Sessions priced as if a step cost ``step_s`` (the tiny examples' real steps are far cheaper)."""
+    import nnwizard.session as session
+
+    monkeypatch.setattr(session, "calibrate", lambda target, total=None, limit_s=60.0: Budget(
+        total_s=total_s, step_s=step_s, user_step_s=step_s, how="priced by the test"))
+
+
+def test_a_run_the_budget_would_cut_is_not_needed_once_the_cheap_audits_confirm_a_finding(monkeypatch):
+    # at 50 ms a step a 16 s budget cannot fit overfit-one-batch's 200 steps nor triage-run's 300; the cheap
+    # audits (run first) already confirm the missing zero_grad, whose tree is walked after theirs: the
+    # engine foresees that conclusion, so the cut runs are not run and say why instead of being budget cuts
+    _dear_step(monkeypatch)
+    diagnosis, _ = diagnose_example("broken_missing_zero_grad")
+    assert diagnosis.ranked[0].id == "missing-zero-grad" and diagnosis.ranked[0].confidence >= 0.85
+    moot = {r.id: r for r in diagnosis.results if r.data.get("cannot_run") == "not-needed"}
+    assert {"overfit-one-batch", "triage-run"} <= set(moot)
+    overfit = moot["overfit-one-batch"]
+    assert overfit.status == "skipped" and "missing-zero-grad is already confirmed" in overfit.summary
+    assert overfit.data["plan"]["fits"] < overfit.data["plan"]["wanted"] == 200 and "budget fits" in overfit.summary
+    # no confirmed finding: the same cut runs run (and may go past their plan while their own steps fit)
+    healthy, report = diagnose_example("healthy_mlp")
+    assert not [r for r in healthy.results if r.data.get("cannot_run") == "not-needed"]
+    assert next(r for r in healthy.results if r.id == "overfit-one-batch").status == "passed"
+
+
+def test_a_run_that_fits_is_still_run_beside_a_confirmed_finding():
+    # the tiny example's real step: everything fits, so the session's own trees run every probe as before
+    diagnosis, _ = diagnose_example("broken_missing_zero_grad")
+    overfit = next(r for r in diagnosis.results if r.id == "overfit-one-batch")
+    assert overfit.data.get("cannot_run") is None and overfit.data["plan"]["planned"] == 200
+
+
+
+def test_a_cut_triage_run_that_looks_stalled_goes_on_to_tell_a_standstill_from_a_slow_start():
+    from nnwizard.probes import ProbeContext
+    from nnwizard.probes.triage import _Extension
+
+    target = load_example("healthy_mlp")
+    ctx = ProbeContext(target, {}, {}, 0, budget=Budget(total_s=20.0, step_s=0.01), allowance_s=4.0)
+    extend = _Extension(ctx, wanted=300, reference=2.3)
+    assert extend.room == pytest.approx(0.5 * (20.0 - 4.0), abs=0.05)  # half of what is left beyond its allowance
+    stalled = [2.3, 2.2, 2.1, 2.0] + [1.9 + 0.01 * (i % 2) for i in range(56)]
+    out = {"train": stalled, "val": [], "val_steps": [], "epochs": 6}
+    assert extend(out, 3.0) == pytest.approx(0.5) and extend.epochs == 1  # one epoch as the run's epochs cost
+    falling = [2.3 - 0.02 * i for i in range(60)]
+    assert extend({**out, "train": falling}, 3.0) == 0.0  # a clear curve needs no more steps
+    assert extend({**out, "train": stalled * 5}, 3.0) == 0.0  # the wanted steps are the end
+    extend.room = 0.2
+    assert extend(out, 3.0) == 0.0  # never past its part of what is left
+    ctx.budget.floors, ctx.budget.pending = {"capacity-check": 1000}, {"capacity-check": 0.15}
+    kept = _Extension(ctx, wanted=300, reference=2.3)  # the floors of the probes still to come are not lent
+    assert kept.room == pytest.approx(0.5 * (20.0 - 4.0 - 10.0), abs=0.05)
+
+
+
+def test_label_leak_column_quantiles_are_torch_quantile_to_the_bit():
+    from nnwizard.probes.leakage import _column_quantiles
+
+    q = torch.linspace(0, 1, 11)[1:-1]
+    g = torch.Generator().manual_seed(0)
+    for x in (torch.randn(301, 40, generator=g), torch.randint(0, 5, (200, 30), generator=g).float()):
+        assert torch.equal(_column_quantiles(x, q), torch.quantile(x, q, dim=0).T.contiguous())
 
 
 SLOW_SCRIPT = '''

@@ -23,7 +23,8 @@ where the engine keeps, for the probes of the session's queued trees that are st
 What is left beyond that is shared in proportion to the shares. One whose minimum does not fit is
 skipped and says so. A run may go past its plan while its own measured steps still fit its allowance
 (``ProbeContext.more_steps``), and one whose cut run cannot conclude may borrow up to ``LEND`` of what
-the known probes after it were to share above their floors, never their floors.
+the probes after it (known, and those a measured symptom may queue) were to share above their floors,
+never their floors.
 """
 
 from __future__ import annotations
@@ -112,7 +113,7 @@ class Budget:
         for one probe. A budgeted probe gets its ``floor`` (its smallest run, in steps) where that
         fits beside the floors of the budgeted probes still to come, and its part of the rest in
         proportion to the shares of those probes and of the trees a measured symptom may still queue.
-        What it may borrow is what the known probes after it were to share above their floors."""
+        What it may borrow is what those were to share above their floors."""
         step = self.step_s or 0.0
         lendable = 0.0
         if self.elapsed() > CEILING * self.total_s:
@@ -128,7 +129,9 @@ class Budget:
             self.pending.pop(probe_id, None)
             surplus = max(0.0, left - own - keep)
             allowance = own + surplus * share / ahead
-            lendable = surplus * others / ahead
+            # what it may borrow: the parts of the known probes after it and of the trees a measured symptom
+            # may queue (those run only if the symptom is measured; a needed conclusion comes first)
+            lendable = surplus * (others + self.future) / ahead
             limit = max(timeout_s, 2 * allowance + LIMIT_FLOOR_S + 6 * step)
         else:
             allowance = None

@@ -13,7 +13,7 @@ from typing import Any, Callable, Protocol
 from nnwizard.budget import Budget, paused
 from nnwizard.catalog import Catalog
 from nnwizard.isolation import GRACE_S, run_probe
-from nnwizard.probes.api import ProbeContext, ProbeResult, cannot_run, could_not_run, get
+from nnwizard.probes.api import ProbeContext, ProbeResult, cannot_run, could_not_run, get, moot_result
 from nnwizard.ranking import Evidence, Ranked, rank
 from nnwizard.target import Target
 from nnwizard.tree import END, SYMPTOMS, Node, Tree
@@ -123,6 +123,7 @@ class Engine:
         self._queue: list[Tree] = []  # the trees still to walk (the session queue itself, grown by measured symptoms)
         self._tree: Tree | None = None  # the tree being walked
         self._walked: list[str] = []  # the ids of the trees walked (or being walked)
+        self._diagnosis: Diagnosis | None = None  # the one being built (for the findings that stand)
 
     # ------------------------------------------------------------------------------------ public
     def run(self, symptoms: list[str] | None = None, answers: dict[str, str] | None = None) -> Diagnosis:
@@ -189,13 +190,22 @@ class Engine:
 
     def _symptom_share(self, queued: list[Tree], known: set[str]) -> float:
         """The most the trees of one symptom, not queued yet, would share among the budgeted probes
-        they add (the ones not run and not pending already)."""
+        they add (the ones not run and not pending already). As with the floors kept for the probes
+        already queued, a probe whose smallest run cannot fit what is left beside the ones before it
+        keeps no share: it will say it did not fit, and it starves no one."""
         best = 0.0
         skip = {t.id for t in queued} | set(self._walked)
+        room = max(0.0, self.budget.spare()) if self.budget is not None else float("inf")
+        step = (self.budget.step_s or 0.0) if self.budget is not None else 0.0
         for symptom in SYMPTOMS:
-            added = {n.probe for t in self._trees_for([symptom]) if t.id not in skip
-                     for n in t.nodes.values() if n.kind == "probe" and n.probe not in known}
-            best = max(best, sum(get(p).share for p in added))
+            added = list(dict.fromkeys(n.probe for t in self._trees_for([symptom]) if t.id not in skip
+                                       for n in t.nodes.values() if n.kind == "probe" and n.probe not in known))
+            share, floors = 0.0, 0.0
+            for probe_id in added:
+                spec = get(probe_id)
+                if spec.share > 0 and floors + spec.floor * step <= room:
+                    share, floors = share + spec.share, floors + spec.floor * step
+            best = max(best, share)
         return best
 
     # ----------------------------------------------------------------------------------- walking
@@ -239,15 +249,17 @@ class Engine:
         self.listener(Event("tree-end", tree.id))
         return measured
 
-    def _route(self, node: Node, value: str | None, table: dict[str, str], diagnosis: Diagnosis) -> str:
+    def _route(self, node: Node, value: str | None, table: dict[str, str], diagnosis: Diagnosis,
+               latest: dict[str, ProbeResult] | None = None) -> str:
         if value is not None and value in table:
             return table[value]
+        latest = self._latest if latest is None else latest
         for test in node.when:
             source, path, op, literal = test.parts()
             if source == "answer":
                 actual = diagnosis.answers.get(path)
             else:
-                result = self._latest.get(source)
+                result = latest.get(source)
                 actual = _lookup(result.data, path) if result else None
                 if result and path in ("outcome", "status", "summary"):
                     actual = getattr(result, path)
@@ -258,10 +270,10 @@ class Engine:
                 continue
         return node.next
 
-    def _value_of(self, ref: str, diagnosis: Diagnosis) -> str | None:
+    def _value_of(self, ref: str, diagnosis: Diagnosis, latest: dict[str, ProbeResult] | None = None) -> str | None:
         if ref.startswith("answer:"):
             return diagnosis.answers.get(ref.removeprefix("answer:"))
-        result = self._latest.get(ref)
+        result = (self._latest if latest is None else latest).get(ref)
         return result.outcome if result else "not-run"
 
     def _ask(self, tree: Tree, name: str, node: Node, diagnosis: Diagnosis) -> str:
@@ -277,6 +289,7 @@ class Engine:
 
     def _probe(self, tree: Tree, name: str, node: Node, diagnosis: Diagnosis) -> ProbeResult:
         key = self._key(node)
+        self._diagnosis = diagnosis
         result = self._cache.get(key) or self._not_needed(tree, name, node, diagnosis) or self._run_cached(tree, name, node)
         if key not in self._reported:
             self._reported.add(key)
@@ -284,19 +297,57 @@ class Engine:
         self._latest[node.probe] = result
         return result
 
+    def _confirmed(self, diagnosis: Diagnosis) -> Ranked | None:
+        """The top finding when it stands at ``CONFIRMED`` or more, counting what the trees still
+        queued will conclude from results already measured (the cheap audits ran first)."""
+        top = next(iter(rank(diagnosis.evidence + self._foreseen(diagnosis), self.catalog)), None)
+        return top if top is not None and top.confidence >= CONFIRMED else None
+
+    def _foreseen(self, diagnosis: Diagnosis) -> list[Evidence]:
+        """The evidence the queued trees not walked yet will draw from results already in the cache:
+        each is walked as far as it goes without running a probe or asking a question, and nothing of
+        this walk enters the diagnosis (the real walk adds it in its turn)."""
+        evidence: list[Evidence] = []
+        for tree in self._queue:
+            if tree.id in diagnosis.trees:
+                continue
+            latest, last, name = dict(self._latest), None, tree.start
+            for _ in range(len(tree.nodes) + 1):  # a tree is acyclic; the bound only guards a malformed one
+                if name == END:
+                    break
+                node = tree.nodes[name]
+                if node.kind == "probe":
+                    last = self._cache.get(self._key(node))
+                    if last is None:
+                        break
+                    latest[node.probe] = last
+                    name = self._route(node, last.outcome, node.on, diagnosis, latest)
+                elif node.kind == "ask":
+                    if node.key not in diagnosis.answers:
+                        break
+                    name = self._route(node, diagnosis.answers[node.key], node.on, diagnosis, latest)
+                elif node.kind == "branch":
+                    name = self._route(node, self._value_of(node.branch, diagnosis, latest), node.cases, diagnosis, latest)
+                else:
+                    for c in node.conclude or []:
+                        source = latest.get(c.source) if c.source else last
+                        if not any(r is not None and could_not_run(r) for r in (source, last)):
+                            evidence.append(Evidence(c.hypothesis, c.weight, "", tree.id, name, source.id if source else None))
+                    name = node.next
+        return evidence
+
     def _not_needed(self, tree: Tree, name: str, node: Node, diagnosis: Diagnosis) -> ProbeResult | None:
         """The result of a budgeted probe that is deliberately not run (None: run it): under a session
         budget, in a tree queued to explain a symptom the session measured, once a finding is already
-        confirmed. The probe adds no evidence and says why; the finding's fix comes first."""
+        confirmed. The probe adds no evidence and says why; the finding's fix comes first. (In the
+        session's own trees such a probe still runs, unless the budget would cut its run: ``ProbeContext.moot``.)"""
         spec = get(node.probe)
         if self.budget is None or spec.share == 0 or tree.id in self._first:
             return None
-        top = next(iter(rank(diagnosis.evidence, self.catalog)), None)
-        if top is None or top.confidence < CONFIRMED:
+        top = self._confirmed(diagnosis)
+        if top is None:
             return None
-        result = cannot_run(f"not run: {top.id} is already confirmed ({top.confidence:.2f}); this probe would train with "
-                            f"that fault in place (fix it, then diagnose again)", reason="not-needed",
-                            confirmed=top.id, confidence=top.confidence)
+        result = moot_result(top.id, top.confidence)
         result.id, result.params = spec.id, dict(node.params)
         self._cache[self._key(node)] = result
         self.listener(Event("probe-start", tree.id, name, {"probe": spec.id, "title": spec.title}))
@@ -325,7 +376,11 @@ class Engine:
             ctx.allowance_s, limit, reason, lendable = self.budget.allot(spec.share, spec.cost, spec.timeout_s,
                                                                          self.probe_timeout, spec.id, spec.floor)
             if ctx.allowance_s is not None and self.probe_timeout is None:
-                ctx.lendable_s = lendable  # what the known budgeted probes after it were to share above their floors
+                ctx.lendable_s = lendable  # what the budgeted probes after it (and future trees) were to share above their floors
+            if ctx.allowance_s is not None and self._diagnosis is not None and tree.id in self._first:
+                # a run the budget would cut cannot add much beside a confirmed finding: the probe is then not run
+                top = self._confirmed(self._diagnosis)
+                ctx.moot = (top.id, top.confidence) if top is not None else None
             grace = self.budget.grace_s()
             if ctx.allowance_s is not None:  # a safety net: the probe's planned steps fit its allowance
                 ctx.deadline = time.monotonic() + 1.25 * ctx.allowance_s + 3
