@@ -293,6 +293,21 @@ class ScriptTarget(Target):
                                                 and x.shape == y.shape and torch.equal(x, y) for x, y in zip(a, first))
                    for a in inputs[1:])
 
+    @property
+    def inputs_batch_first(self) -> bool:
+        """Whether the model's first captured input is a tensor of a DataLoader batch as it was
+        yielded (collated: its dim 0 is the batch). False when the script slices its own tensors or
+        transposes the batch before the model: its dim 0 may then be time (a time-first RNN)."""
+        info = self.model_info
+        first = next((a for i, a in self.recording.model_inputs if info is not None and i == info.index), None)
+        x = first[0] if first and isinstance(first[0], torch.Tensor) else None
+        if x is None:
+            return False
+        batches = self.recording.batches[:1]
+        items = [t for b in batches for t in (b if isinstance(b, (tuple, list)) else
+                                              b.values() if isinstance(b, dict) else [b]) if isinstance(t, torch.Tensor)]
+        return any(t.shape == x.shape and t.dtype == x.dtype and torch.equal(t, x) for t in items)
+
     # -- what was observed ------------------------------------------------------------------------
     def observed(self) -> dict[str, Any]:
         from nnwizard.script_view import observed
