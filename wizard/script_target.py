@@ -358,16 +358,26 @@ class _PairList(torch.utils.data.Dataset):
 
 
 class _SameBatch:
-    """replace_batch for the recorder: every DataLoader batch becomes the first one (overfit one batch
-    through the user's own code path, reshaping included)."""
+    """replace_batch for the recorder: every DataLoader batch becomes the first one of its kind
+    (overfit one batch through the user's own code path, reshaping included). The kind is the batch's
+    structure (types, per-sample shapes, dtypes), so a script that zips two loaders (inputs from one,
+    labels from the other) gets each loader's own first batch, not the inputs twice."""
 
     def __init__(self):
-        self.first = None
+        self.first: dict = {}
 
     def __call__(self, batch, index):
-        if self.first is None:
-            self.first = batch
-        return self.first
+        return self.first.setdefault(_kind(batch), batch)
+
+
+def _kind(batch, depth: int = 0):
+    if isinstance(batch, torch.Tensor):
+        return ("tensor", tuple(batch.shape[1:]), str(batch.dtype))
+    if depth < 3 and isinstance(batch, (tuple, list)):
+        return (type(batch).__name__, tuple(_kind(b, depth + 1) for b in batch))
+    if depth < 3 and isinstance(batch, dict):
+        return ("dict", tuple((k, _kind(v, depth + 1)) for k, v in batch.items()))
+    return type(batch).__name__
 
 
 _RERUNS = [0]
