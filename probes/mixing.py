@@ -37,7 +37,7 @@ from nnwizard.probes.api import ProbeContext, failed, passed, probe, skipped
 
 ROWS = 8             # loss-input rows whose dependence is measured
 MAX_NUMEL = 20_000_000  # larger outputs are not judged (each gradient is the output's size)
-TRIES = 3            # training loss calls tried before giving up (e.g. a loss on something else first)
+TRIES = 3            # training loss calls tried before giving up (e.g. a loss on something else first), within the first step
 
 
 class SampleMixing:
@@ -93,6 +93,12 @@ class SampleMixing:
             self._finish(rec, found)
         elif self._tries >= TRIES:
             self._finish(rec, {"judged": False, "why": "the loss input was not computed from the model's output"})
+
+    def on_step_post(self, rec, optimizer, step) -> None:
+        # the hook comes off after the first step whatever happened: a model pickled later by the script
+        # (torch.save(model, f)) must not carry it
+        if self.result is None:
+            self._finish(rec, {"judged": False, "why": "no loss function call on the model's output in the first step"})
 
     def _finish(self, rec, result: dict) -> None:
         self.result = result
