@@ -63,8 +63,9 @@ def losses_of(run, objective: int | None = None, skip: set[int] = frozenset()) -
 
 class _Extend:
     """Listener for a rerun asked for ``wanted`` steps but planned at ``planned``: past the plan it
-    goes on while ``ctx.more_steps`` says one more step fits the probe's allowance (the plan priced a
-    step at the session's calibration; a rerun's steps may be cheaper), else ends the run."""
+    goes on while ``ctx.more_steps`` says one more step fits the probe's own allowance (the plan priced a
+    step at the session's calibration; a rerun's steps may be cheaper), else ends the run. It borrows
+    nothing from the probes still to come (the ladder after it needs its share)."""
 
     def __init__(self, ctx, planned: int, wanted: int, per: float):
         self.ctx, self.planned, self.wanted, self.per = ctx, planned, wanted, per
@@ -73,7 +74,7 @@ class _Extend:
         from nnwizard.recorder import StopRun
 
         done = int(rec.recording.total_steps / self.per)
-        if done >= self.planned and not self.ctx.more_steps(done, self.planned, self.wanted, borrow=True):
+        if done >= self.planned and not self.ctx.more_steps(done, self.planned, self.wanted):   # its own allowance only
             raise StopRun(f"{done} steps: no more fit the probe's allowance")
 
 
