@@ -123,6 +123,7 @@ def _softmax_signature(out: torch.Tensor) -> dict | None:
         "batch-softmax": "a softmax / log-softmax normalises over the batch dimension (dim 0)",
         "sequence-axis": "a recurrent or attention layer without batch_first runs across the samples of the batch",
         "mixes": "outputs depend on other samples' inputs (the batch axis is mixed by another op)",
+        "time-first": "script mode: a time-first model fed (T, B, ...) by the script itself; dim 0 is not the batch",
     },
     timeout_s=60,
     cost=4,
@@ -190,8 +191,50 @@ def batch_independence(ctx: ProbeContext):
                 f"{signature['batch_sum_error']:.1e}") if signature else ""
         return failed("batch-softmax", f"{who}{where}{sums}", [table], **data)
     if data.get("seq_batch_first") is False:
+        if getattr(target, "inputs_batch_first", True) is False and _time_first(model, inputs, n):
+            # a script that feeds its model (T, B, ...) itself (no DataLoader batch as yielded): the
+            # default time-first layout, and every sample along dim 1 depends on its own input only
+            return skipped(f"{who}{where}; but the model keeps samples apart along dim 1 and the script does not feed "
+                           f"it a DataLoader batch as yielded, so dim 0 is taken for time, not the batch (the default "
+                           f"layout of a recurrent layer without batch_first)", "time-first", **data)
         return failed("sequence-axis", f"{who}{where}", [table], **data)
     return failed("mixes", f"{who}{where}", [table], **data)
+
+
+def _time_first(model: nn.Module, inputs: torch.Tensor, limit: int) -> bool:
+    """Whether each sample along dim 1 of ``inputs`` reaches only its own slice along dim 1 of the
+    output: a consistent time-first (T, B, ...) model."""
+    if inputs.dim() < 2 or inputs.shape[1] < 2:
+        return False
+    m = min(limit, inputs.shape[1])
+    x, entries, handles = _leaves(model, inputs[:, :m].contiguous())
+    try:
+        with torch.enable_grad():
+            raw = model(x)
+    except Exception:  # noqa: BLE001 - a model that cannot take the slice: not shown to be time-first
+        return False
+    finally:
+        for h in handles:
+            h.remove()
+    out = raw if isinstance(raw, torch.Tensor) else next(
+        (t for t in (raw.values() if isinstance(raw, dict) else raw if isinstance(raw, (tuple, list)) else [])
+         if isinstance(t, torch.Tensor) and t.dim() > 1 and t.shape[1] == m), None)
+    if out is None or out.dim() < 2 or out.shape[1] != m or not out.requires_grad or not entries:
+        return False
+    flipped = out.transpose(0, 1)
+    for j in range(m):
+        g = torch.Generator(device="cpu").manual_seed(j)
+        w = torch.randn(flipped[j].shape, generator=g).to(out.device, out.dtype)
+        grads = torch.autograd.grad((flipped[j] * w).sum(), entries, retain_graph=True, allow_unused=True)
+        per = torch.zeros(m, dtype=torch.float64)
+        for grad in grads:
+            if grad is not None and grad.dim() > 1 and grad.shape[1] == m:
+                per += grad.detach().abs().double().transpose(0, 1).reshape(m, -1).sum(1).cpu()
+        own = float(per[j])
+        per[j] = 0.0
+        if own <= 0.0 or float(per.max()) > MIX_TOLERANCE * own:
+            return False
+    return True
 
 
 def _list(items: list[int], limit: int = 6) -> str:

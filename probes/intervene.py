@@ -54,9 +54,28 @@ def _on_script(intervention: Callable[[ProbeContext, Any], Any]) -> Callable[[Pr
     return run
 
 
-def losses_of(run, objective: int | None = None) -> list[float]:
-    """The run's loss series: all steps with a backward (one objective), or one optimizer's own steps."""
-    return [s.loss for s in run.recording.steps if s.loss is not None and (objective is None or s.optimizer == objective)]
+def losses_of(run, objective: int | None = None, skip: set[int] = frozenset()) -> list[float]:
+    """The run's loss series: all steps with a backward (one objective), or one optimizer's own steps
+    (less the steps numbered in ``skip``)."""
+    return [s.loss for s in run.recording.steps if s.loss is not None and (objective is None or s.optimizer == objective)
+            and s.step not in skip]
+
+
+class _Extend:
+    """Listener for a rerun asked for ``wanted`` steps but planned at ``planned``: past the plan it
+    goes on while ``ctx.more_steps`` says one more step fits the probe's own allowance (the plan priced a
+    step at the session's calibration; a rerun's steps may be cheaper), else ends the run. It borrows
+    nothing from the probes still to come (the ladder after it needs its share)."""
+
+    def __init__(self, ctx, planned: int, wanted: int, per: float):
+        self.ctx, self.planned, self.wanted, self.per = ctx, planned, wanted, per
+
+    def on_step_post(self, rec, optimizer, step) -> None:
+        from nnwizard.recorder import StopRun
+
+        done = int(rec.recording.total_steps / self.per)
+        if done >= self.planned and not self.ctx.more_steps(done, self.planned, self.wanted):   # its own allowance only
+            raise StopRun(f"{done} steps: no more fit the probe's allowance")
 
 
 def _curves(target):
@@ -156,20 +175,41 @@ def script_overfit(ctx: ProbeContext, target):
     if skip is not None:
         return skip
     one = target.feeds_one_batch
-    if not rec.loaders and not one:
-        return cannot_run("the script feeds its model without a DataLoader and with inputs that change from step to "
-                          "step: its batches cannot be replaced by one", reason="precondition")
+    repeat = None
+    if not rec.loaders and not one:   # slices of its own tensors, get_batch(i), a generator
+        info = target.model_info
+        if info is None:
+            return cannot_run("the script feeds no recorded model whose inputs could be repeated", reason="precondition")
+        from nnwizard.recorder import LOSS_FUNCTIONS
+        from nnwizard.script_replace import RepeatFirstStep
+        repeat = RepeatFirstStep(info.index, info.name, LOSS_FUNCTIONS)
     wanted = int(ctx.param("steps", 40))
     steps = ctx.plan_steps(wanted, minimum=MIN_OVERFIT, fixed=target.rerun_cost(0))
     if not steps:
         return ctx.unaffordable(MIN_OVERFIT, "rerun steps overfitting one batch needs", wanted=wanted)
-    how = "the same first batch every step" if rec.loaders else "its own full batch (it already repeats it)"
-    run = _rerun(ctx, target, steps, same_batch=bool(rec.loaders), limit_batches=max(2 * steps, 20))
+    per = objs.steps_per_point(len(rec.steps))
+    extend = _Extend(ctx, steps, wanted, per)
+    if repeat is not None:
+        how = "the first step's model inputs and loss target every step"
+        if not any(c.target_shape is not None and not c.eval for c in rec.loss_calls):
+            return cannot_run("the script feeds its model without a DataLoader and computes its loss by hand: the "
+                              "target of its first step cannot be repeated", reason="precondition")
+        run = _rerun(ctx, target, wanted, listeners=[repeat, extend], patches=[repeat], what=how,
+                     limit_batches=max(2 * wanted, 20))
+        if not repeat.repeated():
+            return cannot_run(f"the script feeds its model without a DataLoader, and its later steps could not all be "
+                              f"given the first step's tensors ({repeat.describe()}): the rerun was not one batch "
+                              f"repeated", reason="precondition", repeated=repeat.describe())
+    else:
+        how = "the same first batch every step" if rec.loaders else "its own full batch (it already repeats it)"
+        run = _rerun(ctx, target, wanted, same_batch=bool(rec.loaders), limit_batches=max(2 * wanted, 20),
+                     listeners=[extend])
     keys = list(objs.series) if objs.several else [None]
-    series = {k: losses_of(run, k) for k in keys}
+    kept = repeat.kept_steps if repeat is not None else set()   # an epoch's last, shorter slice: another batch
+    series = {k: losses_of(run, k, kept) for k in keys}
     losses = min(series.values(), key=len)
     data: dict[str, Any] = dict(steps=len(losses), planned_steps=steps, wanted_steps=wanted, how=how,
-                                rerun_seconds=run.seconds, rerun_exit=run.exit)
+                                rerun_seconds=run.seconds, rerun_exit=run.exit, first_step_repeated=repeat is not None)
     error = _raised(run)
     if error is not None and len(losses) < MIN_OVERFIT:
         return failed("crashed", f"the script rerun with {how} raised after {len(losses)} steps: {error}",
@@ -200,6 +240,9 @@ def script_overfit(ctx: ProbeContext, target):
                 broadcast_shape=broadcast)
     acc = f", accuracy {accuracy:.0%}" if accuracy is not None else ""
     text = f"{len(losses)} rerun steps of {how}: loss {_fmt(first)} -> {_fmt(last)}{acc}"
+    if kept:
+        text += f" ({len(kept)} step(s) whose inputs had another shape kept their own and are left out)"
+        data["kept_steps"] = len(kept)
     if broadcast is not None and outcome != "learns":
         text += (f"; {call.fn} compares input {call.input_shape} with target {call.target_shape}, which broadcast to "
                  f"{broadcast}: every prediction against every target")
@@ -213,7 +256,7 @@ def script_overfit(ctx: ProbeContext, target):
         return failed("diverged", f"{text}: non-finite from step {data['nan_step']}", [plot], **data)
     if outcome == "unchanged":
         return failed("unchanged", f"{text}: no parameter changed over {len(losses)} steps", [plot], **data)
-    if len(losses) < wanted and broadcast is None:
+    if len(losses) + len(kept) < wanted and broadcast is None:   # the kept slices ran too
         why = f"the budget fits (of {wanted})" if steps < wanted else f"the script ran (of {steps} planned)"
         return cannot_run(f"{text}: not learnt within the {len(losses)} steps {why}, too few to call it {outcome}",
                           reason="budget" if steps < wanted else "precondition", **data)

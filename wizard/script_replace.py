@@ -17,6 +17,8 @@ the running program, never the user's file, and leaves torch as it found it (cla
   holds the model's parameters.
 - :class:`SwapLoss`: every ``backward()`` on the script's loss runs on the standard loss of the same
   output and target instead (cross-entropy for class indices, MSE for same-size values).
+- :class:`RepeatFirstStep`: for a script without a DataLoader, every training call of the model gets
+  its first call's tensors again and every training loss call its first target (script-overfit).
 """
 
 from __future__ import annotations
@@ -115,6 +117,7 @@ class Meter(_Hooks):
         self.busy = False   # SwapLoss computes its loss: not the script's call
 
     def on_forward(self, rec, info, args) -> None:
+        self._rec = rec
         if self._is_model(info) and self.module is None:
             self.module = info.module
             self._hook(info.module, self._seen)
@@ -335,3 +338,194 @@ class SwapLoss:
         while self._undo:
             owner, original = self._undo.pop()
             setattr(owner, "backward", original)
+
+
+# ------------------------------------------------------------------------------------ one step repeated
+def _structure(obj, depth: int = 0):
+    """The shapes and dtypes of the tensors in ``obj`` (nested tuples, lists and dicts), else types."""
+    if isinstance(obj, torch.Tensor):
+        return ("tensor", tuple(obj.shape), str(obj.dtype))
+    if depth < 3 and isinstance(obj, (tuple, list)):
+        return (type(obj).__name__, tuple(_structure(o, depth + 1) for o in obj))
+    if depth < 3 and isinstance(obj, dict):
+        return ("dict", tuple((k, _structure(v, depth + 1)) for k, v in obj.items()))
+    return type(obj).__name__
+
+
+def _frozen(obj, depth: int = 0):
+    """A copy of ``obj`` with every tensor detached and cloned (kept for the later steps)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().clone()
+    if depth < 3 and isinstance(obj, (tuple, list)):
+        made = [_frozen(o, depth + 1) for o in obj]
+        return tuple(made) if isinstance(obj, tuple) else made
+    if depth < 3 and isinstance(obj, dict):
+        return {k: _frozen(v, depth + 1) for k, v in obj.items()}
+    return obj
+
+
+def _thawed(kept, like, depth: int = 0):
+    """The kept tensors again, fresh (a clone each step, requiring grad where the script's did)."""
+    if isinstance(kept, torch.Tensor):
+        t = kept.clone()
+        return t.requires_grad_(True) if isinstance(like, torch.Tensor) and like.requires_grad and t.is_floating_point() else t
+    if depth < 3 and isinstance(kept, (tuple, list)):
+        made = [_thawed(k, l, depth + 1) for k, l in zip(kept, like)]
+        return tuple(made) if isinstance(kept, tuple) else made
+    if depth < 3 and isinstance(kept, dict):
+        return {k: _thawed(v, like[k], depth + 1) for k, v in kept.items()}
+    return kept
+
+
+class RepeatFirstStep(_Hooks):
+    """Listener and patch for a script that feeds its model without a DataLoader (slices of its own
+    tensors, a ``get_batch(i)``, a generator): every training call of the model gets the tensors of
+    its first training call again (inputs and any carried state, e.g. an RNN's hidden state), and every
+    training call of a ``torch.nn.functional`` loss gets the first call's target, whenever the shapes
+    and dtypes match that first call's. A call that does not match keeps its own tensors and is
+    counted (``kept_forwards`` / ``kept_targets``): the rerun then was not one batch repeated, and the
+    caller says so. Evaluation calls (grad mode off or eval mode) are left alone."""
+
+    def __init__(self, index: int, name: str, loss_names: tuple[str, ...]):
+        super().__init__(index, name)
+        self.loss_names = loss_names
+        self.first_args = self.first_target = None
+        self.shape_args = self.shape_target = None
+        self.replaced_forwards = self.kept_forwards = 0
+        self.replaced_targets = self.kept_targets = 0
+        self._undo: list = []
+        self._classes: list = []   # (model class, its forward, whether the class defined it itself)
+        self.kept_steps: set[int] = set()   # optimizer steps (1-based) whose forward kept its own tensors
+        self._rec = None
+
+    # -- the model's inputs ---------------------------------------------------------------------
+    def on_forward(self, rec, info, args) -> None:
+        self._rec = rec
+        if self._is_model(info) and self.module is None:
+            # the model's class gets the wrapped forward (restored on exit), not a hook on the instance:
+            # a script that pickles its model (torch.save(model, f)) must not meet nnwizard's objects
+            self.module = info.module
+            cls = type(info.module)
+            original = cls.forward
+            own = cls.__dict__.get("forward") is original   # defined by the class itself, not inherited
+            repeat, model = self, info.module
+
+            def forward(module, *args, **kwargs):
+                if module is model:
+                    args, kwargs = repeat._inputs(module, args, kwargs)
+                return original(module, *args, **kwargs)
+
+            cls.forward = forward
+            self._classes.append((cls, original, own))
+
+    def _inputs(self, module, args, kwargs):
+        if not torch.is_grad_enabled() or not module.training:
+            return args, kwargs
+        shape = _structure((args, kwargs))
+        if self.first_args is None:
+            self.first_args, self.shape_args = _frozen((args, kwargs)), shape
+            return args, kwargs
+        if shape != self.shape_args:
+            self.kept_forwards += 1
+            if self._rec is not None:
+                self.kept_steps.add(self._rec.recording.total_steps + 1)   # the step this forward leads to
+            return args, kwargs
+        self.replaced_forwards += 1
+        return _thawed(self.first_args, (args, kwargs))
+
+    # -- the loss's target ----------------------------------------------------------------------
+    def _loss(self, original):
+        repeat = self
+
+        def loss(*args, **kwargs):
+            if torch.is_grad_enabled() and repeat.module is not None and repeat.module.training:
+                if len(args) > 1:
+                    y, put = args[1], lambda new: (args[0], new, *args[2:])
+                else:
+                    y, put = kwargs.get("target"), None
+                if isinstance(y, torch.Tensor):
+                    new = repeat._target(y)
+                    if new is not y:
+                        if put is not None:
+                            args = put(new)
+                        else:
+                            kwargs = {**kwargs, "target": new}
+            return original(*args, **kwargs)
+        return loss
+
+    def _target(self, y: torch.Tensor) -> torch.Tensor:
+        shape = (tuple(y.shape), y.dtype)
+        if self.first_target is None:
+            self.first_target, self.shape_target = y.detach().clone(), shape
+            return y
+        if shape != self.shape_target:
+            self.kept_targets += 1
+            return y
+        self.replaced_targets += 1
+        return self.first_target.clone()
+
+    def __enter__(self):
+        for name in self.loss_names:
+            original = getattr(F, name, None)
+            if original is not None:
+                setattr(F, name, self._loss(original))
+                self._undo.append((name, original))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        while self._classes:
+            cls, original, own = self._classes.pop()
+            if own:
+                cls.forward = original
+            else:
+                del cls.forward   # inherited (e.g. nn.Sequential's): the class gets its base's again
+        while self._undo:
+            name, original = self._undo.pop()
+            setattr(F, name, original)
+
+    def repeated(self, tolerance: float = 0.1) -> bool:
+        """Whether the rerun was the first step repeated: later training calls of the model and of
+        its loss got the first call's tensors, all but ``tolerance`` of them (an epoch's last, shorter
+        slice keeps its own)."""
+        forwards = self.replaced_forwards + self.kept_forwards
+        targets = self.replaced_targets + self.kept_targets
+        return bool(self.replaced_forwards and self.replaced_targets and self.kept_forwards <= tolerance * forwards
+                    and self.kept_targets <= tolerance * targets)
+
+    def describe(self) -> str:
+        return (f"{self.replaced_forwards} of {self.replaced_forwards + self.kept_forwards} later training calls of the "
+                f"model got the first call's tensors, {self.replaced_targets} of "
+                f"{self.replaced_targets + self.kept_targets} later loss calls its target")
+
+
+# ------------------------------------------------------------------------------------ child processes
+class ChildProcesses:
+    """Patch for the observed run: counts the processes the script starts (``multiprocessing`` /
+    ``torch.multiprocessing`` Process.start, which ``spawn`` and pools use too). The recorder watches
+    only the script's own process, so a script that trains in children (Hogwild) records no step;
+    ``started`` lets the report say why. Nothing about the processes changes."""
+
+    def __init__(self):
+        self.started = 0
+        self._undo = None
+
+    def __enter__(self):
+        import multiprocessing.process as mp_process
+
+        base = mp_process.BaseProcess
+        original = base.start
+        counter = self
+
+        def start(process, *args, **kwargs):
+            counter.started += 1
+            return original(process, *args, **kwargs)
+
+        base.start = start
+        self._undo = (base, original)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._undo is not None:
+            base, original = self._undo
+            base.start = original
+            self._undo = None

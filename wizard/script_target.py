@@ -293,6 +293,21 @@ class ScriptTarget(Target):
                                                 and x.shape == y.shape and torch.equal(x, y) for x, y in zip(a, first))
                    for a in inputs[1:])
 
+    @property
+    def inputs_batch_first(self) -> bool:
+        """Whether the model's first captured input is a tensor of a DataLoader batch as it was
+        yielded (collated: its dim 0 is the batch). False when the script slices its own tensors or
+        transposes the batch before the model: its dim 0 may then be time (a time-first RNN)."""
+        info = self.model_info
+        first = next((a for i, a in self.recording.model_inputs if info is not None and i == info.index), None)
+        x = first[0] if first and isinstance(first[0], torch.Tensor) else None
+        if x is None:
+            return False
+        batches = self.recording.batches[:1]
+        items = [t for b in batches for t in (b if isinstance(b, (tuple, list)) else
+                                              b.values() if isinstance(b, dict) else [b]) if isinstance(t, torch.Tensor)]
+        return any(t.shape == x.shape and t.dtype == x.dtype and torch.equal(t, x) for t in items)
+
     # -- what was observed ------------------------------------------------------------------------
     def observed(self) -> dict[str, Any]:
         from nnwizard.script_view import observed
@@ -351,16 +366,26 @@ class _PairList(torch.utils.data.Dataset):
 
 
 class _SameBatch:
-    """replace_batch for the recorder: every DataLoader batch becomes the first one (overfit one batch
-    through the user's own code path, reshaping included)."""
+    """replace_batch for the recorder: every DataLoader batch becomes the first one of its kind
+    (overfit one batch through the user's own code path, reshaping included). The kind is the batch's
+    structure (types, per-sample shapes, dtypes), so a script that zips two loaders (inputs from one,
+    labels from the other) gets each loader's own first batch, not the inputs twice."""
 
     def __init__(self):
-        self.first = None
+        self.first: dict = {}
 
     def __call__(self, batch, index):
-        if self.first is None:
-            self.first = batch
-        return self.first
+        return self.first.setdefault(_kind(batch), batch)
+
+
+def _kind(batch, depth: int = 0):
+    if isinstance(batch, torch.Tensor):
+        return ("tensor", tuple(batch.shape[1:]), str(batch.dtype))
+    if depth < 3 and isinstance(batch, (tuple, list)):
+        return (type(batch).__name__, tuple(_kind(b, depth + 1) for b in batch))
+    if depth < 3 and isinstance(batch, dict):
+        return ("dict", tuple((k, _kind(v, depth + 1)) for k, v in batch.items()))
+    return type(batch).__name__
 
 
 _RERUNS = [0]

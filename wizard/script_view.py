@@ -79,6 +79,11 @@ def script_problem(target) -> str | None:
     if run.exit == "interrupted" and not rec.steps:
         what = "calling a torch.nn.Module" if not rec.models else "its first optimizer step"
         return f"The script was interrupted (Ctrl-C) after {run.seconds:.1f} s, before {what}: nothing to diagnose yet."
+    children = getattr(rec, "child_processes", 0)
+    if not rec.steps and children:
+        return (f"The script started {children} child process(es) and took no optimizer step in its own process: it "
+                f"trains in the children (multiprocessing, e.g. Hogwild), which nnwizard does not record. To diagnose it, "
+                f"let the main process call the training function the children run (one process, no Process/spawn).")
     if not rec.models:
         how = {"finished": "ran to its end", "exited": f"exited with code {run.exit_code}", "stopped": "was stopped"}.get(run.exit, run.exit)
         return (f"The script {how} in {run.seconds:.1f} s without ever calling a torch.nn.Module, so there is no "
