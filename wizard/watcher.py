@@ -316,7 +316,8 @@ class Watch:
 
     @staticmethod
     def _fresh() -> dict:
-        return {"calls": [], "losses": [], "backward": [], "rng": None}
+        """The current step's model calls, loss calls (and their targets, for the ring), backwards."""
+        return {"calls": [], "losses": [], "targets": [], "backward": [], "rng": None}
 
     # -- recorder listener API --------------------------------------------------------------------
     def _ours(self, module: nn.Module) -> bool:
@@ -415,9 +416,12 @@ class Watch:
         return None
 
     def on_loss_args(self, rec, call, args, kwargs, value) -> None:
-        if not torch.is_grad_enabled() or not isinstance(value, torch.Tensor) or len(self._current["losses"]) >= MAX_PER_STEP:
+        cur = self._current
+        if not torch.is_grad_enabled() or not isinstance(value, torch.Tensor) or len(cur["losses"]) >= MAX_PER_STEP:
             return
-        self._current["losses"].append((call.fn, args, kwargs, value))  # references only: see _loss_parts
+        cur["losses"].append((call.fn, args, kwargs, value))  # references only: see _loss_parts
+        # the target alone goes into the ring (the input is a model output: it and its graph are not kept)
+        cur["targets"].append(args[1] if len(args) > 1 else kwargs.get("target"))
 
     def on_backward(self, rec, loss) -> None:
         backward, losses = self._current["backward"], self._current["losses"]
@@ -450,17 +454,22 @@ class Watch:
                     return {"kind": "output", "call": i, "path": [key], "scale": scale}
         return None
 
-    def on_step_pre(self, rec, optimizer, step) -> None:
-        """The recorder measured this step (for ``step(closure)``: inside the closure, after its first
-        call, so after its backward): check it here, before the optimizer changes anything."""
-        if self.optimizer is None or optimizer is self.optimizer:
-            self._check(optimizer, step)
-
     def on_step_post(self, rec, optimizer, step) -> None:
+        """After the update: a logged step's line is finished (update ratio) and written; the step's
+        calls join the ring of earlier steps."""
         if self.optimizer is not None and optimizer is not self.optimizer:
             return
-        line = self._sampled
-        self._sampled = None
+        if self._sampled is not None:
+            self._finish_line(optimizer)
+        cur = self._current
+        if self.ring_size and (cur["calls"] or cur["losses"]):
+            for c in cur["calls"]:
+                c.pop("out", None)  # the output (and its graph) is not kept past its step
+            self._ring.append((self.steps, cur["rng"], cur["calls"], cur["targets"]))
+        self._current = {"calls": [], "losses": [], "targets": [], "backward": [], "rng": None}  # (_fresh, inline)
+
+    def _finish_line(self, optimizer) -> None:
+        line, self._sampled = self._sampled, None
         if line is not None:
             started = time.perf_counter()
             if self._before is not None:
@@ -476,7 +485,6 @@ class Watch:
                 started = time.perf_counter()  # the ratio has its own budget (UPDATE_SHARE)
             self._write(line)
             self._pace(self._line_t + time.perf_counter() - started)
-        self._rotate()
 
     def _pace(self, cost: float) -> None:
         """every=None: the line interval, a multiple of ``every``, at which a logged step's extra work
@@ -489,16 +497,6 @@ class Watch:
             self.log_every = self.every * min(max(math.ceil(need), 1), LOG_EVERY_MAX)
 
     # -- per step ----------------------------------------------------------------------------------
-    def _rotate(self) -> None:
-        cur = self._current
-        if self.ring_size and (cur["calls"] or cur["losses"]):
-            for c in cur["calls"]:
-                c.pop("out", None)  # the output (and its graph) is not kept past its step
-            # the targets only (a loss input is a model output: it and its graph are not kept either)
-            self._ring.append((self.steps, cur["rng"], cur["calls"],
-                               [a[1] if len(a) > 1 else k.get("target") for _, a, k, _ in cur["losses"]]))
-        self._current = self._fresh()
-
     def _detector(self, optimizer) -> tuple[int, Detector]:
         known = self._opt_det.get(id(optimizer))
         if known is not None and known[0] is optimizer:
@@ -522,11 +520,14 @@ class Watch:
         entry["t"] = round(t - self._t0, 3)
         return entry
 
-    def _check(self, optimizer, step_rec) -> None:
-        """At the optimizer's pre-step point (parameters not yet updated): triggers, log, bundle.
+    def on_step_pre(self, rec, optimizer, step_rec) -> None:
+        """The recorder measured this step (for ``step(closure)``: inside the closure, after its first
+        call, so after its backward): triggers, log, bundle, before the optimizer changes anything.
 
         Fast path (most steps): a history tuple and the detector's one comparison (``Detector.quick``);
         the full check, the JSON line and a bundle only on logged steps and where quick() says so."""
+        if self.optimizer is not None and optimizer is not self.optimizer:
+            return
         self.steps = step_rec.step
         grads = step_rec.grads_total > step_rec.grads_none
         norm = step_rec.grad_norm if grads else None  # None: not measured on this step (Recorder._norm_due)
