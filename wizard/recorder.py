@@ -81,11 +81,14 @@ import copy
 import functools
 from collections import deque
 import math
+import operator
 import sys
 import time
 import traceback
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
+from itertools import chain
+from operator import attrgetter, itemgetter
 from pathlib import Path
 from typing import Any, Callable
 
@@ -184,6 +187,26 @@ class StepRecord:
     closure: bool = False        # step(closure): measured after the closure's first call
     manual: bool = False         # a hand-written update (in-place ops on parameters no optimizer holds), not optimizer.step()
     updated: int = 0             # manual: parameter tensors the update changed, of grads_total
+
+
+_STEP_DEFAULTS = {f.name: f.default for f in fields(StepRecord) if f.default is not MISSING}
+_STEP_MADE = tuple(f.name for f in fields(StepRecord) if f.default_factory is not MISSING)
+_STEP_MAKERS = tuple(f.default_factory for f in fields(StepRecord) if f.default_factory is not MISSING)
+
+
+def _blank_step(n: int) -> StepRecord:
+    """``StepRecord(step=n, optimizer=-1, t=0.0)`` without the dataclass ``__init__``'s 30 assignments
+    (light mode makes one every step)."""
+    step = object.__new__(StepRecord)
+    d = step.__dict__
+    d.update(_STEP_DEFAULTS)
+    d.update(zip(_STEP_MADE, map(operator.call, _STEP_MAKERS)))  # (the fields' own list()/dict(), in C)
+    d["step"], d["optimizer"], d["t"] = n, -1, 0.0
+    return step
+
+
+_GRAD, _REQUIRES, _LR, _PARAMS = attrgetter("grad"), attrgetter("requires_grad"), itemgetter("lr"), itemgetter("params")
+_NONE = type(None)
 
 
 @dataclass
@@ -317,8 +340,8 @@ def cpu_copy(obj: Any) -> Any:
 
 def total_norm(norms: list[torch.Tensor]) -> float:
     """The global norm from per-tensor norms (``torch._foreach_norm``'s), as one float."""
-    if len(norms) <= 32 and not norms[0].is_cuda:  # a few CPU tensors: Python adds up faster than a stack
-        return math.sqrt(sum(float(n) ** 2 for n in norms))
+    if len(norms) <= 32 and not norms[0].is_cuda:  # a few CPU tensors: read one by one, faster than a stack
+        return math.hypot(*map(float, norms))
     try:
         return float(torch.linalg.vector_norm(torch.stack([n.float() for n in norms])))
     except RuntimeError:  # norms on several devices
@@ -485,7 +508,6 @@ class Recorder:
         self._step_s = 0.0                        # light mode: seconds per step (running mean)
         self._loss_t: tuple | None = None         # light mode: how to read the last backward's loss (_loss_reading)
         self._pinned: torch.Tensor | None = None  # light mode, CUDA: the pinned host scalar the loss is copied to
-        self._light_calls: dict[str, LossCall] = {}  # light mode: one name-only LossCall per loss function
         self._undo: list[Callable[[], None]] = []
         self._depth = 0
         self._in_loss = 0
@@ -1014,6 +1036,8 @@ class Recorder:
         (watch runs are long) and no value read (no sync); the listeners get the live tensors."""
         rec = self
         on_loss, on_args = self._fns["on_loss"], self._fns["on_loss_args"]
+        # on_loss_args alone (watch): one name-only call for every call of this loss function
+        named = LossCall(name, [], "", None, None, None, "mean", True, None, 0, None, True, None)
 
         @functools.wraps(original)
         def loss(*args, **kwargs):
@@ -1040,11 +1064,8 @@ class Recorder:
                 except Exception:  # noqa: BLE001 - recording must never break the loss
                     return value
                 rec._notify("on_loss", call)
-            else:  # on_loss_args alone (watch): a name-only call, made once per loss function
-                call = rec._light_calls.get(name)
-                if call is None:
-                    call = rec._light_calls[name] = LossCall(name, [], "", None, None, None, "mean", True, None, 0,
-                                                             None, True, None)
+            else:
+                call = named
             for fn in on_args:  # (_notify, inline: this runs every step)
                 try:
                     fn(rec, call, args, kwargs, value)
@@ -1144,7 +1165,9 @@ class Recorder:
         loss = tensors if isinstance(tensors, torch.Tensor) else next(_tensors(tensors), None)
         rec = self.recording
         rec.backwards += 1
-        step = self._pending or self._step_record()
+        step = self._pending
+        if step is None:
+            step = self._pending = _blank_step(rec.total_steps + 1)
         self._backward_since_step += 1
         step.backwards += 1
         if loss is not None and loss.numel():
@@ -1464,7 +1487,9 @@ class Recorder:
         info = self._opt_ids.get(id(optimizer))
         if info is None or info.optimizer is not optimizer:
             info = self._optimizer_info(optimizer)
-        step = self._pending or self._step_record()
+        step = self._pending
+        if step is None:
+            step = self._pending = _blank_step(self.recording.total_steps + 1)
         step.closure = closure
         step.optimizer, step.t = info.index, time.monotonic() - self._t0
         step.zero_grad = self._zero_grad_since
@@ -1472,7 +1497,7 @@ class Recorder:
         step.epoch, step.batch = self._epochs, self._batch_index
         step.scheduler_steps = self._scheduler_count
         groups = optimizer.param_groups
-        step.lrs = [float(g["lr"]) for g in groups]
+        step.lrs = list(map(float, map(_LR, groups)))
         step.grad_enabled = torch.is_grad_enabled()
         reading = self._loss_t
         if reading is not None:
@@ -1486,22 +1511,21 @@ class Recorder:
                 scale = scaler.get_scale() if scaler is not None else None
                 step.loss = value / scale if scale else value
             step.losses.append(step.loss)
-        total = none = 0
-        for g in groups:
-            for p in g["params"]:
-                if p.requires_grad:
-                    total += 1
-                    if p.grad is None:
-                        none += 1
-        step.grads_total, step.grads_none = total, none
+        # the trainable tensors and their gradients, walked in C (map) rather than in Python: every step
+        params = groups[0]["params"] if len(groups) == 1 else list(chain.from_iterable(map(_PARAMS, groups)))
+        if not all(map(_REQUIRES, params)):
+            params = [p for p in params if p.requires_grad]
+        grads = list(map(_GRAD, params))
+        none = list(map(type, grads)).count(_NONE)
+        step.grads_total, step.grads_none = len(grads), none
         self.grad_norms = None
         n = step.step
-        if total == none:
+        if none == len(grads):
             step.grad_norm = 0.0
         elif n <= NORM_FIRST or not n % self.recording.norm_interval and self._norm_due(n):
             started = time.perf_counter()
-            withgrad = [p for g in groups for p in g["params"] if p.requires_grad and p.grad is not None]
-            grads = [p.grad.detach() if p.grad.requires_grad else p.grad for p in withgrad]
+            withgrad = [p for p, g in zip(params, grads) if g is not None] if none else list(params)
+            grads = [g.detach() if g.requires_grad else g for g in grads if g is not None]
             norms = torch._foreach_norm(grads)
             total = total_norm(norms)
             step.grad_norm = total
@@ -1522,7 +1546,9 @@ class Recorder:
         """Light mode's optimizer step post hook (full mode: :meth:`_step_post`): the step's record
         joins the bounded window, its time the running step time, and the listeners are told."""
         self._in_opt_step = False
-        step = self._pending or self._step_record()
+        step = self._pending
+        if step is None:
+            step = _blank_step(self.recording.total_steps + 1)
         self._pending = None
         info = self._opt_ids.get(id(optimizer))
         if info is None or info.optimizer is not optimizer:

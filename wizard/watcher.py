@@ -229,6 +229,7 @@ class Watch:
         self._first: dict | None = None        # the run's first step with a positive LR (the history keeps only the last HISTORY)
         self._first0: tuple | None = None      # the latest step while none had a positive LR (a history tuple)
         self._opt_det: dict[int, tuple] = {}    # id(optimizer) -> (optimizer, index, Detector)
+        self._last_det: tuple = (None, 0, None)  # the last of those looked up (one optimizer: every step's)
 
     # -- lifecycle --------------------------------------------------------------------------------
     def start(self, recorder=None) -> "Watch":
@@ -500,13 +501,14 @@ class Watch:
     def _detector(self, optimizer) -> tuple[int, Detector]:
         known = self._opt_det.get(id(optimizer))
         if known is not None and known[0] is optimizer:
+            self._last_det = known
             return known[1], known[2]
         index = 0
         if self._recorder is not None:
             info = self._recorder._opt_ids.get(id(optimizer))
             index = info.index if info is not None else 0
         detector = self._detectors.setdefault(index, Detector(self.triggers))
-        self._opt_det[id(optimizer)] = (optimizer, index, detector)
+        self._opt_det[id(optimizer)] = self._last_det = (optimizer, index, detector)
         return index, detector
 
     def _entry(self, h: tuple) -> dict:
@@ -532,8 +534,8 @@ class Watch:
         grads = step_rec.grads_total > step_rec.grads_none
         norm = step_rec.grad_norm if grads else None  # None: not measured on this step (Recorder._norm_due)
         loss, lrs = step_rec.loss, step_rec.lrs
-        known = self._opt_det.get(id(optimizer))
-        index, detector = (known[1], known[2]) if known is not None and known[0] is optimizer else self._detector(optimizer)
+        last = self._last_det
+        index, detector = (last[1], last[2]) if last[0] is optimizer else self._detector(optimizer)
         h = (self.steps, loss, norm, lrs, index, time.monotonic())
         self._history.append(h)
         if self._first is None:  # the first step with a positive LR (a warmup may start at 0)
