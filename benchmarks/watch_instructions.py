@@ -2,15 +2,18 @@
 and a watched small-MLP step in one process; their ratio does not move with other processes' load,
 which the wall-clock ratio of ``watch_overhead.py`` does on a shared machine.
 
-    python benchmarks/watch_instructions.py [--steps 200]        # needs valgrind (callgrind_annotate)
+    python benchmarks/watch_instructions.py [--steps 200] [--warmup 40]   # needs valgrind (callgrind_annotate)
 
-Method: one process; 40 warm-up steps, then ``--steps`` plain steps inside ``functools.reduce`` and
+Method: one process; ``--warmup`` steps (40) in each mode, then ``--steps`` plain steps inside ``functools.reduce`` and
 ``--steps`` watched steps inside ``sorted(key=...)`` (two C functions that nothing else in the loop
 calls, so ``--toggle-collect`` counts exactly those loops); the per-step instruction count of each is
 its inclusive total over ``--steps``. The sampled work is fixed so that two runs count the same work:
 JSON lines every 10 steps (``every=10``), the gradient norm on steps 1-5 and every 5th, the
 update/weight ratio on every logged step (watch's defaults choose these from measured time, which
-differs from run to run under valgrind) and the hash seed is fixed. What still varies between runs
+differs from run to run under valgrind) and the hash seed is fixed. With the default warm-up the
+measured steps are among a run's first 250, while watch's bounded windows (the recorder's last 256
+step records, the last 500 history entries) still grow, so Python's garbage collector runs in them
+(about 1% of the step); ``--warmup 600`` measures a long run's steady state, where they stay full. What still varies between runs
 (allocator state, a flush once a second) moves the watched count by about 0.5%. Slow: about 4-10
 minutes (importing torch under valgrind).
 """
@@ -29,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _child(steps: int) -> None:
+def _child(steps: int, warmup: int) -> None:
     import torch
     from torch import nn
 
@@ -46,6 +49,7 @@ def _child(steps: int) -> None:
         return m, torch.optim.Adam(m.parameters(), lr=1e-4)
 
     batches = [(torch.randn(64, 32), torch.randint(0, 10, (64,))) for _ in range(steps + 40)]
+    warm = [batches[i % len(batches)] for i in range(warmup)]
     loss_fn = nn.CrossEntropyLoss()
 
     def run(model, opt, b):
@@ -56,11 +60,11 @@ def _child(steps: int) -> None:
 
     mp, op = make()
     mw, ow = make()
-    for b in batches[:40]:
+    for b in warm:
         run(mp, op, b)
     functools.reduce(lambda acc, b: run(mp, op, b), batches[40:], None)
     with tempfile.TemporaryDirectory() as out, nnwizard.watch(mw, ow, out=out, every=10, tensorboard=False, quiet=True):
-        for b in batches[:40]:
+        for b in warm:
             run(mw, ow, b)
         sorted(batches[40:], key=lambda b: run(mw, ow, b) or 0)
 
@@ -68,16 +72,17 @@ def _child(steps: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--warmup", type=int, default=40, help="steps run in each mode before the counted ones")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        _child(args.steps)
+        _child(args.steps, args.warmup)
         return
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "callgrind.out"
         subprocess.run(["valgrind", "--tool=callgrind", "--collect-atstart=no", "--toggle-collect=functools_reduce",
                         "--toggle-collect=builtin_sorted", f"--callgrind-out-file={out}", sys.executable, __file__,
-                        "--child", "--steps", str(args.steps)], check=True, capture_output=True, cwd=ROOT,
+                        "--child", "--steps", str(args.steps), "--warmup", str(args.warmup)], check=True, capture_output=True, cwd=ROOT,
                        env={**os.environ, "PYTHONHASHSEED": "0"})  # the same dict/set layouts from run to run
         text = subprocess.run(["callgrind_annotate", "--inclusive=yes", str(out)], check=True, capture_output=True,
                               text=True).stdout
@@ -88,7 +93,7 @@ def main() -> None:
             counts[m.group(2)] = int(m.group(1).replace(",", "")) / args.steps
     plain, watched = counts["functools_reduce"], counts["builtin_sorted"]
     print(f"small MLP, instructions per step: plain {plain / 1e6:.3f}M, watched {watched / 1e6:.3f}M, "
-          f"ratio {watched / plain:.3f}x ({args.steps} steps each)")
+          f"ratio {watched / plain:.3f}x ({args.steps} steps each, after {args.warmup} warm-up steps)")
 
 
 if __name__ == "__main__":

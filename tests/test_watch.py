@@ -246,3 +246,73 @@ def test_bundle_of_a_dropout_model_replays_its_step_bit_exactly(tmp_path, monkey
     replay_model = target.fresh_model()
     replay_model.train()
     assert target._step(replay_model, shifted, target.loss_fn, target.make_optimizer(replay_model)).item() != losses[9]
+
+
+# ----------------------------------------------------------------- how watch takes the model calls
+class _KwNet(Net):
+    def forward(self, x, scale=1.0):
+        return super().forward(x) * scale
+
+
+def _watched_steps(model, out, steps, nan_at=None, copies=None, **call):
+    opt = torch.optim.SGD(model.parameters(), 0.1)
+    torch.manual_seed(0)
+    X, Y = torch.randn(steps * 8, 8), torch.randint(0, 3, (steps * 8,))
+    with nnwizard.watch(model, opt, out=out, tensorboard=False, quiet=True) as w:
+        for i in range(steps):
+            x = X[i * 8:(i + 1) * 8].clone()
+            if nan_at == i + 1:
+                x[2, 1] = float("nan")
+            loss = nn.functional.cross_entropy(model(x, **call), Y[i * 8:(i + 1) * 8])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if copies is not None:
+                copies(model, w)
+    return w
+
+
+def test_first_step_bundle_has_the_call_with_its_keyword_arguments_and_replays(tmp_path):
+    from nnwizard.replay import replay, report_dict
+
+    w = _watched_steps(_KwNet(), tmp_path / "w", 3, nan_at=1, scale=0.5)
+    assert [b.name for b in w.bundles] == ["anomaly-step1"]
+    batch = torch.load(w.bundles[0] / "batch.pt", weights_only=False)
+    call = batch["step"]["calls"][0]
+    assert len(batch["step"]["calls"]) == 1 and call["kwargs"] == {"scale": 0.5}
+    assert json.loads((w.bundles[0] / "meta.json").read_text())["replayable"]
+    data = report_dict(*replay(w.bundles[0]))
+    assert data["hypotheses"][0]["id"] == "nan-in-inputs" and data["localised"]["rows"] == [2]
+
+
+def test_watched_model_can_be_copied_and_pickled_and_its_class_is_left_as_it_was(tmp_path):
+    import copy
+    import io
+
+    originals = (_KwNet.__dict__["forward"], Net.__dict__["forward"])
+    seen = []
+
+    def copies(model, w):  # the user's own checkpointing/EMA copies, inside the watched loop
+        twin = copy.deepcopy(model)
+        torch.save(model, io.BytesIO())
+        twin(torch.randn(2, 8))  # another instance of the class: not a watched call
+        seen.append(len(w._current["calls"]))
+
+    w = _watched_steps(_KwNet(), tmp_path / "w", 4, copies=copies)
+    assert w.anomalies == [] and seen == [0, 0, 0, 0]  # (the step's calls were rotated out; the twin added none)
+    assert (_KwNet.__dict__["forward"], Net.__dict__["forward"]) == originals
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in _KwNet().modules())
+
+
+def test_a_model_with_an_instance_forward_is_hooked_copies_cleanly_and_replays(tmp_path):
+    import copy
+
+    from nnwizard.replay import replay, report_dict
+
+    model = Net()
+    model.forward = model.forward  # an instance attribute: the class's forward is never called
+    w = _watched_steps(model, tmp_path / "w", 12, nan_at=9, copies=lambda m, w: copy.deepcopy(m)(torch.randn(2, 8)))
+    assert [b.name for b in w.bundles] == ["anomaly-step9"]
+    data = report_dict(*replay(w.bundles[0]))
+    assert data["hypotheses"][0]["id"] == "nan-in-inputs" and data["localised"]["rows"] == [2]
+    assert not model._forward_hooks and not model._forward_pre_hooks

@@ -220,3 +220,26 @@ def test_loss_spike_on_an_unlogged_step_fires_at_its_step(tmp_path, monkeypatch)
     w, _, _ = _watched_run(tmp_path, 43, lambda l: l * 50.0)
     assert [(a.kind, a.step) for a in w.anomalies][:1] == [("loss-spike", 43)]
     assert [b.name for b in w.bundles][:1] == ["anomaly-step43"]
+
+
+def test_light_step_records_are_the_dataclass_defaults_with_their_own_lists():
+    from nnwizard.recorder import StepRecord, _blank_step
+
+    a, b = _blank_step(7), _blank_step(8)
+    assert a == StepRecord(step=7, optimizer=-1, t=0.0)  # every field, as the dataclass makes it
+    a.losses.append(1.0)
+    a.forwards[0] = 1
+    assert b.losses == [] and b.forwards == {}  # no list or dict shared between records
+
+
+def test_light_recorder_counts_frozen_and_missing_gradients_like_the_full_one(tmp_path):
+    model = nn.Sequential(nn.Linear(6, 12), nn.ReLU(), nn.Linear(12, 3), nn.Linear(3, 3))
+    model[0].bias.requires_grad_(False)  # frozen: not counted
+    unused = nn.Parameter(torch.zeros(2))  # trainable, in the optimizer, never gets a gradient
+    opt = torch.optim.SGD([{"params": list(model[0].parameters()) + list(model[2].parameters())},
+                           {"params": list(model[3].parameters()) + [unused], "lr": 0.5}], lr=0.1)
+    with Recorder("light") as rec:
+        _steps(model, opt, 3)
+    last = rec.recording.steps[-1]
+    assert (last.grads_total, last.grads_none) == (6, 1) and last.lrs == [0.1, 0.5]
+    assert last.grad_norm is not None and math.isfinite(last.grad_norm) and last.grad_norm > 0

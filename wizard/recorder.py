@@ -81,11 +81,14 @@ import copy
 import functools
 from collections import deque
 import math
+import operator
 import sys
 import time
 import traceback
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
+from itertools import chain
+from operator import attrgetter, itemgetter
 from pathlib import Path
 from typing import Any, Callable
 
@@ -187,6 +190,26 @@ class StepRecord:
     closure: bool = False        # step(closure): measured after the closure's first call
     manual: bool = False         # a hand-written update (in-place ops on parameters no optimizer holds), not optimizer.step()
     updated: int = 0             # manual: parameter tensors the update changed, of grads_total
+
+
+_STEP_DEFAULTS = {f.name: f.default for f in fields(StepRecord) if f.default is not MISSING}
+_STEP_MADE = tuple(f.name for f in fields(StepRecord) if f.default_factory is not MISSING)
+_STEP_MAKERS = tuple(f.default_factory for f in fields(StepRecord) if f.default_factory is not MISSING)
+
+
+def _blank_step(n: int) -> StepRecord:
+    """``StepRecord(step=n, optimizer=-1, t=0.0)`` without the dataclass ``__init__``'s 30 assignments
+    (light mode makes one every step)."""
+    step = object.__new__(StepRecord)
+    d = step.__dict__
+    d.update(_STEP_DEFAULTS)
+    d.update(zip(_STEP_MADE, map(operator.call, _STEP_MAKERS)))  # (the fields' own list()/dict(), in C)
+    d["step"], d["optimizer"], d["t"] = n, -1, 0.0
+    return step
+
+
+_GRAD, _REQUIRES, _LR, _PARAMS = attrgetter("grad"), attrgetter("requires_grad"), itemgetter("lr"), itemgetter("params")
+_NONE = type(None)
 
 
 @dataclass
@@ -332,8 +355,8 @@ def cpu_copy(obj: Any) -> Any:
 
 def total_norm(norms: list[torch.Tensor]) -> float:
     """The global norm from per-tensor norms (``torch._foreach_norm``'s), as one float."""
-    if len(norms) <= 32 and not norms[0].is_cuda:  # a few CPU tensors: Python adds up faster than a stack
-        return math.sqrt(sum(float(n) ** 2 for n in norms))
+    if len(norms) <= 32 and not norms[0].is_cuda:  # a few CPU tensors: read one by one, faster than a stack
+        return math.hypot(*map(float, norms))
     try:
         return float(torch.linalg.vector_norm(torch.stack([n.float() for n in norms])))
     except RuntimeError:  # norms on several devices
@@ -500,7 +523,6 @@ class Recorder:
         self._step_s = 0.0                        # light mode: seconds per step (running mean)
         self._loss_t: tuple | None = None         # light mode: how to read the last backward's loss (_loss_reading)
         self._pinned: torch.Tensor | None = None  # light mode, CUDA: the pinned host scalar the loss is copied to
-        self._light_calls: dict[str, LossCall] = {}  # light mode: one name-only LossCall per loss function
         self._undo: list[Callable[[], None]] = []
         self._depth = 0
         self._in_loss = 0
@@ -667,8 +689,9 @@ class Recorder:
         else:
             self._hook_modules()
             self._undo.append(self._unhook_modules)
-        for h in (optimizer_mod.register_optimizer_step_pre_hook(self._step_pre),
-                  optimizer_mod.register_optimizer_step_post_hook(self._step_post)):
+        pre, post = (self._step_pre, self._step_post) if self.full else (self._measure_light, self._after_step_light)
+        for h in (optimizer_mod.register_optimizer_step_pre_hook(pre),
+                  optimizer_mod.register_optimizer_step_post_hook(post)):
             self._undo.append(h.remove)
         rec = self
 
@@ -708,6 +731,8 @@ class Recorder:
             self._patch_clipping()
 
         def backward_patch(original):
+            before = rec._before_backward if rec.full else rec._before_backward_light
+
             @functools.wraps(original)
             def backward(tensors, *args, **kwargs):
                 if rec._in_backward:
@@ -716,7 +741,7 @@ class Recorder:
                 if rec.full:
                     rec._pause()
                 try:
-                    rec._before_backward(tensors)
+                    before(tensors)
                     result = original(tensors, *args, **kwargs)
                 finally:
                     rec._in_backward -= 1
@@ -800,7 +825,7 @@ class Recorder:
 
         for name in LOSS_FUNCTIONS if self.full or self._fns["on_loss"] or self._fns["on_loss_args"] else ():
             if hasattr(F, name):
-                self._patch(F, name, lambda original, name=name: self._loss_wrapper(name, original))
+                self._patch(F, name, lambda original, name=name: (self._loss_wrapper if self.full else self._loss_light)(name, original))
         if self.full:
             self._mode_obj = _GraphMode(self)
             self._mode_obj.__enter__()
@@ -1054,6 +1079,51 @@ class Recorder:
             return value
         return loss
 
+    def _loss_light(self, name: str, original: Callable) -> Callable:
+        """Light mode's loss-function wrapper (full mode: :meth:`_loss_wrapper`): no loss call is kept
+        (watch runs are long) and no value read (no sync); the listeners get the live tensors."""
+        rec = self
+        on_loss, on_args = self._fns["on_loss"], self._fns["on_loss_args"]
+        # on_loss_args alone (watch): one name-only call for every call of this loss function
+        named = LossCall(name, [], "", None, None, None, "mean", True, None, 0, None, True, None)
+
+        @functools.wraps(original)
+        def loss(*args, **kwargs):
+            if rec._in_loss:
+                return original(*args, **kwargs)
+            rec._in_loss += 1
+            try:
+                value = original(*args, **kwargs)
+            except Exception:
+                y = args[1] if len(args) > 1 else kwargs.get("target")
+                rec.recording.failed_loss = (name, cpu_copy(y) if isinstance(y, torch.Tensor) else None)
+                raise
+            finally:
+                rec._in_loss -= 1
+            x = args[0] if args else kwargs.get("input")
+            if not isinstance(x, torch.Tensor):
+                return value
+            if on_loss:
+                try:
+                    call = LossCall(name, list(x.shape), str(x.dtype).replace("torch.", ""),
+                                    _shape(args[1] if len(args) > 1 else kwargs.get("target")), None, None,
+                                    kwargs.get("reduction", "mean"), torch.is_grad_enabled(), None, rec.steps_taken,
+                                    None, True, None)
+                except Exception:  # noqa: BLE001 - recording must never break the loss
+                    return value
+                rec._notify("on_loss", call)
+            else:
+                call = named
+            for fn in on_args:  # (_notify, inline: this runs every step)
+                try:
+                    fn(rec, call, args, kwargs, value)
+                except StopRun:
+                    raise
+                except Exception:  # noqa: BLE001 - a listener must never break the user's run
+                    rec.recording.listener_errors += 1
+            return value
+        return loss
+
     def _from_model(self, x: torch.Tensor) -> tuple[bool, list | None, Any]:
         """Does the loss input ``x`` come from a model's output: (yes, that output's shape, and the
         output's graph node when ``x`` is the last forward's first output or its graph reaches it)."""
@@ -1090,19 +1160,6 @@ class Recorder:
         x = args[0] if args else kwargs.get("input")
         y = args[1] if len(args) > 1 else kwargs.get("target")
         if not isinstance(x, torch.Tensor):
-            return
-        if not self.full:  # light mode keeps no loss calls (watch runs are long) and reads no value (no sync)
-            if self._fns["on_loss"]:
-                light = LossCall(name, list(x.shape), str(x.dtype).replace("torch.", ""), _shape(y), None, None,
-                                 kwargs.get("reduction", "mean"), torch.is_grad_enabled(), None, self.steps_taken,
-                                 None, True, None)
-                self._notify("on_loss", light)
-            else:  # on_loss_args alone (watch): a name-only call, made once per loss function
-                light = self._light_calls.get(name)
-                if light is None:
-                    light = self._light_calls[name] = LossCall(name, [], "", None, None, None, "mean", True, None, 0,
-                                                               None, True, None)
-            self._notify("on_loss_args", light, args, kwargs, value)  # watch: the live tensors
             return
         reduction = kwargs.get("reduction", "mean") if kwargs else "mean"
         if kwargs and (kwargs.get("size_average") is False or kwargs.get("reduce") is False):
@@ -1150,6 +1207,43 @@ class Recorder:
         self._notify("on_loss_args", call, args, kwargs, value)  # watch: the live tensors (added by watch)
 
     # -- backward ---------------------------------------------------------------------------------
+    def _before_backward_light(self, tensors) -> None:
+        """Light mode, before ``backward()`` (full mode: :meth:`_before_backward`): counted, and how
+        the step reads its loss (see :meth:`_loss_reading`); no graph search."""
+        loss = tensors if isinstance(tensors, torch.Tensor) else next(_tensors(tensors), None)
+        rec = self.recording
+        rec.backwards += 1
+        step = self._pending
+        if step is None:
+            step = self._pending = _blank_step(rec.total_steps + 1)
+        self._backward_since_step += 1
+        step.backwards += 1
+        if loss is not None and loss.numel():
+            scales = self._scales
+            if scales or loss.is_cuda:
+                scaled = scales.pop(id(loss), None) if scales else None
+                self._loss_t = self._loss_reading(loss, scaled[1] if scaled is not None and scaled[0]() is loss else None)
+                if len(scales) > 16:
+                    self._scales = {k: v for k, v in scales.items() if v[0]() is not None}
+            else:  # a CPU loss, no GradScaler: read as it is at the step
+                self._loss_t = (loss, None, None)
+        if self._pending_forwards:  # only while the global module hooks are on (discovery)
+            for event in self._pending_forwards:
+                event.node = None
+                step.forwards[event.model] = step.forwards.get(event.model, 0) + 1
+                step.training[event.model] = step.training.get(event.model, True) and event.training
+            self._pending_forwards = []
+        for fn in self._fns["on_backward"]:  # (_notify, inline: this runs every step)
+            try:
+                fn(self, loss)
+            except StopRun:
+                raise
+            except Exception:  # noqa: BLE001 - a listener must never break the user's run
+                rec.listener_errors += 1
+        if self.max_steps is not None and not self.steps_taken and rec.backwards > self.max_steps:
+            rec.stopped = f"the budget of {self.max_steps} backward passes was reached (no optimizer.step() so far)"
+            raise StopRun(rec.stopped)
+
     def _before_backward(self, tensors) -> None:
         if self._manual_open is not None:
             self._close_manual()
@@ -1166,23 +1260,6 @@ class Recorder:
         self._backward_since_step += 1
         self._zeroed_since_backward = False
         step.backwards += 1
-        if not self.full:
-            if loss is not None and loss.numel():
-                scaled = self._scales.pop(id(loss), None) if self._scales else None
-                self._loss_t = self._loss_reading(loss, scaled[1] if scaled is not None and scaled[0]() is loss else None)
-                if len(self._scales) > 16:
-                    self._scales = {k: v for k, v in self._scales.items() if v[0]() is not None}
-            if self._pending_forwards:  # only while the global module hooks are on (discovery)
-                for event in self._pending_forwards:
-                    event.node = None
-                    step.forwards[event.model] = step.forwards.get(event.model, 0) + 1
-                    step.training[event.model] = step.training.get(event.model, True) and event.training
-                self._pending_forwards = []
-            self._notify("on_backward", loss)
-            if self.max_steps is not None and not self.steps_taken and rec.backwards > self.max_steps:
-                rec.stopped = f"the budget of {self.max_steps} backward passes was reached (no optimizer.step() so far)"
-                raise StopRun(rec.stopped)
-            return
         if loss is not None and loss.numel():
             known = self._loss_value
             if known is not None and known[0]() is loss:  # backward on the loss call's own result: read once
@@ -1389,7 +1466,7 @@ class Recorder:
 
     def _measure_pre(self, optimizer, closure: bool = False) -> None:
         if not self.full:
-            self._measure_light(optimizer, closure)
+            self._measure_light(optimizer, closure=closure)
             return
         info = self._optimizer_info(optimizer)
         step = self._step_record()
@@ -1470,13 +1547,18 @@ class Recorder:
                 pass
         return loss, None, scaler
 
-    def _measure_light(self, optimizer, closure: bool) -> None:
-        """Light mode before ``optimizer.step()``: the loss of the last backward (one read), LRs, which
-        gradients exist, and the gradient norm on the steps due (see :meth:`_norm_due`)."""
+    def _measure_light(self, optimizer, args=(), kwargs=None, closure: bool = False) -> None:
+        """Light mode's optimizer step pre hook: the loss of the last backward (one read), LRs, which
+        gradients exist, and the gradient norm on the steps due (see :meth:`_norm_due`). A
+        ``step(closure)`` goes to :meth:`_step_pre`, which measures after the closure's first call."""
+        if not closure and (kwargs and kwargs.get("closure") is not None or len(args) > 1 and callable(args[1])):
+            return self._step_pre(optimizer, args, kwargs)
         info = self._opt_ids.get(id(optimizer))
         if info is None or info.optimizer is not optimizer:
             info = self._optimizer_info(optimizer)
-        step = self._pending or self._step_record()
+        step = self._pending
+        if step is None:
+            step = self._pending = _blank_step(self.recording.total_steps + 1)
         step.closure = closure
         step.optimizer, step.t = info.index, time.monotonic() - self._t0
         step.zero_grad = self._zero_grad_since
@@ -1484,7 +1566,7 @@ class Recorder:
         step.epoch, step.batch = self._epochs, self._batch_index
         step.scheduler_steps = self._scheduler_count
         groups = optimizer.param_groups
-        step.lrs = [float(g["lr"]) for g in groups]
+        step.lrs = list(map(float, map(_LR, groups)))
         step.grad_enabled = torch.is_grad_enabled()
         reading = self._loss_t
         if reading is not None:
@@ -1498,16 +1580,21 @@ class Recorder:
                 scale = scaler.get_scale() if scaler is not None else None
                 step.loss = value / scale if scale else value
             step.losses.append(step.loss)
-        trainable = [p for g in groups for p in g["params"] if p.requires_grad]
-        withgrad = [p for p in trainable if p.grad is not None]
-        step.grads_total, step.grads_none = len(trainable), len(trainable) - len(withgrad)
+        # the trainable tensors and their gradients, walked in C (map) rather than in Python: every step
+        params = groups[0]["params"] if len(groups) == 1 else list(chain.from_iterable(map(_PARAMS, groups)))
+        if not all(map(_REQUIRES, params)):
+            params = [p for p in params if p.requires_grad]
+        grads = list(map(_GRAD, params))
+        none = list(map(type, grads)).count(_NONE)
+        step.grads_total, step.grads_none = len(grads), none
         self.grad_norms = None
         n = step.step
-        if not withgrad:
+        if none == len(grads):
             step.grad_norm = 0.0
         elif n <= NORM_FIRST or not n % self.recording.norm_interval and self._norm_due(n):
             started = time.perf_counter()
-            grads = [p.grad.detach() if p.grad.requires_grad else p.grad for p in withgrad]
+            withgrad = [p for p, g in zip(params, grads) if g is not None] if none else list(params)
+            grads = [g.detach() if g.requires_grad else g for g in grads if g is not None]
             norms = torch._foreach_norm(grads)
             total = total_norm(norms)
             step.grad_norm = total
@@ -1515,7 +1602,55 @@ class Recorder:
             self.grad_norms = (withgrad, norms)
             cost = time.perf_counter() - started
             self._norm_cost = cost if not self._norm_cost else 0.8 * self._norm_cost + 0.2 * cost
-        self._notify("on_step_pre", optimizer, step)
+        for fn in self._fns["on_step_pre"]:  # (_notify, inline: this runs every step)
+            try:
+                fn(self, optimizer, step)
+            except StopRun:
+                raise
+            except Exception:  # noqa: BLE001 - a listener must never break the user's run
+                self.recording.listener_errors += 1
+        return None
+
+    def _after_step_light(self, optimizer, args=None, kwargs=None) -> None:
+        """Light mode's optimizer step post hook (full mode: :meth:`_step_post`): the step's record
+        joins the bounded window, its time the running step time, and the listeners are told."""
+        self._in_opt_step = False
+        step = self._pending
+        if step is None:
+            step = _blank_step(self.recording.total_steps + 1)
+        self._pending = None
+        info = self._opt_ids.get(id(optimizer))
+        if info is None or info.optimizer is not optimizer:
+            info = self._optimizer_info(optimizer)
+        info.steps += 1
+        now = time.monotonic() - self._t0
+        d = step.duration_s = now - self._last_step_t
+        self._last_step_t = now
+        rec = self.recording
+        rec.steps.append(step)
+        rec.total_steps += 1
+        self._zero_grad_since = self._zero_after_backward = False
+        self._backward_since_step = 0
+        if rec.total_steps > 1:  # the first step's time includes the program's start; outliers (an evaluation
+            # between epochs) move the estimate by at most 4x its size
+            self._step_s = d if not self._step_s else 0.9 * self._step_s + 0.1 * min(d, 4 * self._step_s)
+        self.grad_norms = None
+        if self._pending_forwards or self._pending_losses:
+            self._pending_forwards, self._pending_losses = [], []
+        if self._module_hooks and self._discovered():
+            self._unhook_modules()
+        for fn in self._fns["on_step_post"]:  # (_notify, inline: this runs every step)
+            try:
+                fn(self, optimizer, step)
+            except StopRun:
+                raise
+            except Exception:  # noqa: BLE001 - a listener must never break the user's run
+                rec.listener_errors += 1
+        if self.max_steps is not None and rec.total_steps >= self.max_steps:
+            rec.stopped = f"the budget of {self.max_steps} optimizer steps was reached"
+            raise StopRun(rec.stopped)
+        if self.time_limit_s is not None:
+            self._check_time()
 
     def _norm_due(self, n: int) -> bool:
         """Light mode: is the gradient norm measured at step ``n``? On the first NORM_FIRST steps, then
@@ -1566,19 +1701,9 @@ class Recorder:
         rec.total_steps += 1
         self._zero_grad_since = self._zero_after_backward = False
         self._backward_since_step = 0
-        if self.full:
-            self._confirm_kept()
-            self._window_values = []
-            self._prev_nodes, self._trained_nodes = self._trained_nodes, []
-        else:
-            if rec.total_steps > 1:  # the first step's time includes the program's start; outliers (an
-                d = step.duration_s   # evaluation between epochs) move the estimate by at most 4x its size
-                self._step_s = d if not self._step_s else 0.9 * self._step_s + 0.1 * min(d, 4 * self._step_s)
-            self.grad_norms = None
-            if self._pending_forwards or self._pending_losses:
-                self._pending_forwards, self._pending_losses = [], []
-            if self._module_hooks and self._discovered():
-                self._unhook_modules()
+        self._confirm_kept()
+        self._window_values = []
+        self._prev_nodes, self._trained_nodes = self._trained_nodes, []
         self._notify("on_step_post", optimizer, step)
         if self.max_steps is not None and rec.total_steps >= self.max_steps:
             self.recording.stopped = f"the budget of {self.max_steps} optimizer steps was reached"

@@ -10,9 +10,14 @@ per-layer gradient norms and the update/weight ratio, and writes one JSON line t
 installed). At an anomaly it saves ``DIR/anomaly-step<N>/`` (``nnwizard.bundle``) *inside* the
 step, before the optimizer changed anything, prints its path in one line and goes on or stops.
 
-What the recorder does not give, watch takes itself, on the models the recorder found: a forward
-pre/post hook with keyword arguments on each model (the batch as the model got it, and its output,
-for re-executing the step). The checks run in the recorder's ``on_step_pre``, which for a
+What the recorder does not give, watch takes itself, on the models the recorder found: each
+model call's arguments, keyword arguments and output (the batch as the model got it, for
+re-executing the step). It wraps the ``forward`` of the model's class (``_forward_patch``: one Python
+call per model call, for that instance only, restored on close) rather than hooking the instance:
+a module hook puts every call of the model on torch's slow hook path, and an instance hook (or
+attribute) would travel with the user's ``copy.deepcopy(model)`` / ``torch.save(model)``. A model
+whose instance has its own ``forward`` attribute gets a forward pre/post hook instead (``_Hook``:
+copied or pickled, it becomes a hook that does nothing). The checks run in the recorder's ``on_step_pre``, which for a
 ``step(closure)`` (Lightning, LBFGS) comes inside the closure after its first call, so after its
 backward and before the update.
 
@@ -27,6 +32,7 @@ Steps are numbered as the recorder numbers them: 1 for the first ``optimizer.ste
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import sys
@@ -146,6 +152,29 @@ _cpu_rng = torch.default_generator.get_state  # torch.random.get_rng_state witho
 MAX_PER_STEP = 64  # model calls / loss calls / backwards kept for one step (a loop with no step() stays bounded)
 
 
+class _Inert:
+    """What a watch hook becomes in a copy or pickle of the model: a hook that does nothing."""
+
+    def __call__(self, *args):
+        return None
+
+
+class _Hook:
+    """A watch forward hook on a model instance; copied (``copy.deepcopy``) or pickled
+    (``torch.save(model)``) with the model, it becomes an :class:`_Inert` one, not the watch."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self, *args):
+        return self.fn(*args)
+
+    def __reduce__(self):
+        return _Inert, ()
+
+
 class Watch:
     """See the module docstring; made by :func:`nnwizard.watch` (context manager) or the CLI."""
 
@@ -177,7 +206,10 @@ class Watch:
         self._history: deque = deque(maxlen=HISTORY)
         self._ring: deque = deque(maxlen=max(self.ring_size, 0))
         self._current: dict = self._fresh()
-        self._hooked: dict[int, list] = {}
+        self._hooked: dict[int, list] = {}     # id(model) -> its hook handles (an instance-level forward) or []
+        self._wrapped: set[int] = set()        # ids of the models whose class forward is wrapped (_forward_patch)
+        self._patched: dict[type, tuple] = {}  # class -> (the forward it had in its own __dict__ or None, our wrapper)
+        self._inside = False                   # in a wrapped model forward (a nested model call is not a new call)
         self._seen: dict[int, bool] = {}
         self._recorder = None
         self._owns_recorder = False
@@ -197,6 +229,7 @@ class Watch:
         self._first: dict | None = None        # the run's first step with a positive LR (the history keeps only the last HISTORY)
         self._first0: tuple | None = None      # the latest step while none had a positive LR (a history tuple)
         self._opt_det: dict[int, tuple] = {}    # id(optimizer) -> (optimizer, index, Detector)
+        self._last_det: tuple = (None, 0, None)  # the last of those looked up (one optimizer: every step's)
 
     # -- lifecycle --------------------------------------------------------------------------------
     def start(self, recorder=None) -> "Watch":
@@ -231,6 +264,14 @@ class Watch:
             for h in handles:
                 h.remove()
         self._hooked.clear()
+        self._wrapped.clear()
+        for cls, (had, wrapper) in self._patched.items():
+            if cls.__dict__.get("forward") is wrapper:  # (not if someone patched it after us: ours then passes through)
+                if had is None:
+                    delattr(cls, "forward")
+                else:
+                    setattr(cls, "forward", had)
+        self._patched.clear()
         if self._log is not None:
             self._log.close()
             self._log = None
@@ -276,7 +317,8 @@ class Watch:
 
     @staticmethod
     def _fresh() -> dict:
-        return {"calls": [], "losses": [], "backward": [], "rng": None}
+        """The current step's model calls, loss calls (and their targets, for the ring), backwards."""
+        return {"calls": [], "losses": [], "targets": [], "backward": [], "rng": None}
 
     # -- recorder listener API --------------------------------------------------------------------
     def _ours(self, module: nn.Module) -> bool:
@@ -289,11 +331,69 @@ class Watch:
 
     def on_forward(self, rec, info, args) -> None:
         module = info.module
-        if id(module) not in self._hooked and self._ours(module):
-            self._hooked[id(module)] = [module.register_forward_pre_hook(self._model_pre, with_kwargs=True),
-                                        module.register_forward_hook(self._model_post, always_call=True)]
-            if torch.is_grad_enabled():  # this first call's arguments (its kwargs hook starts next call)
-                self._model_pre(module, args, {})
+        if id(module) in self._hooked or not self._ours(module):
+            return
+        if "forward" in module.__dict__:  # an instance-level forward (the class's is not called): hooks
+            self._hooked[id(module)] = self._hook(module)
+        else:
+            self._hooked[id(module)] = []
+            self._wrap(module)
+        if torch.is_grad_enabled():  # this first call: torch looked its forward up before we wrapped it
+            self._model_pre(module, args, {})
+            box = []
+
+            def first(m, a, kw, out):  # its keyword arguments and output, once
+                box[0].remove()
+                calls = self._current["calls"]
+                if calls and calls[-1]["module"] is m and "out" not in calls[-1]:
+                    calls[-1].update(kwargs=kw, out=out)
+            box.append(module.register_forward_hook(first, with_kwargs=True, always_call=True))
+
+    def _hook(self, module: nn.Module) -> list:
+        return [module.register_forward_pre_hook(_Hook(self._model_pre), with_kwargs=True),
+                module.register_forward_hook(_Hook(self._model_post), always_call=True)]
+
+    def _wrap(self, module: nn.Module) -> None:
+        """Wrap the ``forward`` of the model's class (once per class) and mark this instance watched."""
+        self._wrapped.add(id(module))
+        cls = type(module)
+        if cls not in self._patched:
+            had = cls.__dict__.get("forward")
+            wrapper = self._forward_patch(getattr(cls, "forward"))
+            setattr(cls, "forward", wrapper)
+            self._patched[cls] = (had, wrapper)
+
+    def _forward_patch(self, original):
+        """A class's ``forward``, wrapped: a watched instance's top-level call in grad mode is kept
+        (arguments, keyword arguments, output; the CPU RNG state at the step's first one); any other
+        call (another instance, no grad, a nested call) goes straight through."""
+        watch = self
+
+        @functools.wraps(original)
+        def forward(this, *args, **kwargs):
+            if watch._inside or id(this) not in watch._wrapped or not torch.is_grad_enabled():
+                return original(this, *args, **kwargs)
+            cur = watch._current
+            calls = cur["calls"]
+            if not calls:
+                cur["rng"] = _cpu_rng()  # the RNG state at the step's first forward
+                call = None
+            else:  # (a first call on_forward already took, when the recorder's hooks ran before this lookup)
+                call = calls[-1] if calls[-1]["module"] is this and "out" not in calls[-1] else None
+                if call is None and len(calls) >= MAX_PER_STEP:
+                    return original(this, *args, **kwargs)
+            if call is None:
+                call = {"module": this, "args": args, "kwargs": kwargs}
+                calls.append(call)
+            else:
+                call.update(args=args, kwargs=kwargs)
+            watch._inside = True
+            try:
+                call["out"] = out = original(this, *args, **kwargs)
+            finally:
+                watch._inside = False
+            return out
+        return forward
 
     def _model_pre(self, module, args, kwargs):
         if not torch.is_grad_enabled():
@@ -317,9 +417,12 @@ class Watch:
         return None
 
     def on_loss_args(self, rec, call, args, kwargs, value) -> None:
-        if not torch.is_grad_enabled() or not isinstance(value, torch.Tensor) or len(self._current["losses"]) >= MAX_PER_STEP:
+        cur = self._current
+        if not torch.is_grad_enabled() or not isinstance(value, torch.Tensor) or len(cur["losses"]) >= MAX_PER_STEP:
             return
-        self._current["losses"].append((call.fn, args, kwargs, value))  # references only: see _loss_parts
+        cur["losses"].append((call.fn, args, kwargs, value))  # references only: see _loss_parts
+        # the target alone goes into the ring (the input is a model output: it and its graph are not kept)
+        cur["targets"].append(args[1] if len(args) > 1 else kwargs.get("target"))
 
     def on_backward(self, rec, loss) -> None:
         backward, losses = self._current["backward"], self._current["losses"]
@@ -352,17 +455,22 @@ class Watch:
                     return {"kind": "output", "call": i, "path": [key], "scale": scale}
         return None
 
-    def on_step_pre(self, rec, optimizer, step) -> None:
-        """The recorder measured this step (for ``step(closure)``: inside the closure, after its first
-        call, so after its backward): check it here, before the optimizer changes anything."""
-        if self.optimizer is None or optimizer is self.optimizer:
-            self._check(optimizer, step)
-
     def on_step_post(self, rec, optimizer, step) -> None:
+        """After the update: a logged step's line is finished (update ratio) and written; the step's
+        calls join the ring of earlier steps."""
         if self.optimizer is not None and optimizer is not self.optimizer:
             return
-        line = self._sampled
-        self._sampled = None
+        if self._sampled is not None:
+            self._finish_line(optimizer)
+        cur = self._current
+        if self.ring_size and (cur["calls"] or cur["losses"]):
+            for c in cur["calls"]:
+                c.pop("out", None)  # the output (and its graph) is not kept past its step
+            self._ring.append((self.steps, cur["rng"], cur["calls"], cur["targets"]))
+        self._current = {"calls": [], "losses": [], "targets": [], "backward": [], "rng": None}  # (_fresh, inline)
+
+    def _finish_line(self, optimizer) -> None:
+        line, self._sampled = self._sampled, None
         if line is not None:
             started = time.perf_counter()
             if self._before is not None:
@@ -378,7 +486,6 @@ class Watch:
                 started = time.perf_counter()  # the ratio has its own budget (UPDATE_SHARE)
             self._write(line)
             self._pace(self._line_t + time.perf_counter() - started)
-        self._rotate()
 
     def _pace(self, cost: float) -> None:
         """every=None: the line interval, a multiple of ``every``, at which a logged step's extra work
@@ -391,26 +498,17 @@ class Watch:
             self.log_every = self.every * min(max(math.ceil(need), 1), LOG_EVERY_MAX)
 
     # -- per step ----------------------------------------------------------------------------------
-    def _rotate(self) -> None:
-        cur = self._current
-        if self.ring_size and (cur["calls"] or cur["losses"]):
-            for c in cur["calls"]:
-                c.pop("out", None)  # the output (and its graph) is not kept past its step
-            # the targets only (a loss input is a model output: it and its graph are not kept either)
-            self._ring.append((self.steps, cur["rng"], cur["calls"],
-                               [a[1] if len(a) > 1 else k.get("target") for _, a, k, _ in cur["losses"]]))
-        self._current = self._fresh()
-
     def _detector(self, optimizer) -> tuple[int, Detector]:
         known = self._opt_det.get(id(optimizer))
         if known is not None and known[0] is optimizer:
+            self._last_det = known
             return known[1], known[2]
         index = 0
         if self._recorder is not None:
             info = self._recorder._opt_ids.get(id(optimizer))
             index = info.index if info is not None else 0
         detector = self._detectors.setdefault(index, Detector(self.triggers))
-        self._opt_det[id(optimizer)] = (optimizer, index, detector)
+        self._opt_det[id(optimizer)] = self._last_det = (optimizer, index, detector)
         return index, detector
 
     def _entry(self, h: tuple) -> dict:
@@ -424,17 +522,20 @@ class Watch:
         entry["t"] = round(t - self._t0, 3)
         return entry
 
-    def _check(self, optimizer, step_rec) -> None:
-        """At the optimizer's pre-step point (parameters not yet updated): triggers, log, bundle.
+    def on_step_pre(self, rec, optimizer, step_rec) -> None:
+        """The recorder measured this step (for ``step(closure)``: inside the closure, after its first
+        call, so after its backward): triggers, log, bundle, before the optimizer changes anything.
 
         Fast path (most steps): a history tuple and the detector's one comparison (``Detector.quick``);
         the full check, the JSON line and a bundle only on logged steps and where quick() says so."""
+        if self.optimizer is not None and optimizer is not self.optimizer:
+            return
         self.steps = step_rec.step
         grads = step_rec.grads_total > step_rec.grads_none
         norm = step_rec.grad_norm if grads else None  # None: not measured on this step (Recorder._norm_due)
         loss, lrs = step_rec.loss, step_rec.lrs
-        known = self._opt_det.get(id(optimizer))
-        index, detector = (known[1], known[2]) if known is not None and known[0] is optimizer else self._detector(optimizer)
+        last = self._last_det
+        index, detector = (last[1], last[2]) if last[0] is optimizer else self._detector(optimizer)
         h = (self.steps, loss, norm, lrs, index, time.monotonic())
         self._history.append(h)
         if self._first is None:  # the first step with a positive LR (a warmup may start at 0)
@@ -574,15 +675,16 @@ class Watch:
     def _unhook(self, keyed: dict[str, nn.Module]) -> list[nn.Module]:
         removed = []
         for m in keyed.values():
-            for h in self._hooked.pop(id(m), []):
+            handles = self._hooked.pop(id(m), None)
+            for h in handles or []:
                 h.remove()
-            removed.append(m)
+            if handles is not None:
+                removed.append(m)
         return removed
 
     def _rehook(self, modules: list[nn.Module]) -> None:
         for m in modules:
-            self._hooked[id(m)] = [m.register_forward_pre_hook(self._model_pre, with_kwargs=True),
-                                   m.register_forward_hook(self._model_post, always_call=True)]
+            self._hooked[id(m)] = self._hook(m) if "forward" in m.__dict__ else []
 
     # -- output -------------------------------------------------------------------------------------
     def _write(self, line: dict) -> None:
