@@ -476,6 +476,7 @@ class Recorder:
             self.recording.steps = deque(maxlen=LIGHT_KEEP)
             self.recording.scheduler_steps = deque(maxlen=LIGHT_KEEP)
         self._fns: dict[str, list] = {}           # listener methods by event name (filled on entry)
+        self._listening = False                   # any listener method at all (else full mode skips _notify)
         self._module_hooks: list = []             # the global module forward hooks while installed
         self._hooked_at = 0                       # steps taken when they were installed
         self._scheduler_count = 0
@@ -519,7 +520,8 @@ class Recorder:
         self._before_step: list[torch.Tensor] | None = None   # full mode: parameter values before optimizer.step()
         self._exact_update = False    # full mode: compare every value (a sampled comparison saw no change)
         self._view_cache: dict[int, tuple] = {}   # full mode: id(optimizer) -> (its parameters' ids and storages, _update_views)
-        self._file_kinds: dict[str, tuple] = {}   # where(): code file name -> (what it is, its base name)
+        self._file_kinds: dict[Any, tuple] = {}   # where(): code object -> (what its file is, the file's base name)
+        self._sites: dict[tuple, str] = {}        # where(): (code object, f_lasti) -> "file:line in function"
         self._loss_value: tuple | None = None   # (weakref, value) of the last loss call's result
         self._loss_link: tuple | None = None    # full mode: (weakref to a loss value, its LossCall, the ForwardEvent it comes from)
         self._scaled: set[int] = set()
@@ -534,6 +536,8 @@ class Recorder:
         self._paused = 0                          # full mode: nested calls the mode is out of the stack for
         self._popped_at: int | None = None        # the stack length it left
         self._opt_paused = False                  # paused for an optimizer.step() (its post hook resumes)
+        self._step_wraps = 0                      # optimizer steps running inside _wrap_step's wrapper
+        self._wrapped_steps: set = set()          # optimizer classes whose step is wrapped
         self._opt_ids: dict[int, OptimizerInfo] = {}
 
     # -- install / remove -------------------------------------------------------------------------
@@ -617,6 +621,7 @@ class Recorder:
         self._fns = {name: [fn for fn in (getattr(listener, name, None) for listener in self.listeners) if fn is not None]
                      for name in ("on_batch", "on_forward", "on_loss", "on_loss_args", "on_backward", "on_step_pre",
                                   "on_step_post", "on_scheduler")}
+        self._listening = any(self._fns.values())
         if self.full:
             self._patch(nn.Module, "__call__", self._call_patch)
         else:
@@ -802,18 +807,23 @@ class Recorder:
         """``file:line in function`` of the innermost frame in the user's files (else outside torch)."""
         frame = sys._getframe(1)
         fallback = None
-        kinds = self._file_kinds
+        kinds, sites = self._file_kinds, self._sites
         while frame is not None:
-            name = frame.f_code.co_filename
-            known = kinds.get(name)
+            code = frame.f_code
+            known = kinds.get(code)
             if known is None:  # 2: one of the user's files, 1: other code outside torch and nnwizard, 0: neither
-                known = kinds[name] = (2 if self.files and str(Path(name).resolve()) in self.files else int(
+                name = code.co_filename
+                known = kinds[code] = (2 if self.files and str(Path(name).resolve()) in self.files else int(
                     "/torch/" not in name and "/nnwizard/" not in name and "/wizard/" not in name
                     and "/probes/" not in name and not name.startswith("<") and "runpy" not in name), Path(name).name)
-            if known[0] == 2:
-                return f"{known[1]}:{frame.f_lineno} in {frame.f_code.co_name}"
-            if fallback is None and known[0] == 1:
-                fallback = f"{known[1]}:{frame.f_lineno} in {frame.f_code.co_name}"
+            if known[0] == 2 or (fallback is None and known[0] == 1):
+                key = (code, frame.f_lasti)   # a call site: its text is made once (f_lineno decodes the line table)
+                text = sites.get(key)
+                if text is None:
+                    text = sites[key] = f"{known[1]}:{frame.f_lineno} in {code.co_name}"
+                if known[0] == 2:
+                    return text
+                fallback = text
             frame = frame.f_back
         return fallback
 
@@ -954,7 +964,8 @@ class Recorder:
                 self._step_record().nonfinite_input = True
                 break
         self._check_forwards()
-        self._notify("on_forward", info, args)
+        if self._listening:
+            self._notify("on_forward", info, args)
         return event
 
     def _model_output(self, event: ForwardEvent, output) -> None:
@@ -1098,8 +1109,9 @@ class Recorder:
             # graph reaches it), that forward: _before_backward need not search the graph
             self._loss_link = (weakref.ref(value), call, event if event is not None and direct is not None
                                and event.node is direct else None)
-        self._notify("on_loss", call)
-        self._notify("on_loss_args", call, args, kwargs, value)  # watch: the live tensors (added by watch)
+        if self._listening:
+            self._notify("on_loss", call)
+            self._notify("on_loss_args", call, args, kwargs, value)  # watch: the live tensors (added by watch)
 
     # -- backward ---------------------------------------------------------------------------------
     def _before_backward(self, tensors) -> None:
@@ -1182,7 +1194,8 @@ class Recorder:
             self._loader_stack[-1].backwards[-1] += 1
         if self.full:
             self._refresh_manual()
-        self._notify("on_backward", loss)
+        if self._listening:
+            self._notify("on_backward", loss)
         if self.max_steps is not None and not self.steps_taken and rec.backwards > self.max_steps:
             rec.stopped = f"the budget of {self.max_steps} backward passes was reached (no optimizer.step() so far)"
             raise StopRun(rec.stopped)
@@ -1262,6 +1275,8 @@ class Recorder:
             info = OptimizerInfo(len(self.recording.optimizers), type(optimizer).__name__, optimizer, groups)
             self._opt_ids[id(optimizer)] = info
             self.recording.optimizers.append(info)
+            if self.full and self._undo:
+                self._wrap_step(type(optimizer))
             self._link(info)
             if not self.full and self._undo and not info.models:  # installed: find the models it trains
                 self._hook_modules()
@@ -1270,6 +1285,35 @@ class Recorder:
                 for g in optimizer.param_groups:
                     g["lr"] = g["lr"] * self.lr_scale
         return info
+
+    def _wrap_step(self, cls) -> None:
+        """Full mode: an optimizer class's ``step`` (torch's profiling wrapper, which runs the step hooks) is
+        wrapped once so that the mode leaves the stack before that wrapper's ``record_function`` op (else
+        the op passes through the mode's Python ``__torch_function__`` on entry and exit of every step);
+        the step pre hook's pause stays for a class first seen at its step, and for a closure."""
+        if cls in self._wrapped_steps:
+            return
+        self._wrapped_steps.add(cls)
+        rec = self
+
+        def make(original):
+            @functools.wraps(original)   # (copies torch's `hooked` mark: the class is not wrapped again)
+            def step(this, *args, **kwargs):
+                if rec._opt_paused or rec._mode_obj is None:  # nested, or kept by a scheduler after the recording
+                    return original(this, *args, **kwargs)
+                rec._opt_paused = True
+                rec._step_wraps += 1
+                rec._pause()
+                try:
+                    return original(this, *args, **kwargs)
+                finally:
+                    rec._step_wraps -= 1
+                    if rec._opt_paused:
+                        rec._opt_paused = False
+                        rec._resume()
+            return step
+
+        self._patch(cls, "step", make)
 
     def _link(self, info: OptimizerInfo) -> None:
         ids = {id(p) for g in info.groups for p in g["params"]}
@@ -1358,7 +1402,8 @@ class Recorder:
         if trainable and due and n <= UPDATE_STEPS:
             views = self._views(optimizer, trainable)
             self._before_step = (trainable, views, _snapshot(views))
-        self._notify("on_step_pre", optimizer, step)
+        if self._listening:
+            self._notify("on_step_pre", optimizer, step)
 
     def _views(self, optimizer, trainable: list[torch.Tensor]) -> list[torch.Tensor]:
         """``_update_views`` of the optimizer's trainable parameters, made again only when a parameter
@@ -1469,7 +1514,7 @@ class Recorder:
         try:
             self._after_step(optimizer)
         finally:
-            if self._opt_paused:
+            if self._opt_paused and not self._step_wraps:   # (else the class's step wrapper resumes)
                 self._opt_paused = False
                 self._resume()
 
@@ -1510,7 +1555,8 @@ class Recorder:
                 self._pending_forwards, self._pending_losses = [], []
             if self._module_hooks and self._discovered():
                 self._unhook_modules()
-        self._notify("on_step_post", optimizer, step)
+        if self._listening:
+            self._notify("on_step_post", optimizer, step)
         if self.max_steps is not None and rec.total_steps >= self.max_steps:
             self.recording.stopped = f"the budget of {self.max_steps} optimizer steps was reached"
             raise StopRun(self.recording.stopped)
@@ -1806,6 +1852,7 @@ class _LoaderIter:
         self.info.batches[-1] = self.count
         if rec.full and len(rec.recording.batches) < KEEP:
             rec.recording.batches.append(cpu_copy(batch))
-        rec._notify("on_batch", batch, self.count - 1)
+        if rec._listening:
+            rec._notify("on_batch", batch, self.count - 1)
         rec._check_time()
         return batch
