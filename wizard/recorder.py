@@ -186,6 +186,11 @@ class StepRecord:
     updated: int = 0             # manual: parameter tensors the update changed, of grads_total
 
 
+_STEP_DEFAULTS = {k: v for k, v in StepRecord(0, -1, 0.0).__dict__.items()
+                  if not isinstance(v, (list, dict))}   # the mutable defaults are made fresh for each record
+assert len(_STEP_DEFAULTS) + 5 == len(StepRecord.__dataclass_fields__)
+
+
 @dataclass
 class LossCall:
     fn: str
@@ -323,6 +328,18 @@ def total_norm(norms: list[torch.Tensor]) -> float:
         return float(torch.linalg.vector_norm(torch.stack([n.float() for n in norms])))
     except RuntimeError:  # norms on several devices
         return math.sqrt(sum(float(n) ** 2 for n in norms))
+
+
+def _nonfinite(inputs: list[tuple]) -> bool:
+    """Does any floating-point tensor among these forwards' arguments hold a NaN or an Inf?"""
+    for args in inputs:
+        for t in (args if len(args) == 1 and isinstance(args[0], torch.Tensor) else _tensors(args)):
+            if t.layout != torch.strided:
+                continue  # sparse inputs (a graph's adjacency matrix): isfinite has no sparse kernel
+            if t.is_floating_point() and t.numel() and not math.isfinite(float(t.sum())) \
+                    and not bool(torch.isfinite(t).all()):   # (a sum of finite values may overflow)
+                return True
+    return False
 
 
 def _positive(values: list[torch.Tensor]) -> list[bool]:
@@ -539,6 +556,9 @@ class Recorder:
         self._step_wraps = 0                      # optimizer steps running inside _wrap_step's wrapper
         self._wrapped_steps: set = set()          # optimizer classes whose step is wrapped
         self._opt_ids: dict[int, OptimizerInfo] = {}
+        self._inputs: list[tuple] = []            # full mode: arguments of the forwards since the last step (at most 8)
+        self._cleared: set[int] = set()           # full mode: id() of optimizers whose zero_grad() ran since the last step
+        self._trainable_n: dict[int, int] = {}    # full mode: id(optimizer) -> its trainable tensors at its last step
 
     # -- install / remove -------------------------------------------------------------------------
     def __enter__(self) -> "Recorder":
@@ -642,6 +662,8 @@ class Recorder:
                 rec.recording.zero_grads += 1
                 if not rec.full:
                     return original(this, *args, **kwargs)
+                if isinstance(this, torch.optim.Optimizer):
+                    rec._cleared.add(id(this))
                 rec._pause()
                 try:
                     return original(this, *args, **kwargs)
@@ -808,9 +830,13 @@ class Recorder:
         frame = sys._getframe(1)
         fallback = None
         kinds, sites = self._file_kinds, self._sites
+        get = kinds.get
         while frame is not None:
             code = frame.f_code
-            known = kinds.get(code)
+            known = get(code)
+            if known is not None and not known[0]:   # torch's or nnwizard's own frame: the next one out
+                frame = frame.f_back
+                continue
             if known is None:  # 2: one of the user's files, 1: other code outside torch and nnwizard, 0: neither
                 name = code.co_filename
                 known = kinds[code] = (2 if self.files and str(Path(name).resolve()) in self.files else int(
@@ -821,7 +847,7 @@ class Recorder:
                 text = sites.get(key)
                 if text is None:
                     text = sites[key] = f"{known[1]}:{frame.f_lineno} in {code.co_name}"
-                if known[0] == 2:
+                if known[0] == 2 or not self.files:   # (no user files: nothing better further out)
                     return text
                 fallback = text
             frame = frame.f_back
@@ -956,13 +982,8 @@ class Recorder:
         rec.forwards.append(event)
         if event.grad_enabled and len(rec.model_inputs) < KEEP_PAIRS:
             rec.model_inputs.append((event.model, cpu_copy(tuple(args))))
-        for t in (args if len(args) == 1 and isinstance(args[0], torch.Tensor) else _tensors(args)):
-            if t.layout != torch.strided:
-                continue  # sparse inputs (a graph's adjacency matrix): isfinite has no sparse kernel
-            if t.is_floating_point() and t.numel() and not math.isfinite(float(t.sum())) \
-                    and not bool(torch.isfinite(t).all()):   # (a sum of finite values may overflow)
-                self._step_record().nonfinite_input = True
-                break
+        if len(self._inputs) < 8:   # checked for NaN/Inf at the step, when its gradient norm is measured
+            self._inputs.append(args)
         self._check_forwards()
         if self._listening:
             self._notify("on_forward", info, args)
@@ -1091,7 +1112,8 @@ class Recorder:
         if y_tensor:
             ref = self._derived.get(id(y))
             same = (ref is not None and ref() is y) or (
-                y is not x and y.numel() > 0 and y.untyped_storage().data_ptr() == x.untyped_storage().data_ptr())
+                y is not x and y.dtype == x.dtype and y.numel() > 0
+                and y.untyped_storage().data_ptr() == x.untyped_storage().data_ptr())
         training = self._last_model.module.training if self._last_model else None
         call = LossCall(name, list(x.shape), _dtype_name(x.dtype), list(y.shape) if y_tensor else None,
                         _dtype_name(y.dtype) if y_tensor else None, v, reduction, grad, training,
@@ -1219,26 +1241,33 @@ class Recorder:
         """Share of the optimizers' trainable tensors whose .grad is still non-zero now, at the first
         backward after a step (cleared gradients are None or all zero): over all of them (and the
         parameters a hand-written update changed), and per optimizer index (each optimizer's own
-        tensors: with several optimizers, each must clear its own before its own backward)."""
-        owned = [(info.index, p.grad) for info in self.recording.optimizers for g in info.optimizer.param_groups
-                 for p in g["params"] if p.requires_grad]
+        tensors: with several optimizers, each must clear its own before its own backward). When every
+        optimizer's zero_grad() ran since the last step (and no backward since), none is carried: no scan."""
+        counts: dict[int, list[int]] = {}   # optimizer index (-1: hand-updated tensors) -> [non-zero, tensors]
+        owned = []
+        for info in self.recording.optimizers:
+            n = self._trainable_n.get(id(info.optimizer)) if id(info.optimizer) in self._cleared else None
+            if n is not None:   # its zero_grad() ran since the last step: nothing to scan
+                if n:
+                    counts[info.index] = [0, n]
+                continue
+            owned += [(info.index, p.grad) for g in info.optimizer.param_groups for p in g["params"] if p.requires_grad]
         updated = self.recording.manual_updated   # parameters a hand-written update changed (not merely outside every optimizer)
         if updated:
             seen = {id(p) for info in self.recording.optimizers for g in info.optimizer.param_groups for p in g["params"]}
             owned += [(-1, p.grad) for key, (p, _) in self._manual_candidates.items()
                       if key == id(p) and key in updated and key not in seen]
-        if not owned:
-            return None, {}
-        live = [(i, g) for i, g in owned if g is not None]
-        counts: dict[int, list[int]] = {}
+        if not owned:   # every optimizer cleared its own (or none has a trainable tensor)
+            return (0.0, dict.fromkeys(counts, 0.0)) if counts else (None, {})
         for i, _ in owned:
             counts.setdefault(i, [0, 0])[1] += 1
+        live = [(i, g) for i, g in owned if g is not None]
         if live:
             for (i, _), nonzero in zip(live, _positive(torch._foreach_norm([g.detach() for _, g in live]))):
                 if nonzero:
                     counts[i][0] += 1
-        nonzero = sum(c[0] for c in counts.values())
-        return nonzero / len(owned), {i: c[0] / c[1] for i, c in counts.items()}
+        return sum(c[0] for c in counts.values()) / sum(c[1] for c in counts.values()), \
+            {i: c[0] / c[1] for i, c in counts.items()}
 
     def _graph_op(self, args, out: torch.Tensor) -> None:
         """An op on a loss whose backward ran made a graph-carrying tensor. It is a graph kept across
@@ -1322,8 +1351,11 @@ class Recorder:
         info.foreign = len(ids - owned)
 
     def _step_record(self) -> StepRecord:
-        if self._pending is None:
-            self._pending = StepRecord(step=self.recording.total_steps + 1, optimizer=-1, t=0.0)
+        if self._pending is None:   # (the defaults copied in one go: a StepRecord is made every step)
+            step = self._pending = StepRecord.__new__(StepRecord)
+            step.__dict__.update(_STEP_DEFAULTS)
+            step.step = self.recording.total_steps + 1
+            step.losses, step.forwards, step.training, step.lrs, step.none_names = [], {}, {}, [], []
         return self._pending
 
     def _step_pre(self, optimizer, args, kwargs):
@@ -1379,19 +1411,23 @@ class Recorder:
         step.lrs = [float(g["lr"]) for g in optimizer.param_groups]
         step.grad_enabled = torch.is_grad_enabled()
         trainable = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
-        grads = [g if not g.requires_grad else g.detach() for g in (p.grad for p in trainable) if g is not None]
-        step.grads_total, step.grads_none = len(trainable), len(trainable) - len(grads)
+        self._trainable_n[id(optimizer)] = len(trainable)
+        grads = [p.grad for p in trainable]
+        step.grads_total, step.grads_none = len(trainable), grads.count(None)
         n, own = step.step, info.steps + 1   # (sampled per optimizer: a GAN's two alternate)
         due = own <= FULL_DETAIL or not own % FULL_EVERY or (self.max_steps is not None and n > self.max_steps - 3) \
             or (step.loss is not None and not math.isfinite(step.loss))
-        if grads and not due:
+        if due and self._inputs:
+            step.nonfinite_input = step.nonfinite_input or _nonfinite(self._inputs)
+        self._inputs = []
+        if step.grads_none == len(grads):
+            step.grad_norm = 0.0
+        elif not due:
             step.grad_norm = None   # between measured steps (a NaN gradient shows in the next step's loss)
-        elif grads:
-            total = total_norm(torch._foreach_norm(grads))
+        else:
+            total = total_norm(torch._foreach_norm([g if not g.requires_grad else g.detach() for g in grads if g is not None]))
             step.grad_norm = total
             step.grads_nonfinite = not math.isfinite(total)
-        else:
-            step.grad_norm = 0.0
         values = self._window_values
         step.loss_calls = len(values)
         step.loss_call_mean = sum(values) / len(values) if values else None
@@ -1543,6 +1579,7 @@ class Recorder:
         self._zero_grad_since = self._zero_after_backward = False
         self._backward_since_step = 0
         if self.full:
+            self._cleared = set()
             self._confirm_kept()
             self._window_values = []
             self._prev_nodes, self._trained_nodes = self._trained_nodes, []
@@ -1614,6 +1651,8 @@ class Recorder:
         step = self._step_record()
         params = [p for key, (p, _) in self._manual_candidates.items() if key == id(p)]
         step.manual, step.optimizer, step.t = True, -1, self.now()
+        step.nonfinite_input = step.nonfinite_input or _nonfinite(self._inputs)
+        self._inputs = []
         step.zero_grad = self._zero_grad_since
         step.zero_grad_after_backward = self._zero_after_backward
         step.epoch, step.batch = self._epochs, self._batch_index
@@ -1737,6 +1776,7 @@ class Recorder:
             event.outs = []
         self._trained_nodes, self._prev_nodes = [], []
         self._pending_forwards, self._pending_losses = [], []
+        self._inputs = []
         return rec
 
     def record_error(self, exc: BaseException) -> RecordedError:
