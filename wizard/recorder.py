@@ -1097,7 +1097,7 @@ class Recorder:
         if is_tensor:
             n = value.numel()
             if n:
-                v = float(value.detach()) if n == 1 else float(value.detach().float().mean())
+                v = value.item() if n == 1 else float(value.detach().float().mean())   # (item(): no detach op)
                 self._loss_value = (weakref.ref(value), v)
                 if grad:
                     self._window_values.append(v)
@@ -1143,7 +1143,7 @@ class Recorder:
         rec = self.recording
         rec.backwards += 1
         step = self._pending or self._step_record()
-        if self.full and self._backward_since_step == 0 and self.steps_taken:
+        if self.full and self._backward_since_step == 0 and rec.total_steps:
             step.carried, self._carried_by = self._carried()
             if self._prev_nodes and loss is not None and len(rec.steps) <= SPAN_CHECKS:
                 if _reached(loss.grad_fn, {id(n) for n in self._prev_nodes}) and len(rec.graph_spans) < 8:
@@ -1174,11 +1174,12 @@ class Recorder:
                 value = known[1]
             else:
                 value = float(loss.detach().float().mean()) if loss.numel() > 1 else float(loss.detach())
-            scaled = self._scales.pop(id(loss), None)
-            if scaled is not None and scaled[0]() is loss and scaled[1]:
-                value /= scaled[1]
-            if len(self._scales) > 16:
-                self._scales = {k: v for k, v in self._scales.items() if v[0]() is not None}
+            if self._scales:
+                scaled = self._scales.pop(id(loss), None)
+                if scaled is not None and scaled[0]() is loss and scaled[1]:
+                    value /= scaled[1]
+                if len(self._scales) > 16:
+                    self._scales = {k: v for k, v in self._scales.items() if v[0]() is not None}
             step.losses.append(value)
             step.loss = value
             if self.full:
@@ -1214,8 +1215,8 @@ class Recorder:
         self._pending_forwards, self._pending_losses = keep_f, keep_l
         if self._loader_stack:
             self._loader_stack[-1].backwards[-1] += 1
-        if self.full:
-            self._refresh_manual()
+        if self.full and (self._manual_open is not None or self._manual_key != (len(rec.models), len(rec.optimizers))):
+            self._refresh_manual()   # (else nothing changed since it last ran)
         if self._listening:
             self._notify("on_backward", loss)
         if self.max_steps is not None and not self.steps_taken and rec.backwards > self.max_steps:
