@@ -336,6 +336,7 @@ def _nonfinite(inputs: list[tuple]) -> bool:
         for t in (args if len(args) == 1 and isinstance(args[0], torch.Tensor) else _tensors(args)):
             if t.layout != torch.strided:
                 continue  # sparse inputs (a graph's adjacency matrix): isfinite has no sparse kernel
+            t = t.detach()
             if t.is_floating_point() and t.numel() and not math.isfinite(float(t.sum())) \
                     and not bool(torch.isfinite(t).all()):   # (a sum of finite values may overflow)
                 return True
