@@ -826,9 +826,10 @@ class Recorder:
             except Exception:  # noqa: BLE001 - a listener must never break the user's run
                 self.recording.listener_errors += 1
 
-    def where(self) -> str | None:
-        """``file:line in function`` of the innermost frame in the user's files (else outside torch)."""
-        frame = sys._getframe(1)
+    def where(self, depth: int = 1) -> str | None:
+        """``file:line in function`` of the innermost frame in the user's files (else outside torch), from
+        the frame ``depth`` calls out (1: the caller's)."""
+        frame = sys._getframe(depth)
         fallback = None
         kinds, sites = self._file_kinds, self._sites
         get = kinds.get
@@ -1118,7 +1119,7 @@ class Recorder:
         training = self._last_model.module.training if self._last_model else None
         call = LossCall(name, list(x.shape), _dtype_name(x.dtype), list(y.shape) if y_tensor else None,
                         _dtype_name(y.dtype) if y_tensor else None, v, reduction, grad, training,
-                        self.recording.total_steps, self.where(), from_model, out_shape, same)
+                        self.recording.total_steps, self.where(3), from_model, out_shape, same)  # (3: the loss wrapper's caller)
         if grad and self._kept_pairs < KEEP_PAIRS:
             self._kept_pairs += 1
             call.inputs, call.targets = cpu_copy(x), cpu_copy(y)
@@ -1342,6 +1343,7 @@ class Recorder:
                     if rec._opt_paused:
                         rec._opt_paused = False
                         rec._resume()
+            step.__wrapped__ = getattr(original, "__wrapped__", original)  # still the step without torch's hooks
             return step
 
         self._patch(cls, "step", make)
@@ -1414,20 +1416,20 @@ class Recorder:
         step.grad_enabled = torch.is_grad_enabled()
         trainable = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
         self._trainable_n[id(optimizer)] = len(trainable)
-        grads = [p.grad for p in trainable]
-        step.grads_total, step.grads_none = len(trainable), grads.count(None)
+        grads = [g for g in (p.grad for p in trainable) if g is not None]   # (list.count(None) would call Tensor.__eq__)
+        step.grads_total, step.grads_none = len(trainable), len(trainable) - len(grads)
         n, own = step.step, info.steps + 1   # (sampled per optimizer: a GAN's two alternate)
         due = own <= FULL_DETAIL or not own % FULL_EVERY or (self.max_steps is not None and n > self.max_steps - 3) \
             or (step.loss is not None and not math.isfinite(step.loss))
         if due and self._inputs:
             step.nonfinite_input = step.nonfinite_input or _nonfinite(self._inputs)
         self._inputs = []
-        if step.grads_none == len(grads):
+        if not grads:
             step.grad_norm = 0.0
         elif not due:
             step.grad_norm = None   # between measured steps (a NaN gradient shows in the next step's loss)
         else:
-            total = total_norm(torch._foreach_norm([g if not g.requires_grad else g.detach() for g in grads if g is not None]))
+            total = total_norm(torch._foreach_norm([g if not g.requires_grad else g.detach() for g in grads]))
             step.grad_norm = total
             step.grads_nonfinite = not math.isfinite(total)
         values = self._window_values
