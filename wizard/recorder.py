@@ -71,7 +71,8 @@ gradient norm (and the largest parameter change, measured on at most UPDATE_SAMP
 values per tensor up to step UPDATE_STEPS) is measured on its first FULL_DETAIL steps, then on every
 FULL_EVERY-th, on the last 3 of the step budget and on any step whose loss is non-finite
 (``StepRecord.grad_norm`` / ``update`` is None on the others; a NaN gradient between two measured
-steps shows in the next step's loss). See benchmarks/recorder_overhead.py.
+steps shows in the next step's loss); the NaN/Inf check of the forwards' inputs since the last step
+(``StepRecord.nonfinite_input``) runs on the same steps. See benchmarks/recorder_overhead.py.
 """
 
 from __future__ import annotations
