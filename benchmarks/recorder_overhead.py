@@ -1,9 +1,11 @@
 """Recorder overhead: a plain training loop timed without the recorder, under the light recorder
 (watch mode) and under the full recorder (script-mode diagnosis), on a small MLP and on a ~10M
-parameter MLP. Each configuration runs interleaved ``--repeats`` times; the ratio of medians is
+parameter MLP and a ~11M-parameter CNN (ResNet-18 layout, from scale_models.py). Each configuration runs interleaved ``--repeats`` times; the ratio of medians is
 printed (goal, for both recorders: <= 1.10x on the small MLP, <= 1.05x on the ~10M model).
 
-    python benchmarks/recorder_overhead.py [--repeats 5] [--steps 200] [--cpu] [--json out.json]
+    python benchmarks/recorder_overhead.py [--repeats 5] [--steps 200] [--big-steps 20] [--cpu] [--model CNN] [--json out.json]
+
+(``benchmarks/recorder_instructions.py`` counts instructions instead: unaffected by other processes.)
 
 Times on a shared machine are noisy: run it when nothing else runs. ``--cpu`` times the process's CPU
 time instead of the wall clock (less disturbed by other processes; run it with OMP_NUM_THREADS=1, as
@@ -24,15 +26,28 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from nnwizard.recorder import Recorder  # noqa: E402
 
+from scale_models import ResNet  # noqa: E402
+
+# name -> (build, input shape of one sample, classes, batch size)
 MODELS = {
     "small MLP (10-64-64-3)": (lambda: nn.Sequential(nn.Linear(10, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
-                                                     nn.Linear(64, 3)), 10, 3, 64),
+                                                     nn.Linear(64, 3)), (10,), 3, 64),
     "~10M-parameter MLP (512-2048x2-1000)": (lambda: nn.Sequential(nn.Linear(512, 2048), nn.ReLU(), nn.Linear(2048, 2048),
-                                                                   nn.ReLU(), nn.Linear(2048, 1000)), 512, 1000, 64),
+                                                                   nn.ReLU(), nn.Linear(2048, 1000)), (512,), 1000, 64),
+    "~10M-parameter CNN (ResNet-18 layout, 3x8x8)": (lambda: ResNet(64), (3, 8, 8), 10, 16),
 }
+
+
+def data(name: str) -> tuple[DataLoader, int]:
+    """The model's DataLoader (16 batches, shuffled) and its parameter count."""
+    build, shape, classes, batch = MODELS[name]
+    x = torch.randn(batch * 16, *shape)
+    y = torch.randint(0, classes, (batch * 16,))
+    return DataLoader(TensorDataset(x, y), batch_size=batch, shuffle=True), sum(p.numel() for p in build().parameters())
 
 
 def loop(model, loader, steps: int) -> None:
@@ -71,17 +86,17 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--big-steps", type=int, default=20)
     ap.add_argument("--cpu", action="store_true", help="time process CPU seconds, not the wall clock")
+    ap.add_argument("--model", action="append", help="only models whose name contains this (repeatable): small, MLP, CNN")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     global CLOCK
     CLOCK = time.process_time if args.cpu else time.perf_counter
     rows = []
-    for name, (build, d_in, classes, batch) in MODELS.items():
+    for name, (build, *_) in MODELS.items():
+        if args.model and not any(w in name for w in args.model):
+            continue
         steps = args.steps if "small" in name else args.big_steps
-        x = torch.randn(batch * 16, d_in)
-        y = torch.randint(0, classes, (batch * 16,))
-        loader = DataLoader(TensorDataset(x, y), batch_size=batch, shuffle=True)
-        params = sum(p.numel() for p in build().parameters())
+        loader, params = data(name)
         for mode in (None, "light", "full"):  # warm up (the first recorder import pulls in lazy torch modules)
             timed(build, loader, max(steps // 10, 2), mode)
         times: dict[str, list[float]] = {"plain": [], "light": [], "full": []}

@@ -112,3 +112,66 @@ def test_the_last_steps_of_the_budget_are_measured():
         except recorder_mod.StopRun:
             pass
     assert [s.grad_norm is not None for s in rec.recording.steps[-3:]] == [True, True, True]
+
+
+class _Masked(nn.Module):
+    """Replaces NaN inputs before its layers: the loss stays finite whatever the input holds."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = _mlp()
+
+    def forward(self, x):
+        return self.net(torch.nan_to_num(x))
+
+
+def test_a_nan_input_is_flagged_at_a_measured_step_even_when_the_loss_stays_finite():
+    torch.manual_seed(0)
+    for bad in (None, FULL_DETAIL + FULL_EVERY - 1):   # healthy, then NaN in the input of a measured step's forward
+        model = _Masked()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        crit = nn.CrossEntropyLoss()
+        with Recorder("full") as rec:
+            for k in range(FULL_DETAIL + 2 * FULL_EVERY):
+                x = torch.randn(8, 6)
+                if k == bad:
+                    x[1, 2] = math.nan
+                loss = crit(model(x), torch.randint(0, 3, (8,)))
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+        steps = rec.recording.steps
+        assert all(math.isfinite(s.loss) for s in steps)
+        assert [s.step for s in steps if s.nonfinite_input] == ([] if bad is None else [bad + 1])
+
+
+def test_carried_gradients_are_seen_with_and_without_zero_grad_and_per_optimizer():
+    torch.manual_seed(0)
+    crit = nn.CrossEntropyLoss()
+    for clear in ("none", "optimizer", "zeros", "model"):
+        model = _mlp()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        with Recorder("full") as rec:
+            for _ in range(4):
+                if clear == "optimizer":
+                    opt.zero_grad()
+                elif clear == "zeros":
+                    opt.zero_grad(set_to_none=False)
+                elif clear == "model":
+                    model.zero_grad()
+                crit(model(torch.randn(8, 6)), torch.randint(0, 3, (8,))).backward()
+                opt.step()
+        carried = [s.carried for s in rec.recording.steps[1:]]
+        assert carried == ([1.0] * 3 if clear == "none" else [0.0] * 3), clear
+    # two optimizers, only the first clears its own: the second's share stays 1
+    enc, head = nn.Linear(6, 12), nn.Linear(12, 3)
+    o1, o2 = torch.optim.SGD(enc.parameters(), lr=0.01), torch.optim.SGD(head.parameters(), lr=0.01)
+    with Recorder("full") as rec:
+        for _ in range(3):
+            o1.zero_grad()
+            crit(head(torch.relu(enc(torch.randn(8, 6)))), torch.randint(0, 3, (8,))).backward()
+            o1.step()
+            o2.step()
+    steps = rec.recording.steps
+    assert [s.carried for s in steps[2:] if s.optimizer == 0] == [0.0, 0.0]
+    assert [s.carried for s in steps[2:] if s.optimizer == 1] == [1.0, 1.0]

@@ -71,7 +71,8 @@ gradient norm (and the largest parameter change, measured on at most UPDATE_SAMP
 values per tensor up to step UPDATE_STEPS) is measured on its first FULL_DETAIL steps, then on every
 FULL_EVERY-th, on the last 3 of the step budget and on any step whose loss is non-finite
 (``StepRecord.grad_norm`` / ``update`` is None on the others; a NaN gradient between two measured
-steps shows in the next step's loss). See benchmarks/recorder_overhead.py.
+steps shows in the next step's loss); the NaN/Inf check of the forwards' inputs since the last step
+(``StepRecord.nonfinite_input``) runs on the same steps. See benchmarks/recorder_overhead.py.
 """
 
 from __future__ import annotations
@@ -363,6 +364,19 @@ def total_norm(norms: list[torch.Tensor]) -> float:
         return math.sqrt(sum(float(n) ** 2 for n in norms))
 
 
+def _nonfinite(inputs: list[tuple]) -> bool:
+    """Does any floating-point tensor among these forwards' arguments hold a NaN or an Inf?"""
+    for args in inputs:
+        for t in (args if len(args) == 1 and isinstance(args[0], torch.Tensor) else _tensors(args)):
+            if t.layout != torch.strided:
+                continue  # sparse inputs (a graph's adjacency matrix): isfinite has no sparse kernel
+            t = t.detach()
+            if t.is_floating_point() and t.numel() and not math.isfinite(float(t.sum())) \
+                    and not bool(torch.isfinite(t).all()):   # (a sum of finite values may overflow)
+                return True
+    return False
+
+
 def _positive(values: list[torch.Tensor]) -> list[bool]:
     """Which of these scalar tensors are > 0, read with one host transfer where there are many."""
     if len(values) > 8:
@@ -514,6 +528,7 @@ class Recorder:
             self.recording.steps = deque(maxlen=LIGHT_KEEP)
             self.recording.scheduler_steps = deque(maxlen=LIGHT_KEEP)
         self._fns: dict[str, list] = {}           # listener methods by event name (filled on entry)
+        self._listening = False                   # any listener method at all (else full mode skips _notify)
         self._module_hooks: list = []             # the global module forward hooks while installed
         self._hooked_at = 0                       # steps taken when they were installed
         self._scheduler_count = 0
@@ -557,7 +572,8 @@ class Recorder:
         self._before_step: list[torch.Tensor] | None = None   # full mode: parameter values before optimizer.step()
         self._exact_update = False    # full mode: compare every value (a sampled comparison saw no change)
         self._view_cache: dict[int, tuple] = {}   # full mode: id(optimizer) -> (its parameters' ids and storages, _update_views)
-        self._file_kinds: dict[str, tuple] = {}   # where(): code file name -> (what it is, its base name)
+        self._file_kinds: dict[Any, tuple] = {}   # where(): code object -> (what its file is, the file's base name)
+        self._sites: dict[tuple, str] = {}        # where(): (code object, f_lasti) -> "file:line in function"
         self._loss_value: tuple | None = None   # (weakref, value) of the last loss call's result
         self._loss_link: tuple | None = None    # full mode: (weakref to a loss value, its LossCall, the ForwardEvent it comes from)
         self._scaled: set[int] = set()
@@ -572,7 +588,12 @@ class Recorder:
         self._paused = 0                          # full mode: nested calls the mode is out of the stack for
         self._popped_at: int | None = None        # the stack length it left
         self._opt_paused = False                  # paused for an optimizer.step() (its post hook resumes)
+        self._step_wraps = 0                      # optimizer steps running inside _wrap_step's wrapper
+        self._wrapped_steps: set = set()          # optimizer classes whose step is wrapped
         self._opt_ids: dict[int, OptimizerInfo] = {}
+        self._inputs: list[tuple] = []            # full mode: arguments of the forwards since the last step (at most 8)
+        self._cleared: set[int] = set()           # full mode: id() of optimizers whose zero_grad() ran since the last step
+        self._trainable_n: dict[int, int] = {}    # full mode: id(optimizer) -> its trainable tensors at its last step
 
     # -- install / remove -------------------------------------------------------------------------
     def __enter__(self) -> "Recorder":
@@ -684,6 +705,7 @@ class Recorder:
         self._fns = {name: [fn for fn in (getattr(listener, name, None) for listener in self.listeners) if fn is not None]
                      for name in ("on_batch", "on_forward", "on_loss", "on_loss_args", "on_backward", "on_step_pre",
                                   "on_step_post", "on_scheduler")}
+        self._listening = any(self._fns.values())
         if self.full:
             self._patch(nn.Module, "__call__", self._call_patch)
         else:
@@ -706,6 +728,8 @@ class Recorder:
                 rec.recording.zero_grads += 1
                 if not rec.full:
                     return original(this, *args, **kwargs)
+                if isinstance(this, torch.optim.Optimizer):
+                    rec._cleared.add(id(this))
                 rec._pause()
                 try:
                     return original(this, *args, **kwargs)
@@ -871,22 +895,32 @@ class Recorder:
             except Exception:  # noqa: BLE001 - a listener must never break the user's run
                 self.recording.listener_errors += 1
 
-    def where(self) -> str | None:
-        """``file:line in function`` of the innermost frame in the user's files (else outside torch)."""
-        frame = sys._getframe(1)
+    def where(self, depth: int = 1) -> str | None:
+        """``file:line in function`` of the innermost frame in the user's files (else outside torch), from
+        the frame ``depth`` calls out (1: the caller's)."""
+        frame = sys._getframe(depth)
         fallback = None
-        kinds = self._file_kinds
+        kinds, sites = self._file_kinds, self._sites
+        get = kinds.get
         while frame is not None:
-            name = frame.f_code.co_filename
-            known = kinds.get(name)
+            code = frame.f_code
+            known = get(code)
+            if known is not None and not known[0]:   # torch's or nnwizard's own frame: the next one out
+                frame = frame.f_back
+                continue
             if known is None:  # 2: one of the user's files, 1: other code outside torch and nnwizard, 0: neither
-                known = kinds[name] = (2 if self.files and str(Path(name).resolve()) in self.files else int(
+                name = code.co_filename
+                known = kinds[code] = (2 if self.files and str(Path(name).resolve()) in self.files else int(
                     "/torch/" not in name and "/nnwizard/" not in name and "/wizard/" not in name
                     and "/probes/" not in name and not name.startswith("<") and "runpy" not in name), Path(name).name)
-            if known[0] == 2:
-                return f"{known[1]}:{frame.f_lineno} in {frame.f_code.co_name}"
-            if fallback is None and known[0] == 1:
-                fallback = f"{known[1]}:{frame.f_lineno} in {frame.f_code.co_name}"
+            if known[0] == 2 or (fallback is None and known[0] == 1):
+                key = (code, frame.f_lasti)   # a call site: its text is made once (f_lineno decodes the line table)
+                text = sites.get(key)
+                if text is None:
+                    text = sites[key] = f"{known[1]}:{frame.f_lineno} in {code.co_name}"
+                if known[0] == 2 or not self.files:   # (no user files: nothing better further out)
+                    return text
+                fallback = text
             frame = frame.f_back
         return fallback
 
@@ -1019,15 +1053,11 @@ class Recorder:
         rec.forwards.append(event)
         if event.grad_enabled and len(rec.model_inputs) < KEEP_PAIRS:
             rec.model_inputs.append((event.model, cpu_copy(tuple(args))))
-        for t in (args if len(args) == 1 and isinstance(args[0], torch.Tensor) else _tensors(args)):
-            if t.layout != torch.strided:
-                continue  # sparse inputs (a graph's adjacency matrix): isfinite has no sparse kernel
-            if t.is_floating_point() and t.numel() and not math.isfinite(float(t.sum())) \
-                    and not bool(torch.isfinite(t).all()):   # (a sum of finite values may overflow)
-                self._step_record().nonfinite_input = True
-                break
+        if len(self._inputs) < 8:   # checked for NaN/Inf at the step, when its gradient norm is measured
+            self._inputs.append(args)
         self._check_forwards()
-        self._notify("on_forward", info, args)
+        if self._listening:
+            self._notify("on_forward", info, args)
         return event
 
     def _model_output(self, event: ForwardEvent, output) -> None:
@@ -1170,7 +1200,7 @@ class Recorder:
         if is_tensor:
             n = value.numel()
             if n:
-                v = float(value.detach()) if n == 1 else float(value.detach().float().mean())
+                v = value.item() if n == 1 else float(value.detach().float().mean())   # (item(): no detach op)
                 self._loss_value = (weakref.ref(value), v)
                 if grad:
                     self._window_values.append(v)
@@ -1185,11 +1215,12 @@ class Recorder:
         if y_tensor:
             ref = self._derived.get(id(y))
             same = (ref is not None and ref() is y) or (
-                y is not x and y.numel() > 0 and y.untyped_storage().data_ptr() == x.untyped_storage().data_ptr())
+                y is not x and y.dtype == x.dtype and y.numel() > 0
+                and y.untyped_storage().data_ptr() == x.untyped_storage().data_ptr())
         training = self._last_model.module.training if self._last_model else None
         call = LossCall(name, list(x.shape), _dtype_name(x.dtype), list(y.shape) if y_tensor else None,
                         _dtype_name(y.dtype) if y_tensor else None, v, reduction, grad, training,
-                        self.recording.total_steps, self.where(), from_model, out_shape, same)
+                        self.recording.total_steps, self.where(3), from_model, out_shape, same)  # (3: the loss wrapper's caller)
         if grad and self._kept_pairs < KEEP_PAIRS:
             self._kept_pairs += 1
             call.inputs, call.targets = cpu_copy(x), cpu_copy(y)
@@ -1203,8 +1234,9 @@ class Recorder:
             # graph reaches it), that forward: _before_backward need not search the graph
             self._loss_link = (weakref.ref(value), call, event if event is not None and direct is not None
                                and event.node is direct else None)
-        self._notify("on_loss", call)
-        self._notify("on_loss_args", call, args, kwargs, value)  # watch: the live tensors (added by watch)
+        if self._listening:
+            self._notify("on_loss", call)
+            self._notify("on_loss_args", call, args, kwargs, value)  # watch: the live tensors (added by watch)
 
     # -- backward ---------------------------------------------------------------------------------
     def _before_backward_light(self, tensors) -> None:
@@ -1251,7 +1283,7 @@ class Recorder:
         rec = self.recording
         rec.backwards += 1
         step = self._pending or self._step_record()
-        if self.full and self._backward_since_step == 0 and self.steps_taken:
+        if self.full and self._backward_since_step == 0 and rec.total_steps:
             step.carried, self._carried_by = self._carried()
             if self._prev_nodes and loss is not None and len(rec.steps) <= SPAN_CHECKS:
                 if _reached(loss.grad_fn, {id(n) for n in self._prev_nodes}) and len(rec.graph_spans) < 8:
@@ -1266,11 +1298,12 @@ class Recorder:
                 value = known[1]
             else:
                 value = float(loss.detach().float().mean()) if loss.numel() > 1 else float(loss.detach())
-            scaled = self._scales.pop(id(loss), None)
-            if scaled is not None and scaled[0]() is loss and scaled[1]:
-                value /= scaled[1]
-            if len(self._scales) > 16:
-                self._scales = {k: v for k, v in self._scales.items() if v[0]() is not None}
+            if self._scales:
+                scaled = self._scales.pop(id(loss), None)
+                if scaled is not None and scaled[0]() is loss and scaled[1]:
+                    value /= scaled[1]
+                if len(self._scales) > 16:
+                    self._scales = {k: v for k, v in self._scales.items() if v[0]() is not None}
             step.losses.append(value)
             step.loss = value
             if self.full:
@@ -1306,9 +1339,10 @@ class Recorder:
         self._pending_forwards, self._pending_losses = keep_f, keep_l
         if self._loader_stack:
             self._loader_stack[-1].backwards[-1] += 1
-        if self.full:
-            self._refresh_manual()
-        self._notify("on_backward", loss)
+        if self.full and (self._manual_open is not None or self._manual_key != (len(rec.models), len(rec.optimizers))):
+            self._refresh_manual()   # (else nothing changed since it last ran)
+        if self._listening:
+            self._notify("on_backward", loss)
         if self.max_steps is not None and not self.steps_taken and rec.backwards > self.max_steps:
             rec.stopped = f"the budget of {self.max_steps} backward passes was reached (no optimizer.step() so far)"
             raise StopRun(rec.stopped)
@@ -1332,26 +1366,33 @@ class Recorder:
         """Share of the optimizers' trainable tensors whose .grad is still non-zero now, at the first
         backward after a step (cleared gradients are None or all zero): over all of them (and the
         parameters a hand-written update changed), and per optimizer index (each optimizer's own
-        tensors: with several optimizers, each must clear its own before its own backward)."""
-        owned = [(info.index, p.grad) for info in self.recording.optimizers for g in info.optimizer.param_groups
-                 for p in g["params"] if p.requires_grad]
+        tensors: with several optimizers, each must clear its own before its own backward). When every
+        optimizer's zero_grad() ran since the last step (and no backward since), none is carried: no scan."""
+        counts: dict[int, list[int]] = {}   # optimizer index (-1: hand-updated tensors) -> [non-zero, tensors]
+        owned = []
+        for info in self.recording.optimizers:
+            n = self._trainable_n.get(id(info.optimizer)) if id(info.optimizer) in self._cleared else None
+            if n is not None:   # its zero_grad() ran since the last step: nothing to scan
+                if n:
+                    counts[info.index] = [0, n]
+                continue
+            owned += [(info.index, p.grad) for g in info.optimizer.param_groups for p in g["params"] if p.requires_grad]
         updated = self.recording.manual_updated   # parameters a hand-written update changed (not merely outside every optimizer)
         if updated:
             seen = {id(p) for info in self.recording.optimizers for g in info.optimizer.param_groups for p in g["params"]}
             owned += [(-1, p.grad) for key, (p, _) in self._manual_candidates.items()
                       if key == id(p) and key in updated and key not in seen]
-        if not owned:
-            return None, {}
-        live = [(i, g) for i, g in owned if g is not None]
-        counts: dict[int, list[int]] = {}
+        if not owned:   # every optimizer cleared its own (or none has a trainable tensor)
+            return (0.0, dict.fromkeys(counts, 0.0)) if counts else (None, {})
         for i, _ in owned:
             counts.setdefault(i, [0, 0])[1] += 1
+        live = [(i, g) for i, g in owned if g is not None]
         if live:
             for (i, _), nonzero in zip(live, _positive(torch._foreach_norm([g.detach() for _, g in live]))):
                 if nonzero:
                     counts[i][0] += 1
-        nonzero = sum(c[0] for c in counts.values())
-        return nonzero / len(owned), {i: c[0] / c[1] for i, c in counts.items()}
+        return sum(c[0] for c in counts.values()) / sum(c[1] for c in counts.values()), \
+            {i: c[0] / c[1] for i, c in counts.items()}
 
     def _graph_op(self, args, out: torch.Tensor) -> None:
         """An op on a loss whose backward ran made a graph-carrying tensor. It is a graph kept across
@@ -1396,6 +1437,8 @@ class Recorder:
                 self._opt_ids[id(optimizer)] = info
                 self.recording.optimizers.append(info)
                 self._link(info)
+            if self.full and self._undo:
+                self._wrap_step(type(optimizer))
             if not self.full and self._undo and not info.models:  # installed: find the models it trains
                 self._hook_modules()
             if self.lr_scale and id(optimizer) not in self._scaled:
@@ -1417,6 +1460,36 @@ class Recorder:
                     return info
         return None
 
+    def _wrap_step(self, cls) -> None:
+        """Full mode: an optimizer class's ``step`` (torch's profiling wrapper, which runs the step hooks) is
+        wrapped once so that the mode leaves the stack before that wrapper's ``record_function`` op (else
+        the op passes through the mode's Python ``__torch_function__`` on entry and exit of every step);
+        the step pre hook's pause stays for a class first seen at its step, and for a closure."""
+        if cls in self._wrapped_steps:
+            return
+        self._wrapped_steps.add(cls)
+        rec = self
+
+        def make(original):
+            @functools.wraps(original)   # (copies torch's `hooked` mark: the class is not wrapped again)
+            def step(this, *args, **kwargs):
+                if rec._opt_paused or rec._mode_obj is None:  # nested, or kept by a scheduler after the recording
+                    return original(this, *args, **kwargs)
+                rec._opt_paused = True
+                rec._step_wraps += 1
+                rec._pause()
+                try:
+                    return original(this, *args, **kwargs)
+                finally:
+                    rec._step_wraps -= 1
+                    if rec._opt_paused:
+                        rec._opt_paused = False
+                        rec._resume()
+            step.__wrapped__ = getattr(original, "__wrapped__", original)  # still the step without torch's hooks
+            return step
+
+        self._patch(cls, "step", make)
+
     def _link(self, info: OptimizerInfo) -> None:
         ids = {id(p) for g in info.groups for p in g["params"]}
         info.models = [m.index for m in self.recording.models if any(id(p) in ids for p in m.parameters())]
@@ -1424,8 +1497,8 @@ class Recorder:
         info.foreign = len(ids - owned)
 
     def _step_record(self) -> StepRecord:
-        if self._pending is None:
-            self._pending = StepRecord(step=self.recording.total_steps + 1, optimizer=-1, t=0.0)
+        if self._pending is None:   # (without the dataclass __init__: a StepRecord is made every step)
+            self._pending = _blank_step(self.recording.total_steps + 1)
         return self._pending
 
     def _step_pre(self, optimizer, args, kwargs):
@@ -1481,19 +1554,23 @@ class Recorder:
         step.lrs = [float(g["lr"]) for g in optimizer.param_groups]
         step.grad_enabled = torch.is_grad_enabled()
         trainable = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
-        grads = [g if not g.requires_grad else g.detach() for g in (p.grad for p in trainable) if g is not None]
+        self._trainable_n[id(optimizer)] = len(trainable)
+        grads = [g for g in (p.grad for p in trainable) if g is not None]   # (list.count(None) would call Tensor.__eq__)
         step.grads_total, step.grads_none = len(trainable), len(trainable) - len(grads)
         n, own = step.step, info.steps + 1   # (sampled per optimizer: a GAN's two alternate)
         due = own <= FULL_DETAIL or not own % FULL_EVERY or (self.max_steps is not None and n > self.max_steps - 3) \
             or (step.loss is not None and not math.isfinite(step.loss))
-        if grads and not due:
+        if due and self._inputs:
+            step.nonfinite_input = step.nonfinite_input or _nonfinite(self._inputs)
+        self._inputs = []
+        if not grads:
+            step.grad_norm = 0.0
+        elif not due:
             step.grad_norm = None   # between measured steps (a NaN gradient shows in the next step's loss)
-        elif grads:
-            total = total_norm(torch._foreach_norm(grads))
+        else:
+            total = total_norm(torch._foreach_norm([g if not g.requires_grad else g.detach() for g in grads]))
             step.grad_norm = total
             step.grads_nonfinite = not math.isfinite(total)
-        else:
-            step.grad_norm = 0.0
         values = self._window_values
         step.loss_calls = len(values)
         step.loss_call_mean = sum(values) / len(values) if values else None
@@ -1504,7 +1581,8 @@ class Recorder:
         if trainable and due and n <= UPDATE_STEPS:
             views = self._views(optimizer, trainable)
             self._before_step = (trainable, views, _snapshot(views))
-        self._notify("on_step_pre", optimizer, step)
+        if self._listening:
+            self._notify("on_step_pre", optimizer, step)
 
     def _views(self, optimizer, trainable: list[torch.Tensor]) -> list[torch.Tensor]:
         """``_update_views`` of the optimizer's trainable parameters, made again only when a parameter
@@ -1673,7 +1751,7 @@ class Recorder:
         try:
             self._after_step(optimizer)
         finally:
-            if self._opt_paused:
+            if self._opt_paused and not self._step_wraps:   # (else the class's step wrapper resumes)
                 self._opt_paused = False
                 self._resume()
 
@@ -1701,10 +1779,12 @@ class Recorder:
         rec.total_steps += 1
         self._zero_grad_since = self._zero_after_backward = False
         self._backward_since_step = 0
+        self._cleared = set()
         self._confirm_kept()
         self._window_values = []
         self._prev_nodes, self._trained_nodes = self._trained_nodes, []
-        self._notify("on_step_post", optimizer, step)
+        if self._listening:
+            self._notify("on_step_post", optimizer, step)
         if self.max_steps is not None and rec.total_steps >= self.max_steps:
             self.recording.stopped = f"the budget of {self.max_steps} optimizer steps was reached"
             raise StopRun(self.recording.stopped)
@@ -1762,6 +1842,8 @@ class Recorder:
         step = self._step_record()
         params = [p for key, (p, _) in self._manual_candidates.items() if key == id(p)]
         step.manual, step.optimizer, step.t = True, -1, self.now()
+        step.nonfinite_input = step.nonfinite_input or _nonfinite(self._inputs)
+        self._inputs = []
         step.zero_grad = self._zero_grad_since
         step.zero_grad_after_backward = self._zero_after_backward
         step.epoch, step.batch = self._epochs, self._batch_index
@@ -1885,6 +1967,7 @@ class Recorder:
             event.outs = []
         self._trained_nodes, self._prev_nodes = [], []
         self._pending_forwards, self._pending_losses = [], []
+        self._inputs = []
         return rec
 
     def record_error(self, exc: BaseException) -> RecordedError:
@@ -2001,6 +2084,7 @@ class _LoaderIter:
         self.info.batches[-1] = self.count
         if rec.full and len(rec.recording.batches) < KEEP:
             rec.recording.batches.append(cpu_copy(batch))
-        rec._notify("on_batch", batch, self.count - 1)
+        if rec._listening:
+            rec._notify("on_batch", batch, self.count - 1)
         rec._check_time()
         return batch
