@@ -35,7 +35,7 @@ def _tensor(out):
               "stochastic": "a dropout op still drops units with the model in eval mode",
               "random-by-design": "the forward samples at random in eval mode, with no dropout op active (a VAE's sampling)"},
     timeout_s=30,
-    cost=3,
+    cost=1,   # two forwards without a graph (a third, traced, only when they differ): under one training step
 )
 def eval_stochastic(ctx: ProbeContext):
     target = ctx.target
