@@ -20,14 +20,11 @@ from __future__ import annotations
 
 import argparse
 import functools
-import os
-import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+import _callgrind as callgrind   # (this folder is on sys.path when the script runs)
+
 SHORT = {"small": "small MLP", "MLP": "~10M-parameter MLP", "CNN": "~10M-parameter CNN"}
 
 
@@ -71,21 +68,8 @@ def _child(model: str, mode: str, steps: int) -> None:
 def count(model: str, mode: str, steps: int, keep: Path | None = None) -> tuple[float, float]:
     """Instructions per step (plain, recorded); ``keep``: where to leave callgrind's output (for
     ``callgrind_annotate``)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = keep or Path(tmp) / "callgrind.out"
-        subprocess.run(["valgrind", "--tool=callgrind", "--collect-atstart=no", "--toggle-collect=functools_reduce",
-                        "--toggle-collect=builtin_sorted", f"--callgrind-out-file={out}", sys.executable, __file__,
-                        "--child", "--model", model, "--mode", mode, "--steps", str(steps)],
-                       check=True, capture_output=True, cwd=ROOT,
-                       env={**os.environ, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"})
-        text = subprocess.run(["callgrind_annotate", "--inclusive=yes", str(out)], check=True, capture_output=True,
-                              text=True).stdout
-    counts = {}
-    for line in text.splitlines():
-        m = re.match(r"\s*([\d,]+) .*:(functools_reduce|builtin_sorted) ", line)
-        if m:
-            counts[m.group(2)] = int(m.group(1).replace(",", "")) / steps
-    return counts["functools_reduce"], counts["builtin_sorted"]
+    return callgrind.count(__file__, ["--model", model, "--mode", mode, "--steps", str(steps)], steps,
+                           {"OMP_NUM_THREADS": "1"}, keep)
 
 
 def main() -> None:

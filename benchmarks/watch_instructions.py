@@ -22,14 +22,11 @@ from __future__ import annotations
 
 import argparse
 import functools
-import os
-import re
-import subprocess
 import sys
 import tempfile
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+import _callgrind as callgrind   # (this folder is on sys.path when the script runs)
+
 
 
 def _child(steps: int, warmup: int) -> None:
@@ -78,20 +75,7 @@ def main() -> None:
     if args.child:
         _child(args.steps, args.warmup)
         return
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "callgrind.out"
-        subprocess.run(["valgrind", "--tool=callgrind", "--collect-atstart=no", "--toggle-collect=functools_reduce",
-                        "--toggle-collect=builtin_sorted", f"--callgrind-out-file={out}", sys.executable, __file__,
-                        "--child", "--steps", str(args.steps), "--warmup", str(args.warmup)], check=True, capture_output=True, cwd=ROOT,
-                       env={**os.environ, "PYTHONHASHSEED": "0"})  # the same dict/set layouts from run to run
-        text = subprocess.run(["callgrind_annotate", "--inclusive=yes", str(out)], check=True, capture_output=True,
-                              text=True).stdout
-    counts = {}
-    for line in text.splitlines():
-        m = re.match(r"\s*([\d,]+) .*:(functools_reduce|builtin_sorted) ", line)
-        if m:
-            counts[m.group(2)] = int(m.group(1).replace(",", "")) / args.steps
-    plain, watched = counts["functools_reduce"], counts["builtin_sorted"]
+    plain, watched = callgrind.count(__file__, ["--steps", str(args.steps), "--warmup", str(args.warmup)], args.steps)
     print(f"small MLP, instructions per step: plain {plain / 1e6:.3f}M, watched {watched / 1e6:.3f}M, "
           f"ratio {watched / plain:.3f}x ({args.steps} steps each, after {args.warmup} warm-up steps)")
 
