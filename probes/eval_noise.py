@@ -9,6 +9,7 @@ import torch
 
 from nnwizard.probes._instrument import first_line
 from nnwizard.probes._optrace import OpTracer
+from nnwizard.probes.batch import _first_tensor
 from nnwizard.probes.api import ProbeContext, Table, cannot_run, failed, passed, probe, skipped
 from nnwizard.target import user_source_files
 
@@ -16,16 +17,6 @@ from nnwizard.target import user_source_files
 RANDOM_OPS = {"dropout", "alpha_dropout", "feature_alpha_dropout", "dropout1d", "dropout2d", "dropout3d",
               "feature_dropout"}
 TOLERANCE = 1e-6   # relative difference two eval-mode forwards may show (nondeterministic kernels)
-
-
-def _tensor(out):
-    if isinstance(out, torch.Tensor):
-        return out
-    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
-        return out[0]
-    if isinstance(out, dict):
-        return next((v for v in out.values() if isinstance(v, torch.Tensor) and v.is_floating_point()), None)
-    return getattr(out, "logits", None)
 
 
 @probe(
@@ -50,7 +41,7 @@ def eval_stochastic(ctx: ProbeContext):
         with torch.random.fork_rng(devices=[]), torch.no_grad():
             for seed in (1, 2):
                 torch.manual_seed(seed)
-                outs.append(_tensor(model(x)))
+                outs.append(_first_tensor(model(x), x.shape[0]))
     except Exception as exc:  # the forward raising is forward-shape's finding
         return cannot_run(f"the forward pass raised: {first_line(exc)}", reason="raised", error=first_line(exc))
     a, b = outs
