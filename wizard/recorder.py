@@ -1092,8 +1092,7 @@ class Recorder:
                 try:
                     value = original(*args, **kwargs)
                 except Exception:
-                    y = args[1] if len(args) > 1 else kwargs.get("target")
-                    rec.recording.failed_loss = (name, cpu_copy(y) if isinstance(y, torch.Tensor) else None)
+                    rec._loss_failed(name, args, kwargs)
                     raise
                 finally:
                     rec._in_loss -= 1
@@ -1108,6 +1107,11 @@ class Recorder:
                     rec._resume()
             return value
         return loss
+
+    def _loss_failed(self, name: str, args, kwargs) -> None:
+        """A loss function raised (either mode): keep its name and target for the crash audit."""
+        y = args[1] if len(args) > 1 else kwargs.get("target")
+        self.recording.failed_loss = (name, cpu_copy(y) if isinstance(y, torch.Tensor) else None)
 
     def _loss_light(self, name: str, original: Callable) -> Callable:
         """Light mode's loss-function wrapper (full mode: :meth:`_loss_wrapper`): no loss call is kept
@@ -1125,8 +1129,7 @@ class Recorder:
             try:
                 value = original(*args, **kwargs)
             except Exception:
-                y = args[1] if len(args) > 1 else kwargs.get("target")
-                rec.recording.failed_loss = (name, cpu_copy(y) if isinstance(y, torch.Tensor) else None)
+                rec._loss_failed(name, args, kwargs)
                 raise
             finally:
                 rec._in_loss -= 1
