@@ -29,13 +29,13 @@ def _table(columns: list[str], rows: list[list], marked: list[int] = ()) -> list
     return lines
 
 
-
 def _took(report) -> str:
     """The probes' time, and in script mode the observed run's before it (not counted in duration_s)."""
     observed = (report.script or {}).get("seconds")
     if observed:
         return f"{report.duration_s:.1f} s of probes after the script's {observed:.1f} s observed run"
     return f"{report.duration_s:.1f} s"
+
 
 def render_markdown(report: Report, diagnosis: Diagnosis, path: str | Path) -> Path:
     path = Path(path)
