@@ -172,7 +172,9 @@ def judge(x: torch.Tensor, out: torch.Tensor, rows: int = ROWS) -> dict[str, Any
         g = torch.autograd.grad((x[i] * weights[i]).sum(), out, retain_graph=True)[0]
         reads = g != 0
         count = int(reads.sum())
-        row = {"row": i, "reads": count, "holds": x[i].numel(), "rearranged": 0 < count <= x[i].numel(), "axes": {}}
+        cell_mask = reads.any(-1) if feature_last else reads
+        row = {"row": i, "reads": count, "holds": x[i].numel(), "rearranged": 0 < count <= x[i].numel(), "axes": {},
+               "cells": cell_mask.nonzero()[:4].tolist()}  # output positions (feature axis aside) it reads
         for a in axes:
             flat_reads = reads.movedim(a, 0).reshape(out.shape[a], -1)
             flat_used = used.movedim(a, 0).reshape(out.shape[a], -1)

@@ -61,6 +61,7 @@ def _check_target(opts: Options) -> None:
 def _load_script_target(opts: Options, listener):
     from nnwizard.engine import Event
     from nnwizard.probes.mixing import SampleMixing
+    from nnwizard.probes.next_token import FirstForwards
     from nnwizard.script_replace import ChildProcesses
     from nnwizard.script_run import DEFAULT_MAX_STEPS, RunOptions, ScriptInterrupted, StepFit, load_script, run_script
     from nnwizard.script_target import ScriptTarget
@@ -70,14 +71,16 @@ def _load_script_target(opts: Options, listener):
     if listener is not None:
         listener(Event("script-start", data={"script": str(script.path), "args": opts.script_args, "max_steps": steps}))
     mixing = SampleMixing()  # the reshape between model and loss, judged on the live graph (probes/mixing.py)
+    firsts = FirstForwards()  # each model's first training call, keyword arguments too (probes/next_token.py)
     children = ChildProcesses()
     try:
-        run = run_script(script, opts.script_args, RunOptions(max_steps=steps, seed=opts.seed, listeners=[StepFit(), mixing],
+        run = run_script(script, opts.script_args, RunOptions(max_steps=steps, seed=opts.seed, listeners=[StepFit(), mixing, firsts],
                                                               patches=[children]))
     except ScriptInterrupted as stop:  # Ctrl-C: what was recorded until then goes into a partial report
         run = stop.result
     finally:
         mixing.close()
+        firsts.close()
     run.recording.child_processes = children.started
     target = ScriptTarget(run)
     if listener is not None:
