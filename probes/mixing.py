@@ -28,7 +28,6 @@ the model's output and the loss input are.
 
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
 import torch
@@ -46,7 +45,9 @@ class SampleMixing:
 
     def __init__(self):
         self.result: dict[str, Any] | None = None
-        self._outs: list = []          # weakrefs to the tensors of the last training forward's output
+        # the tensors of the last training forward's output, held until the first training loss call is judged
+        # (a weak reference dies when the script rebinds its only name, out = out.transpose(0, 1).reshape(...))
+        self._outs: list = []
         self._model: str | None = None
         self._handles: dict[int, Any] = {}
         self._tries = 0
@@ -64,7 +65,7 @@ class SampleMixing:
         if self.result is not None or not torch.is_grad_enabled():
             return
         tensors = [output] if isinstance(output, torch.Tensor) else _tensors(output)
-        self._outs = [weakref.ref(t) for t in tensors[:4] if t.requires_grad and t.is_floating_point()]
+        self._outs = [t for t in tensors[:4] if t.requires_grad and t.is_floating_point()]
         self._model = name
 
     def on_loss_args(self, rec, call, args, kwargs, value) -> None:
@@ -73,7 +74,7 @@ class SampleMixing:
         x = args[0] if args else kwargs.get("input")
         if not isinstance(x, torch.Tensor) or not x.requires_grad or not x.is_floating_point():
             return
-        outs = [o for o in (r() for r in self._outs) if o is not None]
+        outs = list(self._outs)
         self._tries += 1
         try:
             with torch.enable_grad():

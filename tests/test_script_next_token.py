@@ -164,7 +164,8 @@ opt = torch.optim.SGD(model.parameters(), lr=0.5)
 for i in range(0, 6 * T, T):
     x, y = data[i:i + T], data[i + 1:i + 1 + T]
     out = model(x)
-    loss = F.cross_entropy({LOSS_INPUT}, {TARGET})
+    out = {LOSS_INPUT}                                                 # the name rebound: the (T, B, V) output has no other
+    loss = F.cross_entropy(out, {TARGET})
     opt.zero_grad()
     loss.backward()
     opt.step()
