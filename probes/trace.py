@@ -264,8 +264,14 @@ def trace_backward_step(ctx: ProbeContext, rec):
         opt = rec.optimizers[rec.steps[0].optimizer] if rec.steps[0].optimizer >= 0 else None
         data["foreign"] = opt.foreign if opt else 0
         cleared = sum(s.zero_grad_after_backward for s in rec.steps)
-        data.update(zero_after_backward=cleared == len(rec.steps), zero_after_backward_steps=cleared)
-        why = (f"; zero_grad() ran after the backward and before optimizer.step() in {cleared} of them" if cleared else "")
+        # the optimizer holds a model's own parameters and no backward ever reached that model's forwards:
+        # the graph between the model and the loss was cut (detach, .data, torch.tensor(out), .item())
+        cut = bool(opt and opt.models and not opt.foreign and not cleared
+                   and not any(f.trained for f in rec.forwards if f.model in opt.models))
+        data.update(zero_after_backward=cleared == len(rec.steps), zero_after_backward_steps=cleared, graph_cut=cut)
+        why = (f"; zero_grad() ran after the backward and before optimizer.step() in {cleared} of them" if cleared else
+               f"; the optimizer holds {', '.join(rec.models[i].name for i in opt.models)}'s own parameters, and no "
+               f"backward reached any of its forwards: the graph between the model and the loss is cut" if cut else "")
         return failed("no-grad-at-step", f"optimizer.step() ran {len(rec.steps)} times but none of the optimizer's "
                       f"{rec.steps[0].grads_total} parameter tensors ever had a gradient, although backward() ran "
                       f"{rec.backwards} times{why}", **data)
@@ -399,6 +405,16 @@ def trace_disconnected(ctx: ProbeContext, rec):
 
 
 # ------------------------------------------------------------------------------------ evaluation
+def _cut_models(rec) -> set[int]:
+    """Models whose parameters a stepped optimizer holds while backward() ran and reached none of their
+    forwards: the script cut the graph between model and loss (detach, .data), so its training forwards
+    look like evaluation ones (unreached by a backward, scored by a loss) and cannot be told apart."""
+    if not rec.backwards:
+        return set()
+    stepped = {m for o in rec.optimizers if o.steps for m in o.models}
+    return stepped - {f.model for f in rec.forwards if f.trained}
+
+
 def _phases(rec) -> list[list]:
     """Runs of consecutive model forwards that no backward reached and that look like evaluation:
     the script scored them (a loss, or a prediction: argmax, max, a threshold), ran them over a
@@ -416,6 +432,8 @@ def _phases(rec) -> list[list]:
 
     phases, current = [], []
     for f in rec.forwards:
+        if f.model in _cut_models(rec):
+            continue  # its training forwards reach no backward (see trace-backward-step): not evaluation
         if f.trained:
             if current and evaluates(current):
                 phases.append(current)
