@@ -372,9 +372,14 @@ def _nonfinite(inputs: list[tuple]) -> bool:
                 continue  # sparse inputs (a graph's adjacency matrix): isfinite has no sparse kernel
             t = t.detach()
             if t.is_floating_point() and t.numel() and not math.isfinite(float(t.sum())) \
-                    and not bool(torch.isfinite(t).all()):   # (a sum of finite values may overflow)
+                    and not bool(torch.isfinite(t).all()) and not _additive_mask(t):  # (a sum of finite values may overflow)
                 return True
     return False
+
+
+def _additive_mask(t: torch.Tensor) -> bool:
+    """Only 0 and -inf: an additive attention mask (nn.Transformer's square subsequent mask), not data."""
+    return bool(((t == 0) | (t == float("-inf"))).all())
 
 
 def _positive(values: list[torch.Tensor]) -> list[bool]:
