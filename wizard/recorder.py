@@ -83,6 +83,7 @@ import functools
 from collections import deque
 import math
 import operator
+import re
 import sys
 import time
 import traceback
@@ -375,6 +376,14 @@ def _nonfinite(inputs: list[tuple]) -> bool:
                     and not bool(torch.isfinite(t).all()) and not _additive_mask(t):  # (a sum of finite values may overflow)
                 return True
     return False
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def plain_text(text: str) -> str:
+    """``text`` without terminal escape sequences (bold, colours): torch's own messages carry some."""
+    return _ANSI.sub("", text)
 
 
 def _additive_mask(t: torch.Tensor) -> bool:
@@ -1991,7 +2000,7 @@ class Recorder:
                 if any(resolved.startswith(f) for f in self.folders):
                     where = f"{Path(frame.filename).name}:{frame.lineno} in {frame.name}"
                     break
-        text = str(exc).strip().splitlines()
+        text = plain_text(str(exc)).strip().splitlines()
         err = RecordedError(type(exc).__name__, text[0][:400] if text else "", where,
                             "".join(traceback.format_exception(exc)[-8:]), self.steps_taken, exc)
         self.recording.error = err

@@ -44,7 +44,7 @@ from typing import Any
 import torch
 
 from nnwizard.errors import UsageError
-from nnwizard.recorder import Recorder, Recording, StopRun
+from nnwizard.recorder import Recorder, Recording, StopRun, plain_text
 
 DEFAULT_MAX_STEPS = 60
 DEFAULT_LIMIT_BATCHES = 20
@@ -236,8 +236,8 @@ class _Capture(io.TextIOBase):
 
 def _shown(line: str) -> str:
     """What a terminal shows of a line that carriage returns redrew (tqdm, progress prints): its last
-    non-empty segment."""
-    for segment in reversed(line.split("\r")):
+    non-empty segment, without colour codes."""
+    for segment in reversed(plain_text(line).split("\r")):
         if segment.strip():
             return segment
     return ""

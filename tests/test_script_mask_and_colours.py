@@ -1,5 +1,5 @@
 """Script mode: a float attention mask of 0 and -inf passed to the model (nn.Transformer's
-generate_square_subsequent_mask) is not a non-finite input; -inf in the data itself still is."""
+generate_square_subsequent_mask) is not a non-finite input; -inf in the data itself still is. Terminal colour codes (torch puts some in its own messages) stay out of the recorded error and printed lines."""
 
 from __future__ import annotations
 
@@ -50,3 +50,12 @@ def test_an_additive_mask_is_not_a_non_finite_input(tmp_path, features, nonfinit
     path.write_text(SCRIPT.replace("{FEATURES}", features), encoding="utf-8")
     target = ScriptTarget(run_script(load_script(str(path)), [], RunOptions(max_steps=5)))
     assert any(s.nonfinite_input for s in target.recording.steps) is nonfinite
+
+
+def test_terminal_colour_codes_leave_the_recorded_error_and_printed_lines(tmp_path):
+    path = tmp_path / "coloured.py"
+    path.write_text('print("\\x1b[32mepoch 1\\x1b[0m done")\nraise RuntimeError("load \\x1b[1monly if trusted\\x1b[0m")\n',
+                    encoding="utf-8")
+    run = run_script(load_script(str(path)), [], RunOptions(max_steps=2))
+    assert run.recording.error.message == "load only if trusted"
+    assert any(line.endswith("epoch 1 done") for line in run.output), run.output
