@@ -6,8 +6,9 @@
 # sample printed at the end. Planted fault: the attention call lacks is_causal=True, so every position
 # also attends to the characters after it, including the one it is trained to predict. The loss looks
 # fine; what the model generates one character at a time (no future to copy) is not.
-import math
 import random
+
+import numpy as np
 
 import torch
 from torch import nn
@@ -76,7 +77,7 @@ class CharLM(nn.Module):
 def lr_at(step):
     if step < WARMUP:
         return PEAK_LR * (step + 1) / WARMUP
-    return PEAK_LR * 0.5 * (1 + math.cos(math.pi * (step - WARMUP) / (STEPS - WARMUP)))
+    return PEAK_LR * 0.5 * (1 + float(np.cos(np.pi * (step - WARMUP) / (STEPS - WARMUP))))
 
 
 lm = CharLM(len(alphabet))
