@@ -89,8 +89,9 @@ class SampleMixing:
                 self._finish(rec, {"judged": False, "why": f"autograd could not trace the loss input: {type(exc).__name__}"})
             return
         if found is not None:
+            y = args[1] if len(args) > 1 else kwargs.get("target")
             found.update(model=self._model, fn=getattr(call, "fn", None), where=getattr(call, "where", None),
-                         step=getattr(call, "step", None))
+                         step=getattr(call, "step", None), target_layout=target_layout(y, len(x) if x.dim() else 0))
             self._finish(rec, found)
         elif self._tries >= TRIES:
             self._finish(rec, {"judged": False, "why": "the loss input was not computed from the model's output"})
@@ -123,6 +124,25 @@ def _tensors(obj, depth: int = 0) -> list[torch.Tensor]:
     if isinstance(obj, (tuple, list)):
         return [t for o in obj for t in _tensors(o, depth + 1)]
     return []
+
+
+def target_layout(y: Any, rows: int) -> list[int] | None:
+    """Where the loss's class-index targets come from, when that can be read off the tensor: the shape
+    whose positions target row r unravels in, for a 1-D view of a whole contiguous tensor or of whole
+    slices along its first axis (``tags.view(-1)``, ``source[i + 1:i + 1 + T].view(-1)``); None otherwise
+    (a copy, floating-point targets, not one target per row). Read by trace-target-alignment."""
+    if not isinstance(y, torch.Tensor) or y.dim() != 1 or y.is_floating_point() or y.numel() != rows or rows < 2:
+        return None
+    base = y._base
+    if base is None or base.dim() < 2 or not base.is_contiguous() or not y.is_contiguous():
+        return None
+    inner = 1
+    for d in base.shape[1:]:
+        inner *= d
+    offset = y.storage_offset() - base.storage_offset()
+    if inner == 0 or offset % inner or y.numel() % inner:
+        return None
+    return [y.numel() // inner, *base.shape[1:]]
 
 
 def _ops_between(x: torch.Tensor, out: torch.Tensor, limit: int = 40) -> list[str]:

@@ -307,33 +307,50 @@ def trace_target_alignment(ctx: ProbeContext):
     rec = getattr(ctx.target, "recording", None)
     if rec is None:
         return skipped("script mode only: this audit reads the recording of a script run")
-    pair = next_token_pair(rec)
-    if pair is None:
-        return skipped("the loss targets are not an input of the model shifted by one (no next-token prediction "
-                       "recorded)")
     mixing = getattr(rec, "sample_mixing", None) or {}
     if not mixing.get("judged") or mixing.get("identity") or mixing.get("mixed"):
         why = ("the loss receives the model's output itself" if mixing.get("identity") else
                "rows mix samples (trace-sample-mixing)" if mixing.get("mixed") else
                mixing.get("why", "the loss input was not traced to the model's output"))
         return skipped(f"not judged: {why}")
-    x_shape = list(pair["x"].shape)
-    found = misaligned_rows(mixing, x_shape, pair["perm"])
-    relation = _relation_text(pair)
+    layout = _targets_layout(rec, mixing)
+    if layout is None:
+        return skipped("where each loss target sits is not known: the targets are not the model's input shifted by "
+                       "one, nor a flat view of a tensor laid out like the model's output positions")
+    shape, perm, relation = layout
+    found = misaligned_rows(mixing, shape, perm)
     if found is None:
         return skipped(f"{relation}, but the model's output {mixing.get('output_shape')} and the loss input "
-                       f"{mixing.get('loss_input_shape')} do not lay out one row per input position")
-    data = {"rows": found["rows"], "x_shape": x_shape, "output_shape": mixing.get("output_shape"),
+                       f"{mixing.get('loss_input_shape')} do not lay out one row per position")
+    data = {"rows": found["rows"], "positions": shape, "perm": list(perm), "output_shape": mixing.get("output_shape"),
             "ops_text": ", ".join(mixing.get("ops") or []) or "none"}
     bad = found["misaligned"]
     if len(bad) < 2 or len(bad) * 2 < len(found["rows"]):
         return passed(f"{relation}; {len(found['rows']) - len(bad)} of {len(found['rows'])} checked loss rows read the "
                       f"output at their target's position", **data)
     example = bad[0]
-    order = "" if list(pair["perm"]) == sorted(pair["perm"]) else f" with its axes in the order {list(pair['perm'])}"
-    return failed("misaligned", f"{relation}, so loss row r's target belongs to position r of that input laid out "
-                  f"flat{order}; "
-                  f"{len(bad)} of {len(found['rows'])} checked rows read the output at another position: row "
-                  f"{example['row']} is scored against the target of position {example['target_at']} but reads "
-                  f"{pair['info'].name}'s output {mixing.get('output_shape')} at {example['reads']} (ops between: "
+    order = "" if list(perm) == sorted(perm) else f" with its axes in the order {list(perm)}"
+    return failed("misaligned", f"{relation}, so loss row r's target belongs to position r of {shape} laid out "
+                  f"flat{order}; {len(bad)} of {len(found['rows'])} checked rows read the output at another position: "
+                  f"row {example['row']} is scored against the target of position {example['target_at']} but reads "
+                  f"{mixing.get('model')}'s output {mixing.get('output_shape')} at {example['reads']} (ops between: "
                   f"{data['ops_text']}). The output and the targets are flattened in different orders", **data)
+
+
+def _targets_layout(rec, mixing: dict) -> tuple[list, tuple, str] | None:
+    """(positions shape, targets' axis order, the relation in words): from the next-token relation when
+    there is one (measured on values), else from the targets' view (mixing's ``target_layout``) when it
+    matches the output's positions as they are or transposed, and no two position axes have one size."""
+    pair = next_token_pair(rec)
+    if pair is not None:
+        return list(pair["x"].shape), pair["perm"], _relation_text(pair)
+    seen = mixing.get("target_layout")
+    lead = list((mixing.get("output_shape") or [])[:-1])
+    if not seen or len(lead) < 2 or len(set(lead)) != len(lead):
+        return None
+    text = f"the loss targets are a flat view of a {seen} tensor and {mixing.get('model')}'s output has positions {lead}"
+    if seen == lead:
+        return lead, tuple(range(len(lead))), text
+    if len(lead) == 2 and seen == lead[::-1]:
+        return lead, (1, 0), text + " (transposed)"
+    return None

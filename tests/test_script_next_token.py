@@ -219,3 +219,44 @@ def test_loss_rows_are_checked_against_their_targets_position(tmp_path, loss_inp
     result = _probe("trace-target-alignment", target)
     assert result.outcome == ("ok" if aligned else "misaligned"), result.summary
     assert _probe("trace-sample-mixing", target).outcome == "ok"    # no row mixes samples in any of them
+
+
+TAGGER_SCRIPT = '''
+import torch
+from torch import nn
+import torch.nn.functional as F
+torch.manual_seed(0)
+N, T, FEAT, TAGS = 96, 7, 4, 5
+feats, tags = torch.randn(N, T, FEAT), torch.randint(0, TAGS, (N, T))
+loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(feats, tags), batch_size=12)
+
+class Tagger(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rnn = nn.GRU(FEAT, 16, batch_first=True)
+        self.out = nn.Linear(16, TAGS)
+
+    def forward(self, x):
+        return self.out(self.rnn(x)[0])                                 # (B, T, TAGS)
+
+model = Tagger()
+opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+for x, y in loader:
+    scores = model(x)
+    loss = F.cross_entropy({LOSS_INPUT}, {TARGET})
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+'''
+
+
+@pytest.mark.parametrize("loss_input,targets,outcome", [
+    ("scores.reshape(-1, TAGS)", "y.view(-1)", "ok"),
+    ("scores.transpose(0, 1).reshape(-1, TAGS)", "y.t().contiguous().view(-1)", "ok"),   # both time-first
+    ("scores.transpose(0, 1).reshape(-1, TAGS)", "y.view(-1)", "misaligned"),
+    ("scores.transpose(0, 1).reshape(-1, TAGS)", "y.t().reshape(-1)", "skipped"),        # a copy: layout unknown
+])
+def test_a_tagger_is_checked_through_the_view_its_targets_are(tmp_path, loss_input, targets, outcome):
+    source = TAGGER_SCRIPT.replace("{LOSS_INPUT}", loss_input).replace("{TARGET}", targets)
+    result = _probe("trace-target-alignment", _recorded(tmp_path, source))
+    assert result.outcome == outcome, result.summary
