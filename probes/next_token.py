@@ -21,7 +21,7 @@ at >= 90% of the positions (and not a copy of ``x``). Nothing is assumed from na
 
 - ``trace-future-leak`` (counterfactual, no training): the model as it was before its first forward, in
   eval mode and without gradients, is called twice with the recorded arguments: as recorded, and with
-  the input's second half along the sequence axis replaced by other tokens of the same batch. A model
+  the input's second half along the sequence axis replaced by other values of the same batch. A model
   that cannot see the future gives bit-for-bit the same outputs at the first half's positions; the
   difference measured there (against the difference between two identical calls) is the evidence.
 - ``trace-target-alignment`` reads what ``trace-sample-mixing``'s listener measured on the live graph
@@ -257,7 +257,7 @@ def trace_future_leak(ctx: ProbeContext):
     options = ", ".join(f"{k}={v!r}" for k, v in pair["kwargs"].items() if isinstance(v, (bool, int, float, str, type(None))))
     called = f", called as the script called it ({options})" if options else ""
     changed = (f"with the input's positions {found['cut']}-{found['length'] - 1} along axis {pair['axis']} replaced "
-               f"by other tokens (in eval mode, no dropout), {info.name} as built{called}")
+               f"by other values of the same batch (in eval mode, no dropout), {info.name} as built{called}")
     if not found["sees_future"]:
         return passed(f"{relation}; {changed} gave the same outputs at positions 0-{found['cut'] - 1} "
                       f"(largest change {found['first_half_change']:.2g}): no position sees a later one", **data)
