@@ -124,7 +124,8 @@ def target_position(row: int, x_shape: list, perm: tuple) -> tuple[int, ...]:
 
 def next_token_pair(rec) -> dict | None:
     """The main model's first training forward and the first training loss target, when the target is an
-    input of that forward shifted by one: {model, args, kwargs, slot (index or keyword), axis, share, target}."""
+    input of that forward shifted by one: {info (the ModelInfo), call (the LossCall), args, kwargs, slot (argument
+    index or keyword), x (that input), axis, share, perm (see :func:`shift_axis`), target}."""
     from nnwizard.script_target import first_training_call, main_model
 
     info = main_model(rec)
