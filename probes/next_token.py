@@ -143,6 +143,27 @@ def next_token_pair(rec) -> dict | None:
     return None
 
 
+def copied_input(rec) -> dict | None:
+    """The main model's first training forward and a class-index loss target that is exactly one of its
+    integer inputs (every position, the same layout): {info, slot, x}; None otherwise. Denoising and masked
+    objectives change some positions, so they never match exactly."""
+    from nnwizard.script_target import CLASSIFICATION_FNS, first_training_call, main_model
+
+    info = main_model(rec)
+    call = first_training_call(rec)
+    calls = getattr(rec, "first_forwards", None) or {}
+    y = call.targets if call is not None else None
+    if info is None or info.index not in calls or call.fn not in CLASSIFICATION_FNS or not isinstance(y, torch.Tensor):
+        return None
+    args, kwargs = calls[info.index]
+    for slot, value in [(i, a) for i, a in enumerate(args)] + list(kwargs.items()):
+        if isinstance(value, torch.Tensor) and not value.is_floating_point() and value.numel() == y.numel() >= 8 \
+                and value.dim() >= 2 and not y.is_floating_point() and len(torch.unique(value)) > 1 \
+                and torch.equal(value.reshape(-1), y.reshape(-1).to(value.dtype)):
+            return {"info": info, "slot": slot, "x": value}
+    return None
+
+
 def _with_input(args: tuple, kwargs: dict, slot, value) -> tuple[tuple, dict]:
     if isinstance(slot, int):
         return tuple(value if i == slot else a for i, a in enumerate(args)), kwargs
@@ -225,7 +246,8 @@ def _relation_text(pair: dict) -> str:
     title="Can the model see the next-token targets it is trained to predict?",
     outcomes={"ok": "the outputs before a position do not change when the inputs from that position on change",
               "sees-future": "outputs at earlier positions change when only later inputs change: the model sees "
-                             "the tokens it is asked to predict (no causal mask)"},
+                             "the tokens it is asked to predict (no causal mask)",
+              "copies-input": "the class-index targets are exactly one of the model's token inputs: not shifted"},
     timeout_s=20,
 )
 def trace_future_leak(ctx: ProbeContext):
@@ -234,6 +256,15 @@ def trace_future_leak(ctx: ProbeContext):
         return skipped("script mode only: this audit reads the recording of a script run")
     pair = next_token_pair(rec)
     if pair is None:
+        copy_of = copied_input(rec)
+        if copy_of is not None:
+            slot = copy_of["slot"]
+            name = f"argument {slot}" if isinstance(slot, int) else f"{slot}="
+            return failed("copies-input", f"the class-index targets of the first training loss call are exactly "
+                          f"{copy_of['info'].name}'s input ({name}, shape {list(copy_of['x'].shape)}) at every one of "
+                          f"its {copy_of['x'].numel()} positions: each position is trained to predict the token it is "
+                          f"given, which it learns by copying; next-token targets are the input shifted by one",
+                          model=copy_of["info"].name, slot=str(slot))
         return skipped("the loss targets are not an input of the model shifted by one (no next-token prediction "
                        "recorded)")
     info = pair["info"]

@@ -260,3 +260,15 @@ def test_a_tagger_is_checked_through_the_view_its_targets_are(tmp_path, loss_inp
     source = TAGGER_SCRIPT.replace("{LOSS_INPUT}", loss_input).replace("{TARGET}", targets)
     result = _probe("trace-target-alignment", _recorded(tmp_path, source))
     assert result.outcome == outcome, result.summary
+
+
+@pytest.mark.parametrize("targets,outcome", [("xb.view(-1)", "copies-input"), ("yb.view(-1)", "ok")])
+def test_targets_that_are_the_input_itself_are_not_shifted(tmp_path, targets, outcome):
+    source = LM_SCRIPT.replace("{CALL}", "").replace("yb.view(-1)", targets)
+    assert _probe("trace-future-leak", _recorded(tmp_path, source)).outcome == outcome
+
+
+def test_a_denoising_target_is_not_a_copy(tmp_path):
+    corrupted = "model(xb.masked_fill(torch.rand(xb.shape) < 0.05, 0))"    # the input differs at some positions
+    source = LM_SCRIPT.replace("{CALL}", "").replace("model(xb)", corrupted).replace("yb.view(-1)", "xb.view(-1)")
+    assert _probe("trace-future-leak", _recorded(tmp_path, source)).outcome != "copies-input"
