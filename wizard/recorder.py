@@ -194,8 +194,7 @@ class StepRecord:
 
 
 _STEP_DEFAULTS = {f.name: f.default for f in fields(StepRecord) if f.default is not MISSING}
-_STEP_MADE = tuple(f.name for f in fields(StepRecord) if f.default_factory is not MISSING)
-_STEP_MAKERS = tuple(f.default_factory for f in fields(StepRecord) if f.default_factory is not MISSING)
+_STEP_FRESH = tuple((f.name, f.default_factory) for f in fields(StepRecord) if f.default_factory is not MISSING)
 
 
 _STEP_BLANK = {"step": 0, "optimizer": -1, "t": 0.0, **_STEP_DEFAULTS}
@@ -207,7 +206,8 @@ def _blank_step(n: int) -> StepRecord:
     fresh lists and dicts."""
     step = object.__new__(StepRecord)
     step.__dict__ = d = _STEP_BLANK.copy()
-    d.update(zip(_STEP_MADE, map(operator.call, _STEP_MAKERS)))  # (the fields' own list()/dict(), in C)
+    for name, make in _STEP_FRESH:  # (a plain loop: cheaper than dict.update over zip and map here)
+        d[name] = make()
     d["step"] = n
     return step
 
@@ -1289,7 +1289,7 @@ class Recorder:
             step = self._pending = _blank_step(rec.total_steps + 1)
         self._backward_since_step += 1
         step.backwards += 1
-        if loss is not None and loss.numel():
+        if loss is not None:  # (an empty one is skipped where it is read)
             scales = self._scales
             if scales or loss.is_cuda:
                 scaled = scales.pop(id(loss), None) if scales else None
@@ -1676,7 +1676,8 @@ class Recorder:
         step = self._pending
         if step is None:
             step = self._pending = _blank_step(self.recording.total_steps + 1)
-        step.closure = closure
+        if closure:
+            step.closure = True
         step.optimizer, step.t = info.index, time.monotonic() - self._t0
         step.zero_grad = self._zero_grad_since
         step.zero_grad_after_backward = self._zero_after_backward
@@ -1693,10 +1694,14 @@ class Recorder:
                 event.synchronize()
                 step.loss = float(loss)
             else:
-                value = loss.item() if loss.numel() == 1 else float(loss.detach().float().mean())  # item(): no detach, no warning
-                scale = scaler.get_scale() if scaler is not None else None
+                try:
+                    value = loss.item()  # (no detach, no warning; raises unless one value)
+                except RuntimeError:
+                    value = float(loss.detach().float().mean()) if loss.numel() else None
+                scale = scaler.get_scale() if scaler is not None and value is not None else None
                 step.loss = value / scale if scale else value
-            step.losses.append(step.loss)
+            if step.loss is not None:
+                step.losses.append(step.loss)
         self.grad_norms = None
         n = step.step
         if n <= NORM_FIRST or not n % self.recording.norm_interval and self._norm_due(n):
