@@ -82,7 +82,6 @@ import copy
 import functools
 from collections import deque
 import math
-import operator
 import sys
 import time
 import traceback
