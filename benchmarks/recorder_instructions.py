@@ -8,10 +8,10 @@ ratios of ``recorder_overhead.py`` do on a shared machine.
     python benchmarks/recorder_instructions.py --model CNN --steps 20     # the 11M CNN (slower)
 
 Needs valgrind (callgrind_annotate). Method: one process, one thread; a warm-up of a few plain and
-recorded steps (lazy imports), then ``--steps`` plain steps inside ``functools.reduce`` and a fresh
-model's ``--steps`` recorded steps inside ``sorted(key=...)`` (two C functions that nothing in the loop
-calls, so ``--toggle-collect`` counts exactly those two loops, the recorder's first-forward copy of
-the model and every per-step record included; installing the recorder is not). The hash seed is fixed.
+recorded steps (lazy imports), then ``--steps`` plain steps and a fresh model's ``--steps`` recorded
+steps, each loop one counted region of ``_callgrind`` (callgrind collects exactly those two loops, the
+recorder's first-forward copy of the model and every per-step record included; installing the
+recorder is not). The hash seed is fixed.
 The recorder runs as a diagnosis observes with (``max_steps`` = ``--steps``, so its last 3 steps are
 measured in detail). Slow: minutes (torch's import under valgrind), more for the large models.
 """
@@ -19,7 +19,6 @@ measured in detail). Slow: minutes (torch's import under valgrind), more for the
 from __future__ import annotations
 
 import argparse
-import functools
 import sys
 from pathlib import Path
 
@@ -55,12 +54,12 @@ def _child(model: str, mode: str, steps: int) -> None:
     recorded(3)
     torch.manual_seed(0)
     plain = build()
-    functools.reduce(lambda acc, _: bench.loop(plain, loader, steps), [0], None)
+    callgrind.region(lambda: bench.loop(plain, loader, steps))
     torch.manual_seed(0)
     model = build()
     with Recorder(mode=mode, max_steps=steps):
         try:
-            sorted([0], key=lambda _: bench.loop(model, loader, steps + 1) or 0)
+            callgrind.region(lambda: bench.loop(model, loader, steps + 1))
         except StopRun:   # the budget's stop, raised from the last step's post hook
             pass
 

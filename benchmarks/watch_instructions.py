@@ -4,10 +4,9 @@ which the wall-clock ratio of ``watch_overhead.py`` does on a shared machine.
 
     python benchmarks/watch_instructions.py [--steps 200] [--warmup 40]   # needs valgrind (callgrind_annotate)
 
-Method: one process; ``--warmup`` steps (40) in each mode, then ``--steps`` plain steps inside ``functools.reduce`` and
-``--steps`` watched steps inside ``sorted(key=...)`` (two C functions that nothing else in the loop
-calls, so ``--toggle-collect`` counts exactly those loops); the per-step instruction count of each is
-its inclusive total over ``--steps``. The sampled work is fixed so that two runs count the same work:
+Method: one process; ``--warmup`` steps (40) in each mode, then ``--steps`` plain steps and ``--steps``
+watched steps, each loop one counted region of ``_callgrind`` (callgrind collects exactly those two
+loops); the per-step instruction count of each is its total over ``--steps``. The sampled work is fixed so that two runs count the same work:
 JSON lines every 10 steps (``every=10``), the gradient norm on steps 1-5 and every 5th, the
 update/weight ratio on every logged step (watch's defaults choose these from measured time, which
 differs from run to run under valgrind) and the hash seed is fixed. With the default warm-up the
@@ -21,7 +20,6 @@ minutes (importing torch under valgrind).
 from __future__ import annotations
 
 import argparse
-import functools
 import sys
 import tempfile
 
@@ -59,11 +57,11 @@ def _child(steps: int, warmup: int) -> None:
     mw, ow = make()
     for b in warm:
         run(mp, op, b)
-    functools.reduce(lambda acc, b: run(mp, op, b), batches[40:], None)
+    callgrind.region(lambda: [run(mp, op, b) for b in batches[40:]])
     with tempfile.TemporaryDirectory() as out, nnwizard.watch(mw, ow, out=out, every=10, tensorboard=False, quiet=True):
         for b in warm:
             run(mw, ow, b)
-        sorted(batches[40:], key=lambda b: run(mw, ow, b) or 0)
+        callgrind.region(lambda: [run(mw, ow, b) for b in batches[40:]])
 
 
 def main() -> None:

@@ -82,7 +82,6 @@ import copy
 import functools
 from collections import deque
 import math
-import operator
 import re
 import sys
 import time
@@ -176,7 +175,7 @@ class StepRecord:
     grad_enabled: bool = True
     grad_norm: float | None = None
     grads_none: int = 0          # trainable tensors of the optimizer with .grad None
-    grads_total: int = 0
+    grads_total: int = 0         # (light mode: both counted on the steps whose gradient norm is measured, 0 on the others)
     grads_nonfinite: bool = False
     zero_grad: bool = False      # a zero_grad() (optimizer or model) ran since the previous step
     zero_grad_after_backward: bool = False  # a zero_grad() ran after a backward of this step, before its step()
@@ -195,18 +194,21 @@ class StepRecord:
 
 
 _STEP_DEFAULTS = {f.name: f.default for f in fields(StepRecord) if f.default is not MISSING}
-_STEP_MADE = tuple(f.name for f in fields(StepRecord) if f.default_factory is not MISSING)
-_STEP_MAKERS = tuple(f.default_factory for f in fields(StepRecord) if f.default_factory is not MISSING)
+_STEP_FRESH = tuple((f.name, f.default_factory) for f in fields(StepRecord) if f.default_factory is not MISSING)
+
+
+_STEP_BLANK = {"step": 0, "optimizer": -1, "t": 0.0, **_STEP_DEFAULTS}
 
 
 def _blank_step(n: int) -> StepRecord:
     """``StepRecord(step=n, optimizer=-1, t=0.0)`` without the dataclass ``__init__``'s 30 assignments
-    (light mode makes one every step)."""
+    (light mode makes one every step): a copy of the defaults (one C copy of a dict), the fields' own
+    fresh lists and dicts."""
     step = object.__new__(StepRecord)
-    d = step.__dict__
-    d.update(_STEP_DEFAULTS)
-    d.update(zip(_STEP_MADE, map(operator.call, _STEP_MAKERS)))  # (the fields' own list()/dict(), in C)
-    d["step"], d["optimizer"], d["t"] = n, -1, 0.0
+    step.__dict__ = d = _STEP_BLANK.copy()
+    for name, make in _STEP_FRESH:  # (a plain loop: cheaper than dict.update over zip and map here)
+        d[name] = make()
+    d["step"] = n
     return step
 
 
@@ -751,6 +753,8 @@ class Recorder:
                     rec._resume()
             return zero_grad
 
+        if not self.full:
+            zero_grad_patch = self._zero_grad_light
         self._patch(torch.optim.Optimizer, "zero_grad", zero_grad_patch)
 
         def init_patch(original):
@@ -790,7 +794,7 @@ class Recorder:
 
         if self.full:  # the mode must leave before Tensor.backward's own __torch_function__ check
             self._patch(torch.Tensor, "backward", backward_patch)
-        self._patch(torch.autograd, "backward", backward_patch)  # Tensor.backward calls it: one frame in light mode
+        self._patch(torch.autograd, "backward", backward_patch if self.full else self._backward_light)  # Tensor.backward calls it
 
         def sched_patch(original):
             @functools.wraps(original)
@@ -1255,7 +1259,38 @@ class Recorder:
             self._notify("on_loss", call)
             self._notify("on_loss_args", call, args, kwargs, value)  # watch: the live tensors (added by watch)
 
+    def _zero_grad_light(self, original: Callable) -> Callable:
+        """Light mode's ``zero_grad`` wrapper (optimizers and modules): the step record's two flags
+        and the count; nothing to pause."""
+        rec = self
+
+        @functools.wraps(original)
+        def zero_grad(this, *args, **kwargs):
+            rec._zero_grad_since = True
+            if rec._backward_since_step:
+                rec._zero_after_backward = True
+            rec.recording.zero_grads += 1
+            return original(this, *args, **kwargs)
+        return zero_grad
+
     # -- backward ---------------------------------------------------------------------------------
+    def _backward_light(self, original: Callable) -> Callable:
+        """Light mode's ``torch.autograd.backward`` wrapper (``Tensor.backward`` calls it): one frame,
+        :meth:`_before_backward_light` before the outermost backward only."""
+        rec = self
+
+        @functools.wraps(original)
+        def backward(tensors, *args, **kwargs):
+            if rec._in_backward:
+                return original(tensors, *args, **kwargs)
+            rec._in_backward = 1
+            try:
+                rec._before_backward_light(tensors)
+                return original(tensors, *args, **kwargs)
+            finally:
+                rec._in_backward = 0
+        return backward
+
     def _before_backward_light(self, tensors) -> None:
         """Light mode, before ``backward()`` (full mode: :meth:`_before_backward`): counted, and how
         the step reads its loss (see :meth:`_loss_reading`); no graph search."""
@@ -1267,7 +1302,7 @@ class Recorder:
             step = self._pending = _blank_step(rec.total_steps + 1)
         self._backward_since_step += 1
         step.backwards += 1
-        if loss is not None and loss.numel():
+        if loss is not None:  # (an empty one is skipped where it is read)
             scales = self._scales
             if scales or loss.is_cuda:
                 scaled = scales.pop(id(loss), None) if scales else None
@@ -1654,7 +1689,8 @@ class Recorder:
         step = self._pending
         if step is None:
             step = self._pending = _blank_step(self.recording.total_steps + 1)
-        step.closure = closure
+        if closure:
+            step.closure = True
         step.optimizer, step.t = info.index, time.monotonic() - self._t0
         step.zero_grad = self._zero_grad_since
         step.zero_grad_after_backward = self._zero_after_backward
@@ -1671,32 +1707,18 @@ class Recorder:
                 event.synchronize()
                 step.loss = float(loss)
             else:
-                value = loss.item() if loss.numel() == 1 else float(loss.detach().float().mean())  # item(): no detach, no warning
-                scale = scaler.get_scale() if scaler is not None else None
+                try:
+                    value = loss.item()  # (no detach, no warning; raises unless one value)
+                except RuntimeError:
+                    value = float(loss.detach().float().mean()) if loss.numel() else None
+                scale = scaler.get_scale() if scaler is not None and value is not None else None
                 step.loss = value / scale if scale else value
-            step.losses.append(step.loss)
-        # the trainable tensors and their gradients, walked in C (map) rather than in Python: every step
-        params = groups[0]["params"] if len(groups) == 1 else list(chain.from_iterable(map(_PARAMS, groups)))
-        if not all(map(_REQUIRES, params)):
-            params = [p for p in params if p.requires_grad]
-        grads = list(map(_GRAD, params))
-        none = list(map(type, grads)).count(_NONE)
-        step.grads_total, step.grads_none = len(grads), none
+            if step.loss is not None:
+                step.losses.append(step.loss)
         self.grad_norms = None
         n = step.step
-        if none == len(grads):
-            step.grad_norm = 0.0
-        elif n <= NORM_FIRST or not n % self.recording.norm_interval and self._norm_due(n):
-            started = time.perf_counter()
-            withgrad = [p for p, g in zip(params, grads) if g is not None] if none else list(params)
-            grads = [g.detach() if g.requires_grad else g for g in grads if g is not None]
-            norms = torch._foreach_norm(grads)
-            total = total_norm(norms)
-            step.grad_norm = total
-            step.grads_nonfinite = not math.isfinite(total)
-            self.grad_norms = (withgrad, norms)
-            cost = time.perf_counter() - started
-            self._norm_cost = cost if not self._norm_cost else 0.8 * self._norm_cost + 0.2 * cost
+        if n <= NORM_FIRST or not n % self.recording.norm_interval and self._norm_due(n):
+            self._grad_norm_light(step, groups)
         for fn in self._fns["on_step_pre"]:  # (_notify, inline: this runs every step)
             try:
                 fn(self, optimizer, step)
@@ -1705,6 +1727,32 @@ class Recorder:
             except Exception:  # noqa: BLE001 - a listener must never break the user's run
                 self.recording.listener_errors += 1
         return None
+
+    def _grad_norm_light(self, step: StepRecord, groups: list[dict]) -> None:
+        """Light mode, on the steps :meth:`_norm_due` picks: the trainable tensors' gradients counted
+        (``grads_total`` / ``grads_none``; left 0 on the other steps: walking every parameter's
+        ``.grad`` is a Python-level attribute read per tensor) and their global norm (0.0 when none has
+        a gradient), with the per-tensor norms kept for the listeners (``grad_norms``)."""
+        started = time.perf_counter()
+        # the trainable tensors and their gradients, walked in C (map) rather than in Python
+        params = groups[0]["params"] if len(groups) == 1 else list(chain.from_iterable(map(_PARAMS, groups)))
+        if not all(map(_REQUIRES, params)):
+            params = [p for p in params if p.requires_grad]
+        grads = list(map(_GRAD, params))
+        none = list(map(type, grads)).count(_NONE)
+        step.grads_total, step.grads_none = len(grads), none
+        if none == len(grads):
+            step.grad_norm = 0.0
+            return
+        withgrad = [p for p, g in zip(params, grads) if g is not None] if none else list(params)
+        grads = [g.detach() if g.requires_grad else g for g in grads if g is not None]
+        norms = torch._foreach_norm(grads)
+        total = total_norm(norms)
+        step.grad_norm = total
+        step.grads_nonfinite = not math.isfinite(total)
+        self.grad_norms = (withgrad, norms)
+        cost = time.perf_counter() - started
+        self._norm_cost = cost if not self._norm_cost else 0.8 * self._norm_cost + 0.2 * cost
 
     def _after_step_light(self, optimizer, args=None, kwargs=None) -> None:
         """Light mode's optimizer step post hook (full mode: :meth:`_step_post`): the step's record

@@ -149,6 +149,7 @@ def _total_norm(tensors: list[torch.Tensor]) -> float:
 
 
 _cpu_rng = torch.default_generator.get_state  # torch.random.get_rng_state without its Python frame
+_grad_enabled = torch.is_grad_enabled          # (one lookup less per call: these run every step)
 MAX_PER_STEP = 64  # model calls / loss calls / backwards kept for one step (a loop with no step() stays bounded)
 
 
@@ -371,7 +372,7 @@ class Watch:
 
         @functools.wraps(original)
         def forward(this, *args, **kwargs):
-            if watch._inside or id(this) not in watch._wrapped or not torch.is_grad_enabled():
+            if watch._inside or id(this) not in watch._wrapped or not _grad_enabled():
                 return original(this, *args, **kwargs)
             cur = watch._current
             calls = cur["calls"]
@@ -418,7 +419,7 @@ class Watch:
 
     def on_loss_args(self, rec, call, args, kwargs, value) -> None:
         cur = self._current
-        if not torch.is_grad_enabled() or not isinstance(value, torch.Tensor) or len(cur["losses"]) >= MAX_PER_STEP:
+        if not _grad_enabled() or not isinstance(value, torch.Tensor) or len(cur["losses"]) >= MAX_PER_STEP:
             return
         cur["losses"].append((call.fn, args, kwargs, value))  # references only: see _loss_parts
         # the target alone goes into the ring (the input is a model output: it and its graph are not kept)
@@ -476,9 +477,10 @@ class Watch:
             if self._before is not None:
                 params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
                 if len(params) == len(self._before):
-                    with torch.no_grad():
-                        delta = torch._foreach_sub([p.detach() for p in params], self._before)
-                        dn, wn = _total_norm(delta), _total_norm(self._before)
+                    with torch.no_grad():  # (no detach per tensor)
+                        wn = _total_norm(self._before)
+                        torch._foreach_sub_(self._before, params)  # in place: before - after
+                        dn = _total_norm(self._before)
                     line["update_ratio"] = dn / wn if wn > 0 else None
                 self._before = None
                 cost = time.perf_counter() - self._ratio_started
@@ -531,8 +533,8 @@ class Watch:
         if self.optimizer is not None and optimizer is not self.optimizer:
             return
         self.steps = step_rec.step
-        grads = step_rec.grads_total > step_rec.grads_none
-        norm = step_rec.grad_norm if grads else None  # None: not measured on this step (Recorder._norm_due)
+        # None: not measured on this step (Recorder._norm_due), or no gradient at all
+        norm = step_rec.grad_norm if step_rec.grads_total > step_rec.grads_none else None
         loss, lrs = step_rec.loss, step_rec.lrs
         last = self._last_det
         index, detector = (last[1], last[2]) if last[0] is optimizer else self._detector(optimizer)
@@ -556,7 +558,7 @@ class Watch:
             else:
                 params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
                 norms = [float(n) for n in torch._foreach_norm([p.grad.detach() for p in params])] if params else []
-                if grads and line["grad_norm"] is None:  # an anomaly between two measured steps
+                if params and line["grad_norm"] is None:  # an anomaly between two measured steps
                     line["grad_norm"] = math.sqrt(sum(n * n for n in norms))
             if params:
                 order = sorted(range(len(norms)), key=lambda i: -norms[i] if math.isfinite(norms[i]) else -math.inf)
