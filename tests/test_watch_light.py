@@ -31,7 +31,9 @@ def _steps(model, opt, n, x=None):
         opt.step()
 
 
-def test_light_recording_keeps_a_bounded_window_and_counts_every_step():
+def test_light_recording_keeps_a_bounded_window_and_counts_every_step(monkeypatch):
+    # every step's norm due (the measured-cost interval is timing-dependent; its rule has its own tests)
+    monkeypatch.setattr(Recorder, "_norm_due", lambda self, n: True)
     model = _mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     with Recorder("light") as rec:
@@ -40,7 +42,7 @@ def test_light_recording_keeps_a_bounded_window_and_counts_every_step():
     assert r.total_steps == LIGHT_KEEP + 44 and len(r.steps) == LIGHT_KEEP
     assert r.steps[-1].step == LIGHT_KEEP + 44 and r.steps[0].step == 45
     assert all(s.loss is not None for s in r.steps) and r.loss_calls == []
-    assert r.steps[0].grad_norm is not None or r.norm_interval > 1  # measured or skipped by the interval
+    assert r.norm_interval == 1 and all(s.grad_norm is not None for s in r.steps)
 
 
 def test_global_module_hooks_go_once_the_models_are_known_and_come_back_for_a_new_optimizer():
