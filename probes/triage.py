@@ -171,10 +171,26 @@ def run_curves(ctx: ProbeContext, budget_s: float, max_epochs: int, max_steps: i
     return out
 
 
+def _batches_read(target, val_batches: int) -> int:
+    """The batches one validation pass really reads: at most ``val_batches``, fewer when the split
+    is smaller (a validation set of four batches costs four, not eight, per pass), none without one."""
+    loader = target.subset_loader("val", val_batches)
+    if loader is None:
+        return 0
+    try:
+        return min(val_batches, len(loader))
+    except TypeError:  # an iterable dataset: its length is unknown, price the passes in full
+        return val_batches
+
+
+UNMOVED = ("stalled-high", "flat")  # shapes a cut run of a slow starter also has: not moved (enough) yet
+
+
 class _Extension:
-    """When the budget cut the run and its curve looks stalled high, one more epoch at a time (up to
-    the wanted steps), to tell a standstill from a slow start: a short run of a slowly learning model
-    looks stalled, and the trees that symptom queues cost hundreds of steps. Each epoch is priced as
+    """When the budget cut the run and its curve looks stalled high or flat, one more epoch at a time
+    (up to the wanted steps), to tell a standstill from a slow start: a short run of a slowly learning
+    model looks stalled or flat (a 3k-parameter CNN was flat after 28 steps, stalled after 35 and
+    falling after 70), and the trees those symptoms queue cost hundreds of steps. Each epoch is priced as
     the run's epochs so far cost; the extension takes at most ``LEND`` of what the session has left
     beyond this probe's allowance and the smallest runs of the probes still to come."""
 
@@ -191,7 +207,7 @@ class _Extension:
         shape = classify(Curves(train=out["train"], val=out["val"] or None, val_steps=out["val_steps"] or None),
                          self.reference)
         need = spent / out["epochs"]
-        if shape.shape != "stalled-high" or need > self.room:
+        if shape.shape not in UNMOVED or need > self.room:
             return 0.0
         self.room -= need
         self.epochs += 1
@@ -228,7 +244,7 @@ def triage_run(ctx: ProbeContext):
     if target.sample_limit:  # sliced batches: fewer validation samples per pass, too
         val_batches = min(val_batches, 4)
     # seven validation passes (a forward costs about a third of a step) and two fresh models
-    planned = ctx.plan_steps(wanted, minimum=MIN_STEPS, fixed=3 + 7 * val_batches / 3)
+    planned = ctx.plan_steps(wanted, minimum=MIN_STEPS, fixed=3 + 7 * _batches_read(target, val_batches) / 3)
     if not planned:
         return ctx.unaffordable(MIN_STEPS, "steps a curve needs (no symptom measured)", wanted=wanted)
     cut = planned < wanted
