@@ -495,3 +495,24 @@ def test_a_slow_scripts_time_limit_grows_to_fit_a_readable_run(tmp_path):
     # a fast script keeps its limit: nothing raised
     fast = run_script(load_script(str(path)), [], RunOptions(max_steps=3, time_limit_s=30.0, listeners=[StepFit()]))
     assert not any(note.startswith("time limit raised") for note in fast.recording.notes)
+
+
+def test_triage_keeps_the_users_batch_when_it_learns_from_more_samples_a_second():
+    from nnwizard.probes import ProbeContext
+    from nnwizard.probes.triage import MIN_STEPS, _own_batch
+
+    target = load_example("healthy_mlp")
+    target.sample_limit = 16
+
+    def own(user_step_s, allowance_s):
+        budget = Budget(total_s=20.0, step_s=0.02, user_step_s=user_step_s, batch=16, user_batch=64)
+        return _own_batch(ProbeContext(target, {}, {}, 0, budget=budget, allowance_s=allowance_s), 300, 8)
+
+    # 64 samples in 0.04 s against 16 in 0.02 s (per-layer overhead): the user's batch, priced at 2 session steps
+    kept, price = own(0.04, 5.0)
+    assert kept.sample_limit is None and target.sample_limit == 16 and price == pytest.approx(2.0)
+    assert kept.batch()[1].shape[0] > 16
+    assert own(0.09, 5.0) is None  # 64 samples in 0.09 s: the slice sees more a second
+    assert own(0.04, MIN_STEPS * 0.04) is None  # the user's batch would not fit a curve's minimum
+    target.sample_limit = None
+    assert own(0.04, 5.0) is None  # nothing sliced: nothing to keep
