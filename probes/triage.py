@@ -10,6 +10,7 @@ trees run only for what was measured.
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 import traceback
@@ -171,10 +172,54 @@ def run_curves(ctx: ProbeContext, budget_s: float, max_epochs: int, max_steps: i
     return out
 
 
+def _fixed(target, val_batches: int) -> float:
+    """The run's work besides its steps, in its own steps: two fresh models and seven validation
+    passes (a forward costs about a third of a step)."""
+    return 3 + 7 * _batches_read(target, val_batches) / 3
+
+
+def _own_batch(ctx: ProbeContext, wanted: int, val_batches: int):
+    """(the unsliced target, one of its steps in the session's steps) when the session slices dear
+    batches but the user's own batch goes through more samples a second than the slice and still fits
+    a curve's minimum; None otherwise. A learning curve is read in steps but learnt from samples: a
+    model whose step costs about the same at any batch (per-layer call overhead) sees a quarter of
+    the data on 16-sample slices, and its curve looks stalled where the user's own is falling."""
+    from nnwizard.budget import plan_steps
+
+    budget, target = ctx.budget, ctx.target
+    if not target.sample_limit or budget is None or not (budget.user_step_s and budget.step_s and budget.user_batch
+                                                         and budget.batch):
+        return None
+    if budget.user_batch / budget.user_step_s <= budget.batch / budget.step_s:
+        return None
+    own = copy.copy(target)
+    own.sample_limit = None
+    price = budget.user_step_s / budget.step_s
+    if plan_steps(budget, ctx.allowance_s, wanted, MIN_STEPS, cost=price, fixed=_fixed(own, val_batches) * price) < MIN_STEPS:
+        return None
+    return own, price
+
+
+def _batches_read(target, val_batches: int) -> int:
+    """The batches one validation pass really reads: at most ``val_batches``, fewer when the split
+    is smaller (a validation set of four batches costs four, not eight, per pass), none without one."""
+    loader = target.subset_loader("val", val_batches)
+    if loader is None:
+        return 0
+    try:
+        return min(val_batches, len(loader))
+    except TypeError:  # an iterable dataset: its length is unknown, price the passes in full
+        return val_batches
+
+
+UNMOVED = ("stalled-high", "flat")  # shapes a cut run of a slow starter also has: not moved (enough) yet
+
+
 class _Extension:
-    """When the budget cut the run and its curve looks stalled high, one more epoch at a time (up to
-    the wanted steps), to tell a standstill from a slow start: a short run of a slowly learning model
-    looks stalled, and the trees that symptom queues cost hundreds of steps. Each epoch is priced as
+    """When the budget cut the run and its curve looks stalled high or flat, one more epoch at a time
+    (up to the wanted steps), to tell a standstill from a slow start: a short run of a slowly learning
+    model looks stalled or flat (a 3k-parameter CNN was flat after 28 steps, stalled after 35 and
+    falling after 70), and the trees those symptoms queue cost hundreds of steps. Each epoch is priced as
     the run's epochs so far cost; the extension takes at most ``LEND`` of what the session has left
     beyond this probe's allowance and the smallest runs of the probes still to come."""
 
@@ -191,7 +236,7 @@ class _Extension:
         shape = classify(Curves(train=out["train"], val=out["val"] or None, val_steps=out["val_steps"] or None),
                          self.reference)
         need = spent / out["epochs"]
-        if shape.shape != "stalled-high" or need > self.room:
+        if shape.shape not in UNMOVED or need > self.room:
             return 0.0
         self.room -= need
         self.epochs += 1
@@ -221,14 +266,18 @@ CURVE_OUTCOMES = {  # the shapes of a loss curve; triage-run and trace-run (scri
     floor=MIN_STEPS + 3 + 7 * 8 / 3,  # its minimum, two fresh models and seven validation passes (see below)
 )
 def triage_run(ctx: ProbeContext):
-    target = ctx.target
     budget = float(ctx.param("budget_s", 5.0))
     wanted = int(ctx.param("steps", 300))
     val_batches = int(ctx.param("val_batches", 8))
-    if target.sample_limit:  # sliced batches: fewer validation samples per pass, too
+    own = _own_batch(ctx, wanted, val_batches)
+    price = 1.0  # one step of the run in the session's steps
+    if own is not None:  # the user's own batch: the curve the user would see, and more samples a second
+        ctx.target, price = own
+    elif ctx.target.sample_limit:  # sliced batches: fewer validation samples per pass, too
         val_batches = min(val_batches, 4)
+    target = ctx.target
     # seven validation passes (a forward costs about a third of a step) and two fresh models
-    planned = ctx.plan_steps(wanted, minimum=MIN_STEPS, fixed=3 + 7 * val_batches / 3)
+    planned = ctx.plan_steps(wanted, minimum=MIN_STEPS, cost=price, fixed=_fixed(target, val_batches) * price)
     if not planned:
         return ctx.unaffordable(MIN_STEPS, "steps a curve needs (no symptom measured)", wanted=wanted)
     cut = planned < wanted
@@ -252,6 +301,8 @@ def triage_run(ctx: ProbeContext):
     if data.get("stopped"):
         info["stopped"] = data["stopped"]
     info["val_loss_final"] = val[-1] if val else None
+    if own is not None:
+        info["own_batch"] = True  # the session slices dear batches; this run kept the user's (_own_batch)
     if extension is not None and extension.epochs:
         ctx.plan["extended_to"] = len(train)
         info["extended_epochs"] = extension.epochs
@@ -290,6 +341,8 @@ def triage_run(ctx: ProbeContext):
     plots = [_plot(train, val, data["val_steps"], data["loop"], shape)]
     ref = f" (reference {reference_loss:.4g}: {info['reference_how']})" if reference_loss else ""
     ran = f"{len(train)} steps" + (f" (of {wanted} wanted; the budget fits {planned})" if cut else "")
+    if own is not None:
+        ran += " at your own batch (it learns from more samples a second than the probes' slices)"
     if info.get("extended_epochs"):
         ran += f" (extended by {info['extended_epochs']} epochs while the curve looked stalled)"
     text = f"{ran} / {data['epochs']} epochs of {data['loop']} in {data['seconds']} s: {shape.title}: {shape.evidence}{ref}"

@@ -397,6 +397,63 @@ def test_a_cut_triage_run_that_looks_stalled_goes_on_to_tell_a_standstill_from_a
     assert kept.room == pytest.approx(0.5 * (20.0 - 4.0 - 10.0), abs=0.05)
 
 
+def test_a_cut_triage_run_that_looks_flat_goes_on_too():
+    # a slow starter's first few dozen steps can be flat as well as stalled: the same question, the same answer
+    from nnwizard.curves import Curves, classify
+    from nnwizard.probes import ProbeContext
+    from nnwizard.probes.triage import _Extension
+
+    ctx = ProbeContext(load_example("healthy_mlp"), {}, {}, 0, budget=Budget(total_s=20.0, step_s=0.01), allowance_s=4.0)
+    flat = [2.30 + 0.01 * (i % 3) for i in range(60)]
+    assert classify(Curves(train=flat), 2.3).shape == "flat"
+    extend = _Extension(ctx, wanted=300, reference=2.3)
+    assert extend({"train": flat, "val": [], "val_steps": [], "epochs": 6}, 3.0) == pytest.approx(0.5)
+    noisy = [2.3, 1.3] * 32  # oscillating: more steps do not change what a jump is
+    assert classify(Curves(train=noisy), 2.3).shape == "oscillating"
+    assert extend({"train": noisy, "val": [], "val_steps": [], "epochs": 6}, 3.0) == 0.0
+
+
+def test_triage_prices_the_validation_batches_a_pass_really_reads():
+    from nnwizard.probes.triage import _batches_read
+
+    target = load_example("healthy_mlp")
+    available = len(target.val_loader)
+    assert _batches_read(target, available + 4) == available  # a small validation set costs what it holds
+    assert _batches_read(target, 1) == 1
+    target.val_loader = None
+    assert _batches_read(target, 8) == 0
+
+
+def test_a_cut_overfit_run_stops_as_soon_as_the_batch_is_memorised(monkeypatch):
+    # memorised is memorised at any step count: the check does not wait for the planned minimum
+    from nnwizard.probes import sanity
+
+    monkeypatch.setattr(sanity, "_as_stepped", lambda target, model, batch: (0.1, 1.0))
+    losses = [2.3, 1.5, 0.9, 0.6, 0.5]
+    assert sanity._clear(None, None, None, losses) and sanity.CHECK_EVERY == len(losses)
+    assert not sanity._clear(None, None, None, losses[:4])  # between checks: no forward spent
+    monkeypatch.setattr(sanity, "_as_stepped", lambda target, model, batch: (1.2, 0.75))
+    assert not sanity._clear(None, None, None, losses)  # a quarter of the samples still wrong: go on
+
+
+def test_the_first_optimizers_imports_happen_before_the_session_clock_starts(monkeypatch):
+    from nnwizard import budget as budget_module
+
+    order = []
+    monkeypatch.setattr(budget_module, "_import_optimizer_machinery", lambda: order.append("import"))
+
+    class Clocked(Budget):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)  # the clock starts here (Budget.started)
+            order.append("clock")
+
+    monkeypatch.setattr(budget_module, "Budget", Clocked)
+    target = load_example("healthy_mlp")
+    target.measured_step_s = 0.01
+    budget_module.calibrate(target)
+    assert order == ["import", "clock"]
+
+
 
 def test_label_leak_column_quantiles_are_torch_quantile_to_the_bit():
     from nnwizard.probes.leakage import _column_quantiles
@@ -438,3 +495,24 @@ def test_a_slow_scripts_time_limit_grows_to_fit_a_readable_run(tmp_path):
     # a fast script keeps its limit: nothing raised
     fast = run_script(load_script(str(path)), [], RunOptions(max_steps=3, time_limit_s=30.0, listeners=[StepFit()]))
     assert not any(note.startswith("time limit raised") for note in fast.recording.notes)
+
+
+def test_triage_keeps_the_users_batch_when_it_learns_from_more_samples_a_second():
+    from nnwizard.probes import ProbeContext
+    from nnwizard.probes.triage import MIN_STEPS, _own_batch
+
+    target = load_example("healthy_mlp")
+    target.sample_limit = 16
+
+    def own(user_step_s, allowance_s):
+        budget = Budget(total_s=20.0, step_s=0.02, user_step_s=user_step_s, batch=16, user_batch=64)
+        return _own_batch(ProbeContext(target, {}, {}, 0, budget=budget, allowance_s=allowance_s), 300, 8)
+
+    # 64 samples in 0.04 s against 16 in 0.02 s (per-layer overhead): the user's batch, priced at 2 session steps
+    kept, price = own(0.04, 5.0)
+    assert kept.sample_limit is None and target.sample_limit == 16 and price == pytest.approx(2.0)
+    assert kept.batch()[1].shape[0] > 16
+    assert own(0.09, 5.0) is None  # 64 samples in 0.09 s: the slice sees more a second
+    assert own(0.04, MIN_STEPS * 0.04) is None  # the user's batch would not fit a curve's minimum
+    target.sample_limit = None
+    assert own(0.04, 5.0) is None  # nothing sliced: nothing to keep

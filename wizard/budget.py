@@ -217,12 +217,21 @@ def _timed_steps(target, batch, give_up_s: float) -> float:
     return statistics.median(times[1:]) if len(times) > 1 else times[0]
 
 
+def _import_optimizer_machinery() -> None:
+    """Build a throwaway optimizer before the session's clock starts. torch imports ``torch._dynamo``
+    when a process builds its first optimizer (``add_param_group``), seconds on a slow machine; the
+    user's own training pays it once too. That is process start-up, like importing torch, not work
+    of any probe (3.5 s on the shared 2-core machine at load 7, where a 3k-parameter CNN step took 0.18 s)."""
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.0)
+
+
 def calibrate(target, total_s: float | None = None, limit_s: float = 60.0) -> Budget:
     """The session's Budget, from ``target.measured_step_s`` or by timing the user's step (isolated:
     a step that raises or hangs leaves the step time unmeasured or a lower bound)."""
     from nnwizard.isolation import run_probe
     from nnwizard.probes.api import BUILTIN_OUTCOMES, ProbeContext, ProbeResult, ProbeSpec
 
+    _import_optimizer_machinery()
     budget = Budget(total_s=total_s or 0.0, explicit=total_s is not None)
     batch = target.batch()
     budget.user_batch = len(batch[1]) if batch is not None and hasattr(batch[1], "__len__") else None
