@@ -812,7 +812,13 @@ class Recorder:
                     rec._forced_workers.append((this, this.num_workers))
                     rec.recording.notes.append(f"DataLoader num_workers={this.num_workers} ran with 0 workers while recorded")
                     this.num_workers = 0
-                return _LoaderIter(rec, this, original(this))
+                if not rec.full:
+                    return _LoaderIter(rec, this, original(this))
+                rec._pause()   # (the iterator's set-up draws its seed with torch ops)
+                try:
+                    return _LoaderIter(rec, this, original(this))
+                finally:
+                    rec._resume()
             return __iter__
 
         self._patch(DataLoader, "__iter__", iter_patch)
@@ -1055,6 +1061,9 @@ class Recorder:
             return None
         if self._manual_open is not None:
             self._close_manual()
+        known = self._module_ids.get(id(module))
+        if known is not None and known[1] is None and known[0]() is module:
+            return None   # a loss module (or a submodule called directly) seen before: no forward event
         found = self._forward_event(module)
         if found is None:
             return None
@@ -1584,10 +1593,12 @@ class Recorder:
         if not self.full:
             self._measure_light(optimizer, closure=closure)
             return
-        info = self._optimizer_info(optimizer)
-        step = self._step_record()
+        info = self._opt_ids.get(id(optimizer))
+        if info is None or info.optimizer is not optimizer:
+            info = self._optimizer_info(optimizer)
+        step = self._pending or self._step_record()
         step.closure = closure
-        step.optimizer, step.t = info.index, self.now()
+        step.optimizer, step.t = info.index, time.monotonic() - self._t0
         if info.index in self._carried_by:  # this optimizer's own gradients, measured at the first backward after the last step
             step.carried = self._carried_by[info.index]
         step.zero_grad = self._zero_grad_since
