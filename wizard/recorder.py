@@ -69,7 +69,8 @@ it watches module calls through a patched ``nn.Module.__call__`` rather than the
 submodule's call inside a forward passes straight through: no hook path for it). Each optimizer's
 gradient norm (and the largest parameter change, measured on at most UPDATE_SAMPLE evenly spaced
 values per tensor up to step UPDATE_STEPS) is measured on its first FULL_DETAIL steps, then on every
-FULL_EVERY-th, on the last 3 of the step budget and on any step whose loss is non-finite
+FULL_EVERY-th (an optimizer over more than FULL_LARGE values: its first FULL_DETAIL_LARGE, then every
+FULL_EVERY_LARGE-th), on the last 3 of the step budget and on any step whose loss is non-finite
 (``StepRecord.grad_norm`` / ``update`` is None on the others; a NaN gradient between two measured
 steps shows in the next step's loss); the NaN/Inf check of the forwards' inputs since the last step
 (``StepRecord.nonfinite_input``) runs on the same steps. See benchmarks/recorder_overhead.py.
@@ -117,6 +118,9 @@ CLIP_KEEP = 200  # full mode: gradient-clipping calls recorded
 SPAN_CHECKS = 4  # steps at whose first backward full mode looks for the graph of the step before
 FULL_DETAIL = 12  # full mode: the first steps whose gradient norm and parameter change are always measured (the trace table shows the first 11),
 FULL_EVERY = 4    # then every FULL_EVERY-th step's, the last 3 of the step budget's, and any step with a non-finite loss
+FULL_LARGE = 1_000_000  # full mode: an optimizer over more values than this has its gradient norm (one memory-bound pass over
+FULL_DETAIL_LARGE = 3   # every gradient: ~3 ms per 7M values on one core, several % of a dense model's step) and parameter change
+FULL_EVERY_LARGE = 8    # measured on its first FULL_DETAIL_LARGE steps, then every FULL_EVERY_LARGE-th (and the last 3, non-finite losses)
 UPDATE_STEPS = 64  # full mode: the parameter change (StepRecord.update) is measured up to this step
 UPDATE_SAMPLE = 4096  # full mode: a parameter's change over a step is compared on at most this many evenly spaced values
 
@@ -211,6 +215,7 @@ def _blank_step(n: int) -> StepRecord:
 
 _GRAD, _REQUIRES, _LR, _PARAMS = attrgetter("grad"), attrgetter("requires_grad"), itemgetter("lr"), itemgetter("params")
 _NONE = type(None)
+_VALUES = itemgetter("values")
 
 
 def _trainable_grads(groups: list[dict]) -> tuple[list, list]:
@@ -1615,7 +1620,9 @@ class Recorder:
             grads = [g for g in grads if g is not None]
         step.grads_total, step.grads_none = len(trainable), none
         n, own = step.step, info.steps + 1   # (sampled per optimizer: a GAN's two alternate)
-        due = own <= FULL_DETAIL or not own % FULL_EVERY or (self.max_steps is not None and n > self.max_steps - 3) \
+        first, every = (FULL_DETAIL_LARGE, FULL_EVERY_LARGE) if sum(map(_VALUES, info.groups)) > FULL_LARGE \
+            else (FULL_DETAIL, FULL_EVERY)
+        due = own <= first or not own % every or (self.max_steps is not None and n > self.max_steps - 3) \
             or (step.loss is not None and not math.isfinite(step.loss))
         if due and self._inputs:
             step.nonfinite_input = step.nonfinite_input or _nonfinite(self._inputs)
