@@ -102,6 +102,29 @@ def test_gradient_norm_and_update_are_measured_on_the_first_steps_then_sampled_a
     assert all(s.update > 0 for s in steps[:FULL_DETAIL])
 
 
+def test_a_large_optimizer_is_measured_on_fewer_first_steps_and_more_sparsely_and_still_on_a_nan():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 4), nn.ReLU(), nn.Linear(4, 3))
+    big = nn.Parameter(torch.zeros(recorder_mod.FULL_LARGE + 1))   # (values only: the norm's cost, not the model's)
+    opt = torch.optim.SGD([*model.parameters(), big], lr=0.01)
+    crit = nn.CrossEntropyLoss()
+    first, every = recorder_mod.FULL_DETAIL_LARGE, recorder_mod.FULL_EVERY_LARGE
+    n = max(FULL_DETAIL, first) + 2 * every
+    with Recorder("full") as rec:
+        _step(model, opt, crit, n)
+        x = torch.randn(8, 6)
+        x[0, 0] = math.nan
+        loss = crit(model(x), torch.randint(0, 3, (8,)))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    steps = rec.recording.steps
+    measured = [s.step for s in steps if s.grad_norm is not None]
+    assert measured[:-1] == [k for k in range(1, n + 1) if k <= first or k % every == 0]
+    assert measured[-1] == n + 1 and steps[-1].grads_nonfinite and steps[-1].nonfinite_input   # the NaN step
+    assert [s.step for s in steps if s.update is not None] == [k for k in measured if k <= recorder_mod.UPDATE_STEPS]
+
+
 def test_the_last_steps_of_the_budget_are_measured():
     torch.manual_seed(0)
     model = _mlp()

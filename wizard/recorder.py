@@ -69,7 +69,8 @@ it watches module calls through a patched ``nn.Module.__call__`` rather than the
 submodule's call inside a forward passes straight through: no hook path for it). Each optimizer's
 gradient norm (and the largest parameter change, measured on at most UPDATE_SAMPLE evenly spaced
 values per tensor up to step UPDATE_STEPS) is measured on its first FULL_DETAIL steps, then on every
-FULL_EVERY-th, on the last 3 of the step budget and on any step whose loss is non-finite
+FULL_EVERY-th (an optimizer over more than FULL_LARGE values: its first FULL_DETAIL_LARGE, then every
+FULL_EVERY_LARGE-th), on the last 3 of the step budget and on any step whose loss is non-finite
 (``StepRecord.grad_norm`` / ``update`` is None on the others; a NaN gradient between two measured
 steps shows in the next step's loss); the NaN/Inf check of the forwards' inputs since the last step
 (``StepRecord.nonfinite_input``) runs on the same steps. See benchmarks/recorder_overhead.py.
@@ -117,6 +118,9 @@ CLIP_KEEP = 200  # full mode: gradient-clipping calls recorded
 SPAN_CHECKS = 4  # steps at whose first backward full mode looks for the graph of the step before
 FULL_DETAIL = 12  # full mode: the first steps whose gradient norm and parameter change are always measured (the trace table shows the first 11),
 FULL_EVERY = 4    # then every FULL_EVERY-th step's, the last 3 of the step budget's, and any step with a non-finite loss
+FULL_LARGE = 1_000_000  # full mode: an optimizer over more values than this has its gradient norm (one memory-bound pass over
+FULL_DETAIL_LARGE = 3   # every gradient: ~3 ms per 7M values on one core, several % of a dense model's step) and parameter change
+FULL_EVERY_LARGE = 8    # measured on its first FULL_DETAIL_LARGE steps, then every FULL_EVERY_LARGE-th (and the last 3, non-finite losses)
 UPDATE_STEPS = 64  # full mode: the parameter change (StepRecord.update) is measured up to this step
 UPDATE_SAMPLE = 4096  # full mode: a parameter's change over a step is compared on at most this many evenly spaced values
 
@@ -214,6 +218,16 @@ def _blank_step(n: int) -> StepRecord:
 
 _GRAD, _REQUIRES, _LR, _PARAMS = attrgetter("grad"), attrgetter("requires_grad"), itemgetter("lr"), itemgetter("params")
 _NONE = type(None)
+_VALUES = itemgetter("values")
+
+
+def _trainable_grads(groups: list[dict]) -> tuple[list, list]:
+    """The trainable tensors of an optimizer's param groups and their ``.grad`` (None where unset), walked in
+    C (``map``) rather than in Python: full mode's step pre hook runs it every step."""
+    params = groups[0]["params"] if len(groups) == 1 else list(chain.from_iterable(map(_PARAMS, groups)))
+    if not all(map(_REQUIRES, params)):
+        params = [p for p in params if p.requires_grad]
+    return params, list(map(_GRAD, params))
 
 
 @dataclass
@@ -466,7 +480,6 @@ _KEEPS_PROVENANCE = {"view", "reshape", "flatten", "squeeze", "unsqueeze", "long
 
 
 _stack_len = torch._C._len_torch_function_stack
-_stack_at = torch._C._get_function_stack_at
 _stack_pop = torch._C._pop_torch_function_stack
 _stack_push = torch._C._push_on_torch_function_stack
 
@@ -822,7 +835,13 @@ class Recorder:
                     rec._forced_workers.append((this, this.num_workers))
                     rec.recording.notes.append(f"DataLoader num_workers={this.num_workers} ran with 0 workers while recorded")
                     this.num_workers = 0
-                return _LoaderIter(rec, this, original(this))
+                if not rec.full:
+                    return _LoaderIter(rec, this, original(this))
+                rec._pause()   # (the iterator's set-up draws its seed with torch ops)
+                try:
+                    return _LoaderIter(rec, this, original(this))
+                finally:
+                    rec._resume()
             return __iter__
 
         self._patch(DataLoader, "__iter__", iter_patch)
@@ -958,9 +977,12 @@ class Recorder:
         self._paused += 1
         if self._paused == 1:
             n = _stack_len()
-            if n and _stack_at(n - 1) is self._mode_obj:
-                _stack_pop()
-                self._popped_at = n - 1
+            if n:
+                top = _stack_pop()   # (ours, nearly always: one C call fewer than looking first)
+                if top is self._mode_obj:
+                    self._popped_at = n - 1
+                else:
+                    _stack_push(top)
 
     def _resume(self) -> None:
         self._paused -= 1
@@ -1062,6 +1084,9 @@ class Recorder:
             return None
         if self._manual_open is not None:
             self._close_manual()
+        known = self._module_ids.get(id(module))
+        if known is not None and known[1] is None and known[0]() is module:
+            return None   # a loss module (or a submodule called directly) seen before: no forward event
         found = self._forward_event(module)
         if found is None:
             return None
@@ -1335,52 +1360,87 @@ class Recorder:
         rec = self.recording
         rec.backwards += 1
         step = self._pending or self._step_record()
-        if self.full and self._backward_since_step == 0 and rec.total_steps:
-            step.carried, self._carried_by = self._carried()
-            if self._prev_nodes and loss is not None and len(rec.steps) <= SPAN_CHECKS:
-                if _reached(loss.grad_fn, {id(n) for n in self._prev_nodes}) and len(rec.graph_spans) < 8:
-                    rec.graph_spans.append(f"{self.where() or '?'} at step {len(rec.steps) + 1}")
-            self._prev_nodes = []
+        if self._backward_since_step == 0 and rec.total_steps:
+            self._first_backward(step, loss)
         self._backward_since_step += 1
         self._zeroed_since_backward = False
         step.backwards += 1
         if loss is not None and loss.numel():
-            known = self._loss_value
-            if known is not None and known[0]() is loss:  # backward on the loss call's own result: read once
-                value = known[1]
-            else:
-                value = float(loss.detach().float().mean()) if loss.numel() > 1 else float(loss.detach())
-            if self._scales:
-                scaled = self._scales.pop(id(loss), None)
-                if scaled is not None and scaled[0]() is loss and scaled[1]:
-                    value /= scaled[1]
-                if len(self._scales) > 16:
-                    self._scales = {k: v for k, v in self._scales.items() if v[0]() is not None}
-            step.losses.append(value)
-            step.loss = value
-            if self.full:
-                ref = weakref.ref(loss)
-                self._spent[id(loss)] = ref
-                self._spent_all.append(ref)
-                if len(self._spent) > 64:
-                    self._spent = {k: r for k, r in self._spent.items() if r() is not None}
-        if self.full and loss is not None:
-            reached = self._linked(loss)
-            if reached is None:
-                targets = {id(e.node) for e in self._pending_forwards if e.node is not None}
-                targets |= {id(c.node) for c in self._pending_losses if c.node is not None}
-                reached = _reached(loss.grad_fn, targets)
+            self._backward_loss(step, loss)
+        link = self._linked(loss) if loss is not None else None
+        if link is not None:   # the loss call's own value, its forward the only one pending: no graph search
+            call, event = link
+            call.eval, call.node = False, None
+            if event is not None:
+                self._trained(step, event)
+            self._pending_forwards, self._pending_losses = [], []
         else:
-            reached = None
+            self._mark_reached(step, loss)
+        if self._loader_stack:
+            self._loader_stack[-1].backwards[-1] += 1
+        if self._manual_open is not None or self._manual_key != (len(rec.models), len(rec.optimizers)):
+            self._refresh_manual()   # (else nothing changed since it last ran)
+        if self._listening:
+            self._notify("on_backward", loss)
+        if self.max_steps is not None and not rec.total_steps and rec.backwards > self.max_steps:
+            rec.stopped = f"the budget of {self.max_steps} backward passes was reached (no optimizer.step() so far)"
+            raise StopRun(rec.stopped)
+
+    def _first_backward(self, step: StepRecord, loss: torch.Tensor | None) -> None:
+        """Full mode, the first backward after an optimizer step: the gradients still set from before
+        it, and (on the first SPAN_CHECKS steps) whether this graph reaches the last step's forwards."""
+        rec = self.recording
+        step.carried, self._carried_by = self._carried()
+        if self._prev_nodes and loss is not None and len(rec.steps) <= SPAN_CHECKS:
+            if _reached(loss.grad_fn, {id(n) for n in self._prev_nodes}) and len(rec.graph_spans) < 8:
+                rec.graph_spans.append(f"{self.where() or '?'} at step {len(rec.steps) + 1}")
+        self._prev_nodes = []
+
+    def _backward_loss(self, step: StepRecord, loss: torch.Tensor) -> None:
+        """Full mode: the value ``backward()`` gets (unscaled by a GradScaler's scale) joins the step's
+        losses; the tensor is watched by the mode afterwards (an op on it that keeps its graph)."""
+        known = self._loss_value
+        if known is not None and known[0]() is loss:  # backward on the loss call's own result: read once
+            value = known[1]
+        else:
+            value = float(loss.detach().float().mean()) if loss.numel() > 1 else float(loss.detach())
+        if self._scales:
+            scaled = self._scales.pop(id(loss), None)
+            if scaled is not None and scaled[0]() is loss and scaled[1]:
+                value /= scaled[1]
+            if len(self._scales) > 16:
+                self._scales = {k: v for k, v in self._scales.items() if v[0]() is not None}
+        step.losses.append(value)
+        step.loss = value
+        ref = weakref.ref(loss)
+        spent = self._spent
+        spent[id(loss)] = ref
+        self._spent_all.append(ref)
+        if len(spent) > 64:
+            self._spent = {k: r for k, r in spent.items() if r() is not None}
+
+    def _trained(self, step: StepRecord, event: ForwardEvent) -> None:
+        """A backward reached this forward: it trained, and counts for the step."""
+        event.trained, event.node = True, None
+        if len(self._trained_nodes) < 32:
+            self._trained_nodes += event.outs
+        event.outs = []
+        m = event.model
+        step.forwards[m] = step.forwards.get(m, 0) + 1
+        step.training[m] = step.training.get(m, True) and event.training
+
+    def _mark_reached(self, step: StepRecord, loss: torch.Tensor | None) -> None:
+        """The pending forwards and loss calls the graph of ``loss`` reaches trained (all of them when
+        there is no tensor to search from); the others stay pending."""
+        reached = None
+        if loss is not None:
+            targets = {id(e.node) for e in self._pending_forwards if e.node is not None}
+            targets |= {id(c.node) for c in self._pending_losses if c.node is not None}
+            reached = _reached(loss.grad_fn, targets)
         keep_f, keep_l = [], []
         for event in self._pending_forwards:
             if reached is None or id(event.node) in reached:
-                event.trained, event.node = True, None
-                if self.full and len(self._trained_nodes) < 32:
-                    self._trained_nodes += event.outs
-                event.outs = []
-                step.forwards[event.model] = step.forwards.get(event.model, 0) + 1
-                step.training[event.model] = step.training.get(event.model, True) and event.training
+                self._trained(step, event)
             else:
                 keep_f.append(event)
         for call in self._pending_losses:
@@ -1389,30 +1449,24 @@ class Recorder:
             else:
                 keep_l.append(call)
         self._pending_forwards, self._pending_losses = keep_f, keep_l
-        if self._loader_stack:
-            self._loader_stack[-1].backwards[-1] += 1
-        if self.full and (self._manual_open is not None or self._manual_key != (len(rec.models), len(rec.optimizers))):
-            self._refresh_manual()   # (else nothing changed since it last ran)
-        if self._listening:
-            self._notify("on_backward", loss)
-        if self.max_steps is not None and not self.steps_taken and rec.backwards > self.max_steps:
-            rec.stopped = f"the budget of {self.max_steps} backward passes was reached (no optimizer.step() so far)"
-            raise StopRun(rec.stopped)
 
-    def _linked(self, loss: torch.Tensor) -> set[int] | None:
-        """The graph nodes a backward on ``loss`` reaches, known without a search when ``loss`` is the
-        value of the only pending loss call and the only pending forward is the one that call's
-        input came from (see ``_loss_link``); None when the graph must be searched."""
+    def _linked(self, loss: torch.Tensor) -> tuple[LossCall, ForwardEvent | None] | None:
+        """The pending loss call and forward (None: none pending) a backward on ``loss`` reaches, known
+        without a search when ``loss`` is the value of the only pending loss call and the only pending
+        forward is the one that call's input came from (see ``_loss_link``); None when the graph must
+        be searched."""
         link = self._loss_link
-        if link is None or link[0]() is not loss or loss.grad_fn is not link[1].node:
+        if link is None or link[0]() is not loss:
             return None
+        _, call, event = link
         pending_f, pending_l = self._pending_forwards, self._pending_losses
-        if len(pending_l) != 1 or pending_l[0] is not link[1] or len(pending_f) > 1:
+        if len(pending_l) != 1 or pending_l[0] is not call or loss.grad_fn is not call.node:
             return None
-        event = link[2]
-        if pending_f and pending_f[0] is not event:
+        if not pending_f:
+            return call, None
+        if len(pending_f) > 1 or pending_f[0] is not event:
             return None
-        return {id(link[1].node), id(event.node)} if pending_f else {id(link[1].node)}
+        return call, event
 
     def _carried(self) -> tuple[float | None, dict[int, float]]:
         """Share of the optimizers' trainable tensors whose .grad is still non-zero now, at the first
@@ -1593,24 +1647,31 @@ class Recorder:
         if not self.full:
             self._measure_light(optimizer, closure=closure)
             return
-        info = self._optimizer_info(optimizer)
-        step = self._step_record()
+        info = self._opt_ids.get(id(optimizer))
+        if info is None or info.optimizer is not optimizer:
+            info = self._optimizer_info(optimizer)
+        step = self._pending or self._step_record()
         step.closure = closure
-        step.optimizer, step.t = info.index, self.now()
+        step.optimizer, step.t = info.index, time.monotonic() - self._t0
         if info.index in self._carried_by:  # this optimizer's own gradients, measured at the first backward after the last step
             step.carried = self._carried_by[info.index]
         step.zero_grad = self._zero_grad_since
         step.zero_grad_after_backward = self._zero_after_backward
         step.epoch, step.batch = self._epochs, self._batch_index
         step.scheduler_steps = self._scheduler_count
-        step.lrs = [float(g["lr"]) for g in optimizer.param_groups]
+        groups = optimizer.param_groups
+        step.lrs = list(map(float, map(_LR, groups)))
         step.grad_enabled = torch.is_grad_enabled()
-        trainable = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
+        trainable, grads = _trainable_grads(groups)
         self._trainable_n[id(optimizer)] = len(trainable)
-        grads = [g for g in (p.grad for p in trainable) if g is not None]   # (list.count(None) would call Tensor.__eq__)
-        step.grads_total, step.grads_none = len(trainable), len(trainable) - len(grads)
+        none = list(map(type, grads)).count(_NONE)   # (list.count(None) would call Tensor.__eq__)
+        if none:
+            grads = [g for g in grads if g is not None]
+        step.grads_total, step.grads_none = len(trainable), none
         n, own = step.step, info.steps + 1   # (sampled per optimizer: a GAN's two alternate)
-        due = own <= FULL_DETAIL or not own % FULL_EVERY or (self.max_steps is not None and n > self.max_steps - 3) \
+        first, every = (FULL_DETAIL_LARGE, FULL_EVERY_LARGE) if sum(map(_VALUES, info.groups)) > FULL_LARGE \
+            else (FULL_DETAIL, FULL_EVERY)
+        due = own <= first or not own % every or (self.max_steps is not None and n > self.max_steps - 3) \
             or (step.loss is not None and not math.isfinite(step.loss))
         if due and self._inputs:
             step.nonfinite_input = step.nonfinite_input or _nonfinite(self._inputs)
