@@ -223,7 +223,8 @@ _VALUES = itemgetter("values")
 
 def _trainable_grads(groups: list[dict]) -> tuple[list, list]:
     """The trainable tensors of an optimizer's param groups and their ``.grad`` (None where unset), walked in
-    C (``map``) rather than in Python: full mode's step pre hook runs it every step."""
+    C (``map``) rather than in Python: full mode's step pre hook runs it every step, light mode's on the
+    steps whose gradient norm it measures."""
     params = groups[0]["params"] if len(groups) == 1 else list(chain.from_iterable(map(_PARAMS, groups)))
     if not all(map(_REQUIRES, params)):
         params = [p for p in params if p.requires_grad]
@@ -746,7 +747,7 @@ class Recorder:
             self._undo.append(h.remove)
         rec = self
 
-        def zero_grad_patch(original):
+        def zero_grad_patch(original):  # full mode (light mode: _zero_grad_light)
             @functools.wraps(original)
             def zero_grad(this, *args, **kwargs):
                 if rec._manual_open is not None:
@@ -755,8 +756,6 @@ class Recorder:
                 rec._zero_after_backward = rec._zero_after_backward or rec._backward_since_step > 0
                 rec._zeroed_since_backward = True
                 rec.recording.zero_grads += 1
-                if not rec.full:
-                    return original(this, *args, **kwargs)
                 if isinstance(this, torch.optim.Optimizer):
                     rec._cleared.add(id(this))
                 rec._pause()
@@ -785,23 +784,19 @@ class Recorder:
         if self.full:
             self._patch_clipping()
 
-        def backward_patch(original):
-            before = rec._before_backward if rec.full else rec._before_backward_light
-
+        def backward_patch(original):  # full mode (light mode: _backward_light)
             @functools.wraps(original)
             def backward(tensors, *args, **kwargs):
                 if rec._in_backward:
                     return original(tensors, *args, **kwargs)
                 rec._in_backward += 1
-                if rec.full:
-                    rec._pause()
+                rec._pause()
                 try:
-                    before(tensors)
+                    rec._before_backward(tensors)
                     result = original(tensors, *args, **kwargs)
                 finally:
                     rec._in_backward -= 1
-                    if rec.full:
-                        rec._resume()
+                    rec._resume()
                 return result
             return backward
 
@@ -1795,11 +1790,7 @@ class Recorder:
         ``.grad`` is a Python-level attribute read per tensor) and their global norm (0.0 when none has
         a gradient), with the per-tensor norms kept for the listeners (``grad_norms``)."""
         started = time.perf_counter()
-        # the trainable tensors and their gradients, walked in C (map) rather than in Python
-        params = groups[0]["params"] if len(groups) == 1 else list(chain.from_iterable(map(_PARAMS, groups)))
-        if not all(map(_REQUIRES, params)):
-            params = [p for p in params if p.requires_grad]
-        grads = list(map(_GRAD, params))
+        params, grads = _trainable_grads(groups)
         none = list(map(type, grads)).count(_NONE)
         step.grads_total, step.grads_none = len(grads), none
         if none == len(grads):
