@@ -303,6 +303,10 @@ FAULTS = {
                       ("for x, y in loader:\n            ", "for i, (x, y) in enumerate(loader):\n            ")], "trace-loss-scale", "accumulated-sum"),
     "sum-reduction": ([("crit = nn.CrossEntropyLoss()", "crit = nn.CrossEntropyLoss(reduction='sum')")], "trace-loss-scale", "sum-reduction"),
     "wrong-target": ([("loss = crit(out, y)", "loss = crit(out, out.argmax(1))")], "trace-loss-target", "target-from-output"),
+    # a loss module (nn.CrossEntropyLoss) scoring a tensor the model never made: its own top-level call is not a model's
+    "foreign-input": ([("loss = crit(out, y)", "loss = crit(prior.expand(len(y), 2), y)"),
+                       ("crit = nn.CrossEntropyLoss()", "crit = nn.CrossEntropyLoss()\nprior = torch.zeros(2, requires_grad=True)")],
+                      "trace-loss-target", "not-from-model"),
     "graph-kept": ([("running += loss.item()", "running += loss")], "trace-graph", "kept"),
     "graph-stored": ([("running += loss.item()", "losses.append(loss)"), ("running = 0.0", "running = 0.0\n        losses = []"),
                       ("{running / len(loader):.4f}", "{sum(l.item() for l in losses):.4f}")], "trace-graph", "stored"),

@@ -570,6 +570,7 @@ class Recorder:
         self._pinned: torch.Tensor | None = None  # light mode, CUDA: the pinned host scalar the loss is copied to
         self._undo: list[Callable[[], None]] = []
         self._depth = 0
+        self._in_model = False   # full mode: inside a model's top-level call (not a loss module's)
         self._in_loss = 0
         self._in_backward = 0
         self._in_sched = 0
@@ -677,12 +678,13 @@ class Recorder:
                 return original(this, *args, **kwargs)
             try:
                 event = rec._model_called(this, args)
+                rec._in_model = event is not None
                 output = original(this, *args, **kwargs)
                 if event is not None:
                     rec._model_output(event, output)
                 return output
             finally:
-                rec._depth = 0
+                rec._depth, rec._in_model = 0, False
                 rec._resume()
         return __call__
 
@@ -1246,8 +1248,8 @@ class Recorder:
                 if grad:
                     self._window_values.append(v)
         from_model, out_shape, direct = self._from_model(x)
-        if self._depth > 0:  # called inside a model's forward (Hugging Face models compute their own loss)
-            from_model = True
+        if self._in_model:  # called inside a model's forward (Hugging Face models compute their own loss); a loss
+            from_model = True  # module's own call (nn.CrossEntropyLoss) is a top-level call too, but not a model's
         event = self._last_event
         if from_model and event is not None:
             event.scored = True
