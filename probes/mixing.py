@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from nnwizard.probes.api import ProbeContext, failed, passed, probe, skipped
+from nnwizard.probes.trace import _on_recording
 
 ROWS = 8             # loss-input rows whose dependence is measured
 MAX_NUMEL = 20_000_000  # larger outputs are not judged (each gradient is the output's size)
@@ -220,10 +221,8 @@ def judge(x: torch.Tensor, out: torch.Tensor, rows: int = ROWS) -> dict[str, Any
                        "reshape between the model and the loss mixes the batch's samples"},
     timeout_s=10,
 )
-def trace_sample_mixing(ctx: ProbeContext):
-    rec = getattr(ctx.target, "recording", None)
-    if rec is None:
-        return skipped("script mode only: this audit reads the recording of a script run")
+@_on_recording
+def trace_sample_mixing(ctx: ProbeContext, rec):
     found = getattr(rec, "sample_mixing", None)
     if not found:
         return skipped("no training loss call on a tensor computed from the model's output was recorded")

@@ -42,6 +42,7 @@ from typing import Any
 import torch
 
 from nnwizard.probes.api import ProbeContext, cannot_run, failed, passed, probe, skipped
+from nnwizard.probes.trace import _on_recording
 
 MIN_SHARE = 0.9      # positions where y[t] == x[t + 1], for the next-token relation
 MIN_LENGTH = 4       # sequence positions needed to judge
@@ -250,10 +251,8 @@ def _relation_text(pair: dict) -> str:
               "copies-input": "the class-index targets are exactly one of the model's token inputs: not shifted"},
     timeout_s=20,
 )
-def trace_future_leak(ctx: ProbeContext):
-    rec = getattr(ctx.target, "recording", None)
-    if rec is None:
-        return skipped("script mode only: this audit reads the recording of a script run")
+@_on_recording
+def trace_future_leak(ctx: ProbeContext, rec):
     pair = next_token_pair(rec)
     if pair is None:
         copy_of = copied_input(rec)
@@ -335,10 +334,8 @@ def misaligned_rows(mixing: dict, x_shape: list, perm: tuple) -> dict | None:
                             "targets are flattened in different orders"},
     timeout_s=10,
 )
-def trace_target_alignment(ctx: ProbeContext):
-    rec = getattr(ctx.target, "recording", None)
-    if rec is None:
-        return skipped("script mode only: this audit reads the recording of a script run")
+@_on_recording
+def trace_target_alignment(ctx: ProbeContext, rec):
     mixing = getattr(rec, "sample_mixing", None) or {}
     if not mixing.get("judged") or mixing.get("identity") or mixing.get("mixed"):
         why = ("the loss receives the model's output itself" if mixing.get("identity") else
