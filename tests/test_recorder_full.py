@@ -79,6 +79,16 @@ def test_backward_marks_only_what_it_reaches_with_and_without_the_graph_search()
     assert [s.forwards for s in r.steps] == [{0: 1}, {0: 1}, {0: 1}]
 
 
+def _nan_step(model, opt, crit) -> None:
+    """One more training step on a batch with a NaN input."""
+    x = torch.randn(8, 6)
+    x[0, 0] = math.nan
+    loss = crit(model(x), torch.randint(0, 3, (8,)))
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+
+
 def test_gradient_norm_and_update_are_measured_on_the_first_steps_then_sampled_and_on_a_nan():
     torch.manual_seed(0)
     model = _mlp()
@@ -87,12 +97,7 @@ def test_gradient_norm_and_update_are_measured_on_the_first_steps_then_sampled_a
     n = FULL_DETAIL + 3 * FULL_EVERY + 1
     with Recorder("full") as rec:
         _step(model, opt, crit, n)
-        x = torch.randn(8, 6)
-        x[0, 0] = math.nan
-        loss = crit(model(x), torch.randint(0, 3, (8,)))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+        _nan_step(model, opt, crit)
     steps = rec.recording.steps
     measured = [s.step for s in steps if s.grad_norm is not None]
     assert measured[:FULL_DETAIL] == list(range(1, FULL_DETAIL + 1))
@@ -112,12 +117,7 @@ def test_a_large_optimizer_is_measured_on_fewer_first_steps_and_more_sparsely_an
     n = max(FULL_DETAIL, first) + 2 * every
     with Recorder("full") as rec:
         _step(model, opt, crit, n)
-        x = torch.randn(8, 6)
-        x[0, 0] = math.nan
-        loss = crit(model(x), torch.randint(0, 3, (8,)))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+        _nan_step(model, opt, crit)
     steps = rec.recording.steps
     measured = [s.step for s in steps if s.grad_norm is not None]
     assert measured[:-1] == [k for k in range(1, n + 1) if k <= first or k % every == 0]
