@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import math
 from typing import Any
 
 import torch
@@ -123,10 +124,9 @@ def target_position(row: int, x_shape: list, perm: tuple) -> tuple[int, ...]:
     return tuple(pos)
 
 
-def next_token_pair(rec) -> dict | None:
-    """The main model's first training forward and the first training loss target, when the target is an
-    input of that forward shifted by one: {info (the ModelInfo), call (the LossCall), args, kwargs, slot (argument
-    index or keyword), x (that input), axis, share, perm (see :func:`shift_axis`), target}."""
+def _first_pair(rec) -> tuple | None:
+    """(the main model's ModelInfo, the first training LossCall, that model's first training forward's args and
+    kwargs) when all are recorded and the loss target is a tensor; None otherwise."""
     from nnwizard.script_target import first_training_call, main_model
 
     info = main_model(rec)
@@ -134,9 +134,27 @@ def next_token_pair(rec) -> dict | None:
     calls = getattr(rec, "first_forwards", None) or {}
     if info is None or call is None or info.index not in calls or not isinstance(call.targets, torch.Tensor):
         return None
-    args, kwargs = calls[info.index]
-    slots = [(i, a) for i, a in enumerate(args)] + list(kwargs.items())
-    for slot, value in slots:
+    return (info, call, *calls[info.index])
+
+
+def _slots(args: tuple, kwargs: dict) -> list[tuple]:
+    """(argument index or keyword, value) of every argument of a call."""
+    return list(enumerate(args)) + list(kwargs.items())
+
+
+def _slot_name(slot) -> str:
+    return f"argument {slot}" if isinstance(slot, int) else f"{slot}="
+
+
+def next_token_pair(rec) -> dict | None:
+    """The main model's first training forward and the first training loss target, when the target is an
+    input of that forward shifted by one: {info (the ModelInfo), call (the LossCall), args, kwargs, slot (argument
+    index or keyword), x (that input), axis, share, perm (see :func:`shift_axis`), target}."""
+    first = _first_pair(rec)
+    if first is None:
+        return None
+    info, call, args, kwargs = first
+    for slot, value in _slots(args, kwargs):
         found = shift_axis(value, call.targets)
         if found is not None:
             return {"info": info, "call": call, "args": args, "kwargs": kwargs, "slot": slot, "axis": found[0],
@@ -148,16 +166,14 @@ def copied_input(rec) -> dict | None:
     """The main model's first training forward and a class-index loss target that is exactly one of its
     integer inputs (every position, the same layout): {info, slot, x}; None otherwise. Denoising and masked
     objectives change some positions, so they never match exactly."""
-    from nnwizard.script_target import CLASSIFICATION_FNS, first_training_call, main_model
+    from nnwizard.script_target import CLASSIFICATION_FNS
 
-    info = main_model(rec)
-    call = first_training_call(rec)
-    calls = getattr(rec, "first_forwards", None) or {}
-    y = call.targets if call is not None else None
-    if info is None or info.index not in calls or call.fn not in CLASSIFICATION_FNS or not isinstance(y, torch.Tensor):
+    first = _first_pair(rec)
+    if first is None or first[1].fn not in CLASSIFICATION_FNS:
         return None
-    args, kwargs = calls[info.index]
-    for slot, value in [(i, a) for i, a in enumerate(args)] + list(kwargs.items()):
+    info, call, args, kwargs = first
+    y = call.targets
+    for slot, value in _slots(args, kwargs):
         if isinstance(value, torch.Tensor) and not value.is_floating_point() and value.numel() == y.numel() >= 8 \
                 and value.dim() >= 2 and not y.is_floating_point() and len(torch.unique(value)) > 1 \
                 and torch.equal(value.reshape(-1), y.reshape(-1).to(value.dtype)):
@@ -234,8 +250,7 @@ def future_dependence(model: torch.nn.Module, args: tuple, kwargs: dict, slot, a
 
 
 def _relation_text(pair: dict) -> str:
-    slot = pair["slot"]
-    name = f"argument {slot}" if isinstance(slot, int) else f"{slot}="
+    name = _slot_name(pair["slot"])
     order = "" if list(pair["perm"]) == sorted(pair["perm"]) else f", flattened with its axes in the order {list(pair['perm'])}"
     return (f"the loss targets are {pair['info'].name}'s input ({name}, shape {list(pair['x'].shape)}) shifted by one "
             f"along axis {pair['axis']} at {pair['share']:.0%} of positions{order}")
@@ -258,7 +273,7 @@ def trace_future_leak(ctx: ProbeContext, rec):
         copy_of = copied_input(rec)
         if copy_of is not None:
             slot = copy_of["slot"]
-            name = f"argument {slot}" if isinstance(slot, int) else f"{slot}="
+            name = _slot_name(slot)
             return failed("copies-input", f"the class-index targets of the first training loss call are exactly "
                           f"{copy_of['info'].name}'s input ({name}, shape {list(copy_of['x'].shape)}) at every one of "
                           f"its {copy_of['x'].numel()} positions: each position is trained to predict the token it is "
@@ -305,9 +320,7 @@ def misaligned_rows(mixing: dict, x_shape: list, perm: tuple) -> dict | None:
     order ``perm``)."""
     out_shape = mixing.get("output_shape") or []
     lead = out_shape[:-1]
-    numel = 1
-    for d in x_shape:
-        numel *= d
+    numel = math.prod(x_shape)
     if list(lead) == list(x_shape):
         to_position = tuple
     elif lead == [numel]:
