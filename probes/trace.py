@@ -266,8 +266,7 @@ def trace_backward_step(ctx: ProbeContext, rec):
         cleared = sum(s.zero_grad_after_backward for s in rec.steps)
         # the optimizer holds a model's own parameters and no backward ever reached that model's forwards:
         # the graph between the model and the loss was cut (detach, .data, torch.tensor(out), .item())
-        cut = bool(opt and opt.models and not opt.foreign and not cleared
-                   and not any(f.trained for f in rec.forwards if f.model in opt.models))
+        cut = bool(opt and opt.models and not opt.foreign and not cleared and set(opt.models) <= _cut_models(rec))
         data.update(zero_after_backward=cleared == len(rec.steps), zero_after_backward_steps=cleared, graph_cut=cut)
         why = (f"; zero_grad() ran after the backward and before optimizer.step() in {cleared} of them" if cleared else
                f"; the optimizer holds {', '.join(rec.models[i].name for i in opt.models)}'s own parameters, and no "
@@ -430,9 +429,9 @@ def _phases(rec) -> list[list]:
     def evaluates(run) -> bool:
         return any(f.scored or not f.training or not f.grad_enabled or not in_training(f) for f in run)
 
-    phases, current = [], []
+    phases, current, cut = [], [], _cut_models(rec)
     for f in rec.forwards:
-        if f.model in _cut_models(rec):
+        if f.model in cut:
             continue  # its training forwards reach no backward (see trace-backward-step): not evaluation
         if f.trained:
             if current and evaluates(current):
