@@ -28,6 +28,7 @@ the model's output and the loss input are.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -137,9 +138,7 @@ def target_layout(y: Any, rows: int) -> list[int] | None:
     base = y._base
     if base is None or base.dim() < 2 or not base.is_contiguous() or not y.is_contiguous():
         return None
-    inner = 1
-    for d in base.shape[1:]:
-        inner *= d
+    inner = math.prod(base.shape[1:])
     offset = y.storage_offset() - base.storage_offset()
     if inner == 0 or offset % inner or y.numel() % inner:
         return None
