@@ -497,6 +497,23 @@ def test_a_slow_scripts_time_limit_grows_to_fit_a_readable_run(tmp_path):
     assert not any(note.startswith("time limit raised") for note in fast.recording.notes)
 
 
+SLOW_START_SCRIPT = SLOW_SCRIPT.replace("    time.sleep(0.25)", "    time.sleep(1.0 if step == 0 else 0.25)  # lazy set-up in the first step")
+
+
+def test_a_first_step_that_ends_past_the_time_limit_still_gets_a_measured_second_step(tmp_path):
+    # the first step ends past the limit (start-up plus a slow step): the run is not cut at one step
+    # before StepFit can measure a step; the second step then sizes the limit as usual
+    from nnwizard.script_run import RunOptions, StepFit, load_script, run_script
+
+    path = tmp_path / "slow_start.py"
+    path.write_text(SLOW_START_SCRIPT)
+    plain = run_script(load_script(str(path)), [], RunOptions(max_steps=12, time_limit_s=0.8))
+    assert plain.recording.total_steps == 1 and "time limit" in plain.recording.stopped
+    fitted = run_script(load_script(str(path)), [], RunOptions(max_steps=12, time_limit_s=0.8, listeners=[StepFit()]))
+    assert fitted.recording.total_steps >= StepFit.STEPS
+    assert any("to measure a second step" in note for note in fitted.recording.notes)
+
+
 def test_triage_keeps_the_users_batch_when_it_learns_from_more_samples_a_second():
     from nnwizard.probes import ProbeContext
     from nnwizard.probes.triage import MIN_STEPS, _own_batch
