@@ -580,7 +580,8 @@ def _centroid_predict(train_f, train_y, test_f, classes: int):
     title="Do the labels carry signal about the inputs? (nearest neighbours against permuted labels)",
     outcomes={"ok": "simple models predict held-out labels well above the permuted-label baseline",
               "no-signal": "held-out labels are predicted no better than with permuted labels",
-              "no-targets": "targets that cannot be scored"},
+              "no-targets": "targets that cannot be scored",
+              "few-per-class": "too few samples per class: most held-out labels are classes the fitted half lacks"},
     timeout_s=60,
 )
 def label_signal_audit(ctx: ProbeContext):
@@ -602,6 +603,15 @@ def label_signal_audit(ctx: ProbeContext):
     kind = loss_kind(target)
     integral = not y_fit.is_floating_point() or bool((y_fit == y_fit.round()).all())
     classes = int(max(y_fit.max(), y_test.max())) + 1 if kind in ("class", "binary") and integral and y_fit.min() >= 0 else None
+    if classes:
+        # A classifier fitted on these samples can only name classes it saw: when most held-out labels
+        # are classes absent from the fitted half (a thousand classes, a few batches), real and permuted
+        # labels both score about 0 and the comparison says nothing about the labels.
+        reach = float(torch.isin(y_test.long(), y_fit.long()).float().mean())
+        if reach < 0.5:
+            return skipped(f"too few samples per class to measure label signal: {len(y_fit.long().unique())} classes "
+                           f"among {fit.n} samples, and {reach:.0%} of the {test.n} held-out labels are classes seen "
+                           f"there", "few-per-class", reach=round(reach, 3), classes=classes)
     gen = torch.Generator().manual_seed(ctx.seed)
 
     def score(labels):

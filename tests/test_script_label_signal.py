@@ -58,3 +58,17 @@ def test_the_same_batch_rerun_repeats_each_zipped_loaders_own_first_batch(tmp_pa
     calls = [c for c in run.recording.loss_calls if c.inputs is not None and not c.eval]
     assert len(calls) >= 6 and calls[0].target_dtype == "int64"
     assert all(c.targets.equal(calls[0].targets) for c in calls)
+
+
+MANY_CLASSES = SCRIPT.replace("randn(4, 10)", "randn(5000, 10)").replace("randint(0, 4,", "randint(0, 5000,") \
+    .replace("nn.Linear(32, 4)", "nn.Linear(32, 5000)")
+
+
+def test_too_few_samples_per_class_is_not_read_as_labels_without_signal(tmp_path):
+    # 5000 classes, labels that do follow the inputs, a few captured batches: most held-out labels are
+    # classes the fitted half never saw, so real and permuted labels both score ~0: no evidence either way
+    path = tmp_path / "train.py"
+    path.write_text(MANY_CLASSES.replace("{LOADER}", TOGETHER), encoding="utf-8")
+    target = ScriptTarget(run_script(load_script(str(path)), [], RunOptions(max_steps=3)))
+    result = run_probe_on("label-signal-audit", target)
+    assert result.status == "skipped" and result.outcome == "few-per-class", result.summary
