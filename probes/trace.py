@@ -274,6 +274,22 @@ def trace_backward_step(ctx: ProbeContext, rec):
         return failed("no-grad-at-step", f"optimizer.step() ran {len(rec.steps)} times but none of the optimizer's "
                       f"{rec.steps[0].grads_total} parameter tensors ever had a gradient, although backward() ran "
                       f"{rec.backwards} times{why}", **data)
+    starved = _starved_optimizer(rec)
+    if starved is not None:
+        opt, own = starved, [s for s in rec.steps if s.optimizer == starved.index]
+        others = ", ".join(sorted({rec.optimizers[s.optimizer].name for s in rec.steps
+                                   if s.optimizer >= 0 and s.optimizer != opt.index}))
+        cleared = sum(s.zero_grad_after_backward for s in own)
+        names = ", ".join(rec.models[i].name for i in opt.models) or "?"
+        cut = bool(opt.models and not opt.foreign and not cleared and set(opt.models) <= _cut_models(rec))
+        data.update(foreign=opt.foreign, zero_after_backward=cleared == len(own), zero_after_backward_steps=cleared,
+                    graph_cut=cut, starved=opt.name, starved_index=opt.index, starved_models=names)
+        why = (f"; zero_grad() ran after the backward and before its step() in {cleared} of them" if cleared else
+               f"; it holds {names}'s own parameters, and no backward reached any of {names}'s forwards: the graph "
+               f"between {names} and the loss is cut (a detach, .data, .item())" if cut else "")
+        return failed("no-grad-at-step", f"optimizer {opt.index} ({opt.name} over {names}) stepped {len(own)} times but "
+                      f"none of its {max(s.grads_total for s in own)} parameter tensors ever had a gradient, while the "
+                      f"other optimizer(s) ({others}) stepped with gradients{why}", **data)
     updates = [s.update for s in rec.steps if s.update is not None]
     if updates and max(updates) == 0 and max(norms) > 0:
         data["lrs"] = rec.steps[0].lrs
@@ -293,6 +309,22 @@ def trace_backward_step(ctx: ProbeContext, rec):
                          if lrs else ""), "manual-update", **data)
     return passed(f"{rec.backwards} backward() and {len(rec.steps)} optimizer.step() calls; gradient norm "
                   f"{norms[0]:.3g} at the first step; largest parameter change {max(updates, default=0.0):.3g}", **data)
+
+
+def _starved_optimizer(rec):
+    """With several optimizers stepping: the first whose every measured step found all of its
+    parameters without a gradient, while another optimizer's steps had gradients (a GAN's generator
+    whose output reaches the loss only through ``.detach()``); None otherwise."""
+    by_opt: dict[int, list] = {}
+    for s in rec.steps:
+        if s.optimizer >= 0 and s.grads_total:
+            by_opt.setdefault(s.optimizer, []).append(s)
+    if len(by_opt) < 2:
+        return None
+    empty = [i for i, own in by_opt.items() if all((s.grad_norm or 0.0) == 0 and s.grads_none == s.grads_total for s in own)]
+    if not empty or len(empty) == len(by_opt):
+        return None
+    return rec.optimizers[min(empty)]
 
 
 def unstepped_optimizers(rec) -> str:

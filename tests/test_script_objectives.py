@@ -44,6 +44,8 @@ for epoch in range(4):
         opt_g.step()
 '''
 GAN_NO_ZERO_GRAD = GAN.replace("        disc.zero_grad()\n", "")
+# the generator's loss reads its output through .detach(): its optimizer steps without a gradient
+GAN_G_DETACHED = GAN.replace("loss_g = bce(disc(fake), ones)", "loss_g = bce(disc(fake.detach()), ones)")
 
 # an encoder and a decoder, each with its own optimizer, stepped after ONE backward: one objective
 ENC_DEC = '''
@@ -123,6 +125,18 @@ def test_curve_probes_do_not_judge_an_adversarial_game(gan, probe_id):
 def test_healthy_gan_clears_its_gradients(gan):
     result = run(gan, "trace-zero-grad")
     assert result.outcome == "ok", result.summary
+
+
+def test_healthy_gan_steps_every_optimizer_with_gradients(gan):
+    result = run(gan, "trace-backward-step")
+    assert result.status == "passed", result.summary
+
+
+def test_gan_whose_generator_loss_is_detached_is_a_cut_graph(tmp_path):
+    # the discriminator's steps have gradients, the generator's never do: one starved optimizer of two
+    result = run(target_of(tmp_path, GAN_G_DETACHED), "trace-backward-step")
+    assert result.outcome == "no-grad-at-step" and result.data["graph_cut"], result.summary
+    assert result.data["starved_models"] == "Sequential" and "graph between" in result.summary
 
 
 def test_gan_without_the_discriminators_zero_grad_is_found(tmp_path):
