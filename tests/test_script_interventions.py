@@ -211,6 +211,21 @@ def test_reruns_are_not_made_when_the_recording_already_explains_the_run(tmp_pat
     assert diagnosis.target.reruns == []
 
 
+# far too high a rate held finite by clipping: on one repeated batch the loss rises ~30x without a NaN
+CLIPPED_HIGH = BASE.format(LR="1000", OPT="SGD", SEED="torch.manual_seed(0)", LOSS="F.cross_entropy(out, yb)").replace(
+    "        optimizer.step()", "        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.25)\n        optimizer.step()")
+
+
+def test_a_loss_that_rises_on_one_repeated_batch_is_not_read_as_a_rate_too_low(tmp_path):
+    from nnwizard.session import Options, diagnose
+
+    diagnosis = diagnose(Options(script=str(script(tmp_path, text=CLIPPED_HIGH)), symptoms=["oscillating"], max_steps=30))
+    overfit = next(r for r in diagnosis.results if r.id == "script-overfit")
+    assert overfit.outcome == "stuck" and overfit.data["ratio"] > 10, overfit.summary
+    scores = {h.id: h.confidence for h in diagnosis.ranked}
+    assert scores.get("lr-too-low", 0.0) <= 0.0 < scores.get("lr-too-high", 0.0), scores
+
+
 @pytest.mark.slow
 def test_cli_reports_the_reruns_of_an_lr_too_high_script(tmp_path):
     import json
