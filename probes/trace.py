@@ -417,22 +417,36 @@ def trace_optimizer(ctx: ProbeContext, rec):
 )
 @_on_recording
 def trace_disconnected(ctx: ProbeContext, rec):
-    steps = [s for s in rec.steps[:3] if s.grads_total]
-    if not steps:
+    # each optimizer's own first steps: with several (a GAN's two), one's tensors are not the other's
+    by_opt: dict[int, list] = {}
+    for s in rec.steps:
+        if s.grads_total and len(by_opt.setdefault(s.optimizer, [])) < 3:
+            by_opt[s.optimizer].append(s)
+    if not by_opt:
         return skipped("no optimizer step with trainable parameters was recorded")
-    if all(s.grads_none == s.grads_total for s in steps):
+    if all(s.grads_none == s.grads_total for steps in by_opt.values() for s in steps):
         return skipped("no parameter got a gradient at all (see trace-backward-step)")
-    always = set(steps[0].none_names)
-    for s in steps[1:]:
-        always &= set(s.none_names)
-    names = [n for n in steps[0].none_names if n in always]
+    names, total, counted = [], 0, 0
+    for index, steps in by_opt.items():
+        total += steps[0].grads_total
+        counted = max(counted, len(steps))
+        named = [s for s in steps if s.step <= 3]   # the recorder names the tensors on the run's first 3 steps
+        always = set(named[0].none_names) if named else set()
+        for s in named[1:]:
+            always &= set(s.none_names)
+        own = [n for n in named[0].none_names if n in always] if named else []
+        if not own and all(s.grads_none == s.grads_total for s in steps):   # none_names may list only a few
+            name = rec.optimizers[index].name if 0 <= index < len(rec.optimizers) else "an optimizer"
+            own = [f"all {steps[0].grads_total} of {name} {index}'s tensors"]
+        names += own
     data = dict(disconnected_tensors=len(names), modules=", ".join(sorted({n.rsplit(".", 1)[0] for n in names})[:6]),
-                tensors=steps[0].grads_total)
+                tensors=total)
+    where = "in the optimizer" if len(by_opt) == 1 else f"in the {len(by_opt)} optimizers"
     if names:
-        return failed("disconnected", f"{len(names)} of {steps[0].grads_total} trainable tensors in the optimizer "
-                      f"({', '.join(names[:5])}) had .grad None at each of the first {len(steps)} optimizer steps: the "
+        return failed("disconnected", f"{len(names)} of {total} trainable tensors {where} "
+                      f"({', '.join(names[:5])}) had .grad None at each of the first {counted} optimizer steps: the "
                       f"loss does not depend on them", **data)
-    return passed(f"all {steps[0].grads_total} trainable tensors in the optimizer received a gradient", **data)
+    return passed(f"all {total} trainable tensors {where} received a gradient", **data)
 
 
 # ------------------------------------------------------------------------------------ evaluation

@@ -137,6 +137,13 @@ def test_gan_whose_generator_loss_is_detached_is_a_cut_graph(tmp_path):
     result = run(target_of(tmp_path, GAN_G_DETACHED), "trace-backward-step")
     assert result.outcome == "no-grad-at-step" and result.data["graph_cut"], result.summary
     assert result.data["starved_models"] == "Sequential" and "graph between" in result.summary
+    found = run(target_of(tmp_path, GAN_G_DETACHED), "trace-disconnected")
+    assert found.outcome == "disconnected" and "in the 2 optimizers" in found.summary, found.summary
+
+
+def test_healthy_gan_connects_every_optimizers_tensors(gan):
+    result = run(gan, "trace-disconnected")
+    assert result.status == "passed" and "in the 2 optimizers" in result.summary, result.summary
 
 
 def test_gan_without_the_discriminators_zero_grad_is_found(tmp_path):
