@@ -92,3 +92,28 @@ def test_replay_of_a_missing_folder_is_a_usage_error(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(UsageError):
         load_replay_target(tmp_path / "empty")
+
+
+MANUAL_UPDATE = """
+import torch
+from torch import nn
+torch.manual_seed(0)
+model = nn.Linear(4, 1)
+x, y = torch.randn(64, 4), torch.randn(64, 1)
+for step in range(30):
+    model.zero_grad()
+    nn.functional.mse_loss(model(x), y).backward()
+    for p in model.parameters():
+        p.data.add_(p.grad, alpha=-0.1)
+"""
+
+
+def test_a_hand_written_update_says_why_nothing_was_logged(monkeypatch, tmp_path, capsys):
+    from nnwizard.watch_cmd import run
+
+    path = tmp_path / "manual.py"
+    path.write_text(MANUAL_UPDATE)
+    monkeypatch.chdir(tmp_path)
+    assert run(str(path), [], tmp_path / "w", "continue", 10, tensorboard=False) == 0
+    err = capsys.readouterr().err
+    assert "called backward() 30 times but never optimizer.step()" in err and "hand-written update" in err, err

@@ -66,6 +66,12 @@ def run(script_spec: str, args: list[str], out: Path, on_anomaly: str = "continu
         summary += "; no anomaly"
     if not starter.started:
         summary = "nnwizard watch: the script built no model and took no optimizer step: nothing was watched"
+    elif not steps and rec.backwards:
+        # e.g. word_language_model's `p.data.add_(p.grad, alpha=-lr)`: watch logs and checks at optimizer steps
+        summary = (f"nnwizard watch: the script called backward() {rec.backwards} times but never optimizer.step() (a "
+                   f"hand-written update such as p.data.add_(p.grad, alpha=-lr)?): watch logs and checks at optimizer "
+                   f"steps, so nothing was logged to {out / 'watch.jsonl'}; `nnwizard diagnose --script` reads "
+                   f"hand-written updates")
     print(summary, file=sys.stderr)
     if result.exit == "raised" and rec.error is not None:
         print(rec.error.traceback, file=sys.stderr, end="")
