@@ -61,6 +61,15 @@ def test_batches_of_changing_size_are_not_called_one_batch(tmp_path):
     assert "could not all be given the first step's tensors" in result.summary
 
 
+def test_a_small_corpus_whose_every_epoch_ends_in_a_short_slice_is_still_one_batch_repeated(tmp_path):
+    # 112 rows in slices of 32: every fourth call is the epoch's last slice of 16 (a quarter of the calls,
+    # well over 10%); it keeps its own tensors, and the rest is the first step repeated
+    target = _target(tmp_path, SLICED.replace("{BS}", "32").replace("randn(512,", "randn(112,").replace(
+        "(512,), generator", "(112,), generator"))
+    result = run_probe_on("script-overfit", target)
+    assert result.outcome in ("learns", "slow") and result.data.get("kept_steps"), result.summary
+
+
 def test_the_repeat_leaves_torch_and_the_model_class_as_it_found_them(tmp_path):
     import torch
     import torch.nn.functional as F

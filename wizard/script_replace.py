@@ -352,6 +352,31 @@ def _structure(obj, depth: int = 0):
     return type(obj).__name__
 
 
+def _shorter(shape, first) -> bool:
+    """Whether structure ``shape`` (see :func:`_structure`) is ``first`` cut short: the same tensors, dtypes
+    and containers, each tensor's sizes at most the first's and one of them smaller (an epoch's last slice)."""
+    def walk(a, b):   # None: not comparable; else whether some size is smaller
+        if isinstance(a, tuple) and isinstance(b, tuple) and a and b and a[0] == b[0] == "tensor":
+            if a[2] != b[2] or len(a[1]) != len(b[1]) or any(x > y for x, y in zip(a[1], b[1])):
+                return None
+            return a[1] != b[1]
+        if isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b) == 2 and a[0] == b[0] \
+                and isinstance(a[1], tuple) and isinstance(b[1], tuple) and len(a[1]) == len(b[1]):
+            smaller = False
+            for x, y in zip(a[1], b[1]):
+                if a[0] == "dict":
+                    if x[0] != y[0]:
+                        return None
+                    x, y = x[1], y[1]
+                r = walk(x, y)
+                if r is None:
+                    return None
+                smaller = smaller or r
+            return smaller
+        return False if a == b else None
+    return bool(walk(shape, first))
+
+
 def _frozen(obj, depth: int = 0):
     """A copy of ``obj`` with every tensor detached and cloned (kept for the later steps)."""
     if isinstance(obj, torch.Tensor):
@@ -393,6 +418,7 @@ class RepeatFirstStep(_Hooks):
         self.shape_args = self.shape_target = None
         self.replaced_forwards = self.kept_forwards = 0
         self.replaced_targets = self.kept_targets = 0
+        self.short_forwards = self.short_targets = 0   # of the kept: the first call's tensors cut short
         self._undo: list = []
         self._classes: list = []   # (model class, its forward, whether the class defined it itself)
         self.kept_steps: set[int] = set()   # optimizer steps (1-based) whose forward kept its own tensors
@@ -427,6 +453,7 @@ class RepeatFirstStep(_Hooks):
             return args, kwargs
         if shape != self.shape_args:
             self.kept_forwards += 1
+            self.short_forwards += _shorter(shape, self.shape_args)
             if self._rec is not None:
                 self.kept_steps.add(self._rec.recording.total_steps + 1)   # the step this forward leads to
             return args, kwargs
@@ -460,6 +487,9 @@ class RepeatFirstStep(_Hooks):
             return y
         if shape != self.shape_target:
             self.kept_targets += 1
+            self.short_targets += (y.dtype == self.first_target.dtype and y.dim() == self.first_target.dim()
+                                   and y.shape != self.first_target.shape
+                                   and all(a <= b for a, b in zip(y.shape, self.first_target.shape)))
             return y
         self.replaced_targets += 1
         return self.first_target.clone()
@@ -483,14 +513,20 @@ class RepeatFirstStep(_Hooks):
             name, original = self._undo.pop()
             setattr(F, name, original)
 
-    def repeated(self, tolerance: float = 0.1) -> bool:
+    def repeated(self, tolerance: float = 0.1, remainders: float = 1 / 3) -> bool:
         """Whether the rerun was the first step repeated: later training calls of the model and of
-        its loss got the first call's tensors, all but ``tolerance`` of them (an epoch's last, shorter
-        slice keeps its own)."""
+        its loss got the first call's tensors, all but ``tolerance`` of them. Calls whose tensors are
+        the first call's cut short (an epoch's last, shorter slice keeps its own) are counted apart: up
+        to ``remainders`` of the calls, one per epoch of three or more batches (a small corpus)."""
         forwards = self.replaced_forwards + self.kept_forwards
         targets = self.replaced_targets + self.kept_targets
-        return bool(self.replaced_forwards and self.replaced_targets and self.kept_forwards <= tolerance * forwards
-                    and self.kept_targets <= tolerance * targets)
+
+        def fits(kept: int, short: int, total: int) -> bool:
+            return kept - short <= tolerance * total and short <= remainders * total
+
+        return bool(self.replaced_forwards and self.replaced_targets
+                    and fits(self.kept_forwards, self.short_forwards, forwards)
+                    and fits(self.kept_targets, self.short_targets, targets))
 
     def describe(self) -> str:
         return (f"{self.replaced_forwards} of {self.replaced_forwards + self.kept_forwards} later training calls of the "
