@@ -49,14 +49,16 @@ def trace_table(rec, limit: int = 14) -> Table:
     chosen = steps if len(steps) <= limit else steps[: limit - 3] + steps[-3:]
     rows, marked = [], []
     names = {m.index: m.name for m in rec.models}
-    for i, s in enumerate(chosen):
+    for s in chosen:
+        if rows and s.step > rows[-1][0] + 1:
+            rows.append(["…"] * 9)   # (steps left out)
         modes = ", ".join(f"{names.get(k, k)}:{'train' if v else 'eval'}" for k, v in s.training.items()) or "-"
         rows.append([s.step, f"{s.epoch}.{s.batch}" if s.batch >= 0 else "-", _fmt(s.loss), _fmt(s.grad_norm, ".3g"),
                      ", ".join(_fmt(lr, ".3g") for lr in s.lrs[:3]), "yes" if s.zero_grad else "no",
                      s.backwards, modes, _fmt(s.update, ".2g")])
         bad = (s.loss is not None and not math.isfinite(s.loss)) or s.grads_nonfinite
         if bad:
-            marked.append(i)
+            marked.append(len(rows) - 1)
     return Table("trace", f"Per-step trace of the script ({len(steps)} optimizer steps)",
                  ["step", "epoch.batch", "loss", "grad norm", "lr", "zero_grad", "backward", "mode", "max |Δθ|"],
                  rows, marked=marked)

@@ -761,3 +761,22 @@ def test_probes_get_the_eager_module_behind_a_torch_compile_wrapper():
     compiled = torch.compile(inner)   # compiles lazily: nothing is compiled until it is called
     assert _eager(compiled) is inner and _eager(inner) is inner
     assert [id(p) for p in compiled.parameters()] == [id(p) for p in inner.parameters()]
+
+
+def test_per_step_trace_marks_left_out_steps_and_unmeasured_norms(tmp_path):
+    from nnwizard.probes.trace import trace_table
+    from nnwizard.script_view import TRACE_COLUMNS, UNMEASURED, _trace_rows, markdown_lines, observed
+
+    target = record(write(tmp_path), max_steps=30)   # 3 epochs of 8 batches: 24 steps, more than the table shows
+    obs = observed(target)
+    rows = _trace_rows(obs["trace"])
+    steps = [r[0] for r in rows]
+    assert steps[:9] == list(range(1, 10)) and steps[9] == "…" and steps[10:] == [22, 23, 24]
+    assert all(len(r) == len(TRACE_COLUMNS) for r in rows)
+    assert any(s["grad_norm"] is None for s in obs["trace"])   # a step between the sampled ones
+    assert UNMEASURED in "\n".join(markdown_lines(obs))
+    probe_rows = trace_table(target.recording).rows
+    assert [r[0] for r in probe_rows][11] == "…" and probe_rows[12][0] == 22
+
+    short = observed(record(write(tmp_path, name="short.py"), max_steps=5))
+    assert "…" not in [r[0] for r in _trace_rows(short["trace"])]
