@@ -780,3 +780,20 @@ def test_per_step_trace_marks_left_out_steps_and_unmeasured_norms(tmp_path):
 
     short = observed(record(write(tmp_path, name="short.py"), max_steps=5))
     assert "…" not in [r[0] for r in _trace_rows(short["trace"])]
+
+
+@pytest.mark.parametrize("train_sum", [False, True])
+def test_an_evaluation_that_sums_its_loss_is_read_on_the_training_losss_scale(tmp_path, train_sum):
+    from nnwizard.probes.trace import eval_curve, trace_run
+
+    summed = ("total += crit(model(x), y).item()", "total += nn.functional.cross_entropy(model(x), y, reduction='sum').item()")
+    edits = [summed] + ([("crit = nn.CrossEntropyLoss()", "crit = nn.CrossEntropyLoss(reduction='sum')")] if train_sum else [])
+    mean_val, mean_steps = eval_curve(record(write(tmp_path), max_steps=20).recording)
+    sum_val, sum_steps = eval_curve(record(write(tmp_path, *edits, name="summed.py"), max_steps=20).recording)
+    assert sum_steps == mean_steps == [8, 16]
+    if train_sum:   # both curves sum: left as they are (32 samples a batch)
+        assert sum_val[0] > 10 * mean_val[0]
+    else:
+        assert sum_val == pytest.approx(mean_val, rel=1e-5)
+        plot = trace_run(ProbeContext(record(write(tmp_path, *edits, name="summed.py"), max_steps=20))).artifacts[1]
+        assert plot.xs["evaluation"] == [8, 16] and plot.x[0] == 1
