@@ -34,6 +34,7 @@ class LinePlot:
     logy: bool = False
     logx: bool = False
     marks: dict[str, float] = field(default_factory=dict)  # label -> x position of a vertical line
+    xs: dict[str, list[float]] = field(default_factory=dict)  # a series' own x positions (instead of ``x``)
     kind: str = "line"
 
 

@@ -49,14 +49,16 @@ def trace_table(rec, limit: int = 14) -> Table:
     chosen = steps if len(steps) <= limit else steps[: limit - 3] + steps[-3:]
     rows, marked = [], []
     names = {m.index: m.name for m in rec.models}
-    for i, s in enumerate(chosen):
+    for s in chosen:
+        if rows and s.step > rows[-1][0] + 1:
+            rows.append(["…"] * 9)   # (steps left out)
         modes = ", ".join(f"{names.get(k, k)}:{'train' if v else 'eval'}" for k, v in s.training.items()) or "-"
         rows.append([s.step, f"{s.epoch}.{s.batch}" if s.batch >= 0 else "-", _fmt(s.loss), _fmt(s.grad_norm, ".3g"),
                      ", ".join(_fmt(lr, ".3g") for lr in s.lrs[:3]), "yes" if s.zero_grad else "no",
                      s.backwards, modes, _fmt(s.update, ".2g")])
         bad = (s.loss is not None and not math.isfinite(s.loss)) or s.grads_nonfinite
         if bad:
-            marked.append(i)
+            marked.append(len(rows) - 1)
     return Table("trace", f"Per-step trace of the script ({len(steps)} optimizer steps)",
                  ["step", "epoch.batch", "loss", "grad norm", "lr", "zero_grad", "backward", "mode", "max |Δθ|"],
                  rows, marked=marked)
@@ -66,12 +68,27 @@ def _train_calls(rec):
     return [c for c in rec.loss_calls if not c.eval]
 
 
+def _terms(call) -> int:
+    """How many terms a ``reduction='sum'`` loss call added up: what ``reduction='mean'`` divides by."""
+    if call.target_shape is not None and "int" in (call.target_dtype or ""):
+        return max(math.prod(call.target_shape), 1)    # class ids: one term per id
+    shape = call.input_shape or []
+    if call.fn in ("cross_entropy", "nll_loss") and len(shape) >= 2:
+        return max(math.prod(shape) // max(shape[1], 1), 1)   # class probabilities along dim 1
+    return max(math.prod(shape), 1)
+
+
 def eval_curve(rec) -> tuple[list[float], list[int]]:
-    """Mean loss of each evaluation phase (loss calls no backward reached), at the step it ran."""
+    """Mean loss of each evaluation phase (loss calls no backward reached), at the step it ran. An
+    evaluation that sums its loss (``reduction='sum'``, pytorch/examples' ``test()``) while training
+    averages it is brought to the training loss's scale, one term's mean: a per-batch sum is
+    batch-size times a mean, and the curve shapes compare the two curves' levels."""
+    summed_training = any(c.reduction == "sum" for c in _train_calls(rec))
     by_step: dict[int, list[float]] = {}
     for c in rec.loss_calls:
         if c.eval and c.value is not None and math.isfinite(c.value):
-            by_step.setdefault(c.step, []).append(c.value)
+            scale = _terms(c) if c.reduction == "sum" and not summed_training else 1
+            by_step.setdefault(c.step, []).append(c.value / scale)
     steps = sorted(by_step)
     return [sum(by_step[s]) / len(by_step[s]) for s in steps], steps
 
@@ -145,14 +162,11 @@ def trace_run(ctx: ProbeContext, rec):
     if shape.step is not None:
         info["event_step"] = shape.step
     logy = all(v > 0 for v in train + val if math.isfinite(v))
-    plot = LinePlot("curves", f"The script's own run: {len(train)} optimizer steps ({shape.title})", {"train": train}, logy=logy)
-    if val:
-        stretched, j = [], 0
-        for i in range(len(train)):
-            while j + 1 < len(val_steps) and val_steps[j + 1] <= i:
-                j += 1
-            stretched.append(val[j])
-        plot.series["evaluation"] = stretched
+    plot = LinePlot("curves", f"The script's own run: {len(train)} optimizer steps ({shape.title})", {"train": train},
+                    x=list(range(1, len(train) + 1)), logy=logy)
+    if val:   # each evaluation phase at the optimizer step it followed
+        plot.series["evaluation"] = val
+        plot.xs["evaluation"] = val_steps
     ref = f" (reference {reference:.4g}: {how})" if reference else ""
     text = f"{len(train)} optimizer steps of the script in {rec.seconds:.1f} s: {shape.title}: {shape.evidence}{ref}"
     if objs.several:

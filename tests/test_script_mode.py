@@ -761,3 +761,39 @@ def test_probes_get_the_eager_module_behind_a_torch_compile_wrapper():
     compiled = torch.compile(inner)   # compiles lazily: nothing is compiled until it is called
     assert _eager(compiled) is inner and _eager(inner) is inner
     assert [id(p) for p in compiled.parameters()] == [id(p) for p in inner.parameters()]
+
+
+def test_per_step_trace_marks_left_out_steps_and_unmeasured_norms(tmp_path):
+    from nnwizard.probes.trace import trace_table
+    from nnwizard.script_view import TRACE_COLUMNS, UNMEASURED, _trace_rows, markdown_lines, observed
+
+    target = record(write(tmp_path), max_steps=30)   # 3 epochs of 8 batches: 24 steps, more than the table shows
+    obs = observed(target)
+    rows = _trace_rows(obs["trace"])
+    steps = [r[0] for r in rows]
+    assert steps[:9] == list(range(1, 10)) and steps[9] == "…" and steps[10:] == [22, 23, 24]
+    assert all(len(r) == len(TRACE_COLUMNS) for r in rows)
+    assert any(s["grad_norm"] is None for s in obs["trace"])   # a step between the sampled ones
+    assert UNMEASURED in "\n".join(markdown_lines(obs))
+    probe_rows = trace_table(target.recording).rows
+    assert [r[0] for r in probe_rows][11] == "…" and probe_rows[12][0] == 22
+
+    short = observed(record(write(tmp_path, name="short.py"), max_steps=5))
+    assert "…" not in [r[0] for r in _trace_rows(short["trace"])]
+
+
+@pytest.mark.parametrize("train_sum", [False, True])
+def test_an_evaluation_that_sums_its_loss_is_read_on_the_training_losss_scale(tmp_path, train_sum):
+    from nnwizard.probes.trace import eval_curve, trace_run
+
+    summed = ("total += crit(model(x), y).item()", "total += nn.functional.cross_entropy(model(x), y, reduction='sum').item()")
+    edits = [summed] + ([("crit = nn.CrossEntropyLoss()", "crit = nn.CrossEntropyLoss(reduction='sum')")] if train_sum else [])
+    mean_val, mean_steps = eval_curve(record(write(tmp_path), max_steps=20).recording)
+    sum_val, sum_steps = eval_curve(record(write(tmp_path, *edits, name="summed.py"), max_steps=20).recording)
+    assert sum_steps == mean_steps == [8, 16]
+    if train_sum:   # both curves sum: left as they are (32 samples a batch)
+        assert sum_val[0] > 10 * mean_val[0]
+    else:
+        assert sum_val == pytest.approx(mean_val, rel=1e-5)
+        plot = trace_run(ProbeContext(record(write(tmp_path, *edits, name="summed.py"), max_steps=20))).artifacts[1]
+        assert plot.xs["evaluation"] == [8, 16] and plot.x[0] == 1

@@ -40,7 +40,8 @@ def render(artifact, folder: Path, prefix: str) -> Path | None:
         fig, ax = plt.subplots(figsize=(6.4, 3.6))
         if isinstance(artifact, LinePlot):
             for label, values in artifact.series.items():
-                xs = artifact.x if artifact.x is not None and len(artifact.x) == len(values) else range(len(values))
+                xs = artifact.xs.get(label, artifact.x)
+                xs = xs if xs is not None and len(xs) == len(values) else range(len(values))
                 ax.plot(list(xs), _finite(values), label=label, marker="." if len(values) < 40 else None)
             for label, x in artifact.marks.items():
                 ax.axvline(x, color="red", linestyle="--", linewidth=1)

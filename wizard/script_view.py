@@ -154,12 +154,12 @@ def print_observed(console, obs: dict) -> None:
     c.print(f"  loss: {obs['loss'] or 'no loss call recorded'}; {_steps_text(obs)}, {obs['backwards']} "
             f"backward calls, {obs['eval_loss_calls']} evaluation loss calls", highlight=False)
     if obs["trace"]:
-        table = Table("step", "epoch.batch", "loss", "grad norm", "lr", "zero_grad", "bwd", "mode", box=None, padding=(0, 1))
-        for s in obs["trace"]:
-            table.add_row(str(s["step"]), f"{s['epoch']}.{s['batch']}" if s["batch"] >= 0 else "-", _short(s["loss"]),
-                          _short(s["grad_norm"]), _short(s["lr"]), "yes" if s["zero_grad"] else "no", str(s["backwards"]),
-                          "-" if s["training"] is None else ("train" if s["training"] else "eval"))
+        table = Table(*TRACE_COLUMNS[:6], "bwd", "mode", box=None, padding=(0, 1))
+        for row in _trace_rows(obs["trace"]):
+            table.add_row(*map(str, row))
         c.print(table)
+        if _unmeasured(obs["trace"]):
+            c.print(f"  [dim]{UNMEASURED}[/]", highlight=False)
     if obs["written"]:
         c.print(f"  the script wrote {len(obs['written'])} file(s), kept in {obs['scratch']}: "
                 + ", ".join(w["path"] for w in obs["written"][:6]), highlight=False)
@@ -184,6 +184,28 @@ def _steps_text(obs: dict) -> str:
         return (f"{manual} steps, all hand-written parameter updates (no torch.optim step"
                 + (f"; {' and '.join(idle)} built but never stepped)" if idle else ")"))
     return f"{obs['steps']} optimizer steps" + (f" ({manual} of them hand-written updates)" if manual else "")
+
+
+TRACE_COLUMNS = ["step", "epoch.batch", "loss", "grad norm", "lr", "zero_grad", "backward", "mode"]
+UNMEASURED = ("grad norm `-`: not measured on that step (the recorder measures it on the first steps, then on sampled "
+              "ones, the last ones and any step with a non-finite loss)")
+
+
+def _trace_rows(trace: list[dict]) -> list[list]:
+    """The per-step trace as table rows, with a row of dots where steps were left out."""
+    rows, last = [], None
+    for s in trace:
+        if last is not None and s["step"] > last + 1:
+            rows.append(["…"] * len(TRACE_COLUMNS))
+        last = s["step"]
+        rows.append([s["step"], f"{s['epoch']}.{s['batch']}" if s["batch"] >= 0 else "-", _short(s["loss"]),
+                     _short(s["grad_norm"]), _short(s["lr"]), "yes" if s["zero_grad"] else "no", s["backwards"],
+                     "-" if s["training"] is None else ("train" if s["training"] else "eval")])
+    return rows
+
+
+def _unmeasured(trace: list[dict]) -> bool:
+    return any(s["grad_norm"] is None and s["loss"] is not None for s in trace)
 
 
 def _short(v) -> str:
@@ -212,11 +234,10 @@ def markdown_lines(obs: dict) -> list[str]:
             f"{_short(obs['measured_step_s'])} s", ""]
     if obs["trace"]:
         out += ["### Per-step trace", ""]
-        out += _table(["step", "epoch.batch", "loss", "grad norm", "lr", "zero_grad", "backward", "mode"],
-                      [[s["step"], f"{s['epoch']}.{s['batch']}" if s["batch"] >= 0 else "-", _short(s["loss"]),
-                        _short(s["grad_norm"]), _short(s["lr"]), "yes" if s["zero_grad"] else "no", s["backwards"],
-                        "-" if s["training"] is None else ("train" if s["training"] else "eval")] for s in obs["trace"]])
+        out += _table(TRACE_COLUMNS, _trace_rows(obs["trace"]))
         out.append("")
+        if _unmeasured(obs["trace"]):
+            out += [UNMEASURED, ""]
     if obs.get("reruns"):
         out += ["### Reruns of the script (interventions)", ""]
         out += _table(["intervention", "optimizer steps (planned)", "seconds", "ended"],
