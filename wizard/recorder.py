@@ -574,7 +574,7 @@ class Recorder:
         self._in_loss = 0
         self._in_backward = 0
         self._in_sched = 0
-        self._module_ids: dict[int, tuple] = {}   # id(module) -> (weakref, model index; None: a submodule / loss)
+        self._module_ids: dict[int, tuple] = {}   # id(module) -> (weakref, model index (None: a submodule / loss), torch loss module)
         self._pending: StepRecord | None = None
         self._pending_forwards: list[ForwardEvent] = []
         self._pending_losses: list[LossCall] = []
@@ -624,7 +624,8 @@ class Recorder:
         self._opt_ids: dict[int, OptimizerInfo] = {}
         self._inputs: list[tuple] = []            # full mode: arguments of the forwards since the last step (at most 8)
         self._cleared: set[int] = set()           # full mode: id() of optimizers whose zero_grad() ran since the last step
-        self._trainable_n: dict[int, int] = {}    # full mode: id(optimizer) -> its trainable tensors at its last step
+        self._trainable_n: dict[int, int] = {}    # full mode: id(optimizer) -> its trainable tensors at its last measured step
+        self._site = None   # full mode: the frame that called torch's own loss module now running (see _model_called)
 
     # -- install / remove -------------------------------------------------------------------------
     def __enter__(self) -> "Recorder":
@@ -684,7 +685,7 @@ class Recorder:
                     rec._model_output(event, output)
                 return output
             finally:
-                rec._depth, rec._in_model = 0, False
+                rec._depth, rec._in_model, rec._site = 0, False, None
                 rec._resume()
         return __call__
 
@@ -929,10 +930,10 @@ class Recorder:
             except Exception:  # noqa: BLE001 - a listener must never break the user's run
                 self.recording.listener_errors += 1
 
-    def where(self, depth: int = 1) -> str | None:
+    def where(self, depth: int = 1, frame=None) -> str | None:
         """``file:line in function`` of the innermost frame in the user's files (else outside torch), from
-        the frame ``depth`` calls out (1: the caller's)."""
-        frame = sys._getframe(depth)
+        the frame ``depth`` calls out (1: the caller's), or from ``frame``."""
+        frame = frame or sys._getframe(depth)
         fallback = None
         kinds, sites = self._file_kinds, self._sites
         get = kinds.get
@@ -1023,10 +1024,12 @@ class Recorder:
             self.recording.models.append(info)
             for opt in self.recording.optimizers:
                 self._link(opt)
+        torch_loss = index is None and isinstance(module, nn.modules.loss._Loss) \
+            and type(module).__module__.startswith("torch.")
         try:
-            self._module_ids[key] = (weakref.ref(module), index)
+            self._module_ids[key] = (weakref.ref(module), index, torch_loss)
         except TypeError:  # pragma: no cover - a module that cannot be weakly referenced
-            self._module_ids[key] = (lambda: module, index)
+            self._module_ids[key] = (lambda: module, index, torch_loss)
         return index
 
     def _forward_pre(self, module, args):
@@ -1083,6 +1086,8 @@ class Recorder:
             self._close_manual()
         known = self._module_ids.get(id(module))
         if known is not None and known[1] is None and known[0]() is module:
+            if known[2]:   # torch's own loss module: its loss function's call site is this call's
+                self._site = sys._getframe(2)   # (_model_called <- __call__ <- the caller)
             return None   # a loss module (or a submodule called directly) seen before: no forward event
         found = self._forward_event(module)
         if found is None:
@@ -1263,7 +1268,7 @@ class Recorder:
         training = self._last_model.module.training if self._last_model else None
         call = LossCall(name, list(x.shape), _dtype_name(x.dtype), list(y.shape) if y_tensor else None,
                         _dtype_name(y.dtype) if y_tensor else None, v, reduction, grad, training,
-                        self.recording.total_steps, self.where(3), from_model, out_shape, same)  # (3: the loss wrapper's caller)
+                        self.recording.total_steps, self.where(3, self._site), from_model, out_shape, same)  # (3: the loss wrapper's caller)
         if grad and self._kept_pairs < KEEP_PAIRS:
             self._kept_pairs += 1
             call.inputs, call.targets = cpu_copy(x), cpu_copy(y)
@@ -1659,40 +1664,54 @@ class Recorder:
         groups = optimizer.param_groups
         step.lrs = list(map(float, map(_LR, groups)))
         step.grad_enabled = torch.is_grad_enabled()
-        trainable, grads = _trainable_grads(groups)
+        values = self._window_values
+        step.loss_calls = len(values)
+        step.loss_call_mean = sum(values) / len(values) if values else None
+        inputs, self._inputs = self._inputs, []
+        if self._detail_due(info, step):
+            self._measure_detail(optimizer, step, inputs)
+        if self._listening:
+            self._notify("on_step_pre", optimizer, step)
+
+    def _detail_due(self, info: OptimizerInfo, step: StepRecord) -> bool:
+        """Full mode: is this step measured in detail (see :meth:`_measure_detail`)? An optimizer's first
+        FULL_DETAIL steps, then every FULL_EVERY-th of its own (an optimizer over more than FULL_LARGE
+        values: FULL_DETAIL_LARGE, FULL_EVERY_LARGE), the last 3 of the step budget and any step whose
+        loss is non-finite. (Counted per optimizer: a GAN's two alternate.)"""
+        own = info.steps + 1
+        first, every = (FULL_DETAIL_LARGE, FULL_EVERY_LARGE) if sum(map(_VALUES, info.groups)) > FULL_LARGE \
+            else (FULL_DETAIL, FULL_EVERY)
+        return own <= first or not own % every or (self.max_steps is not None and step.step > self.max_steps - 3) \
+            or (step.loss is not None and not math.isfinite(step.loss))
+
+    def _measure_detail(self, optimizer, step: StepRecord, inputs: list[tuple]) -> None:
+        """Full mode, a step :meth:`_detail_due` picks: which trainable tensors have a gradient
+        (``grads_total`` / ``grads_none``, their names on the first 3 steps), the global gradient norm
+        (0.0 when none has one), NaN/Inf in the forwards' inputs since the last step, and (up to step
+        UPDATE_STEPS) the parameter values the step's change is measured against. The other steps keep
+        the defaults (0, 0, None): the per-step signals (loss, zero_grad, carried gradients, LRs, modes)
+        are recorded on every step."""
+        trainable, grads = _trainable_grads(optimizer.param_groups)
         self._trainable_n[id(optimizer)] = len(trainable)
         none = list(map(type, grads)).count(_NONE)   # (list.count(None) would call Tensor.__eq__)
         if none:
             grads = [g for g in grads if g is not None]
         step.grads_total, step.grads_none = len(trainable), none
-        n, own = step.step, info.steps + 1   # (sampled per optimizer: a GAN's two alternate)
-        first, every = (FULL_DETAIL_LARGE, FULL_EVERY_LARGE) if sum(map(_VALUES, info.groups)) > FULL_LARGE \
-            else (FULL_DETAIL, FULL_EVERY)
-        due = own <= first or not own % every or (self.max_steps is not None and n > self.max_steps - 3) \
-            or (step.loss is not None and not math.isfinite(step.loss))
-        if due and self._inputs:
-            step.nonfinite_input = step.nonfinite_input or _nonfinite(self._inputs)
-        self._inputs = []
-        if not grads:
-            step.grad_norm = 0.0
-        elif not due:
-            step.grad_norm = None   # between measured steps (a NaN gradient shows in the next step's loss)
-        else:
+        if inputs:
+            step.nonfinite_input = step.nonfinite_input or _nonfinite(inputs)
+        if grads:
             total = total_norm(torch._foreach_norm([g if not g.requires_grad else g.detach() for g in grads]))
             step.grad_norm = total
             step.grads_nonfinite = not math.isfinite(total)
-        values = self._window_values
-        step.loss_calls = len(values)
-        step.loss_call_mean = sum(values) / len(values) if values else None
-        if step.step <= 3 and step.grads_none:
+        else:
+            step.grad_norm = 0.0
+        if step.step <= 3 and none:
             names = {id(p): f"{m.name}.{n}" if len(self.recording.models) > 1 else n
                      for m in self.recording.models for n, p in m.module.named_parameters()}
             step.none_names = [names.get(id(p), "?") for p in trainable if p.grad is None][:40]
-        if trainable and due and n <= UPDATE_STEPS:
+        if trainable and step.step <= UPDATE_STEPS:
             views = self._views(optimizer, trainable)
             self._before_step = (trainable, views, _snapshot(views))
-        if self._listening:
-            self._notify("on_step_pre", optimizer, step)
 
     def _views(self, optimizer, trainable: list[torch.Tensor]) -> list[torch.Tensor]:
         """``_update_views`` of the optimizer's trainable parameters, made again only when a parameter
