@@ -71,8 +71,10 @@ gradient norm (and the largest parameter change, measured on at most UPDATE_SAMP
 values per tensor up to step UPDATE_STEPS) is measured on its first FULL_DETAIL steps, then on every
 FULL_EVERY-th (an optimizer over more than FULL_LARGE values: its first FULL_DETAIL_LARGE, then every
 FULL_EVERY_LARGE-th), on the last 3 of the step budget and on any step whose loss is non-finite
-(``StepRecord.grad_norm`` / ``update`` is None on the others; a NaN gradient between two measured
-steps shows in the next step's loss); the NaN/Inf check of the forwards' inputs since the last step
+(``StepRecord.grad_norm`` / ``update`` is None and ``grads_total`` / ``grads_none`` 0 on the others: their
+parameters' gradients are not walked; a NaN gradient between two measured steps shows in the next step's
+loss); the per-step signals (loss, zero_grad, carried gradients, LRs, model modes, forwards, loss calls)
+are recorded on every step; the NaN/Inf check of the forwards' inputs since the last step
 (``StepRecord.nonfinite_input``) runs on the same steps. See benchmarks/recorder_overhead.py.
 """
 
@@ -117,7 +119,7 @@ NORM_EVERY_MAX = 10  # light mode: the longest interval between two gradient-nor
 CLIP_KEEP = 200  # full mode: gradient-clipping calls recorded
 SPAN_CHECKS = 4  # steps at whose first backward full mode looks for the graph of the step before
 FULL_DETAIL = 12  # full mode: the first steps whose gradient norm and parameter change are always measured (the trace table shows the first 11),
-FULL_EVERY = 4    # then every FULL_EVERY-th step's, the last 3 of the step budget's, and any step with a non-finite loss
+FULL_EVERY = 8    # then every FULL_EVERY-th step's, the last 3 of the step budget's, and any step with a non-finite loss
 FULL_LARGE = 1_000_000  # full mode: an optimizer over more values than this has its gradient norm (one memory-bound pass over
 FULL_DETAIL_LARGE = 3   # every gradient: ~3 ms per 7M values on one core, several % of a dense model's step) and parameter change
 FULL_EVERY_LARGE = 8    # measured on its first FULL_DETAIL_LARGE steps, then every FULL_EVERY_LARGE-th (and the last 3, non-finite losses)
@@ -162,6 +164,7 @@ class OptimizerInfo:
     foreign: int = 0             # its parameter tensors that belong to no recorded model
     built: int = 1               # objects of its class built over the same parameters (``optimizer`` is the latest)
     built_at: list[int] = field(default_factory=lambda: [0])   # ``steps`` when each was built (the first 64)
+    cadence: tuple[int, int] = (0, 1)   # full mode: (its first steps measured in detail, then every n-th): _cadence
 
 
 @dataclass
@@ -216,9 +219,14 @@ def _blank_step(n: int) -> StepRecord:
     return step
 
 
+def _cadence(groups: list[dict]) -> tuple[int, int]:
+    """Full mode: an optimizer's detail cadence from its param groups (as recorded): its first FULL_DETAIL
+    steps, then every FULL_EVERY-th; over more than FULL_LARGE values FULL_DETAIL_LARGE, FULL_EVERY_LARGE."""
+    return (FULL_DETAIL_LARGE, FULL_EVERY_LARGE) if sum(g["values"] for g in groups) > FULL_LARGE else (FULL_DETAIL, FULL_EVERY)
+
+
 _GRAD, _REQUIRES, _LR, _PARAMS = attrgetter("grad"), attrgetter("requires_grad"), itemgetter("lr"), itemgetter("params")
 _NONE = type(None)
-_VALUES = itemgetter("values")
 
 
 def _trainable_grads(groups: list[dict]) -> tuple[list, list]:
@@ -1536,12 +1544,13 @@ class Recorder:
                                **{k: v for k, v in g.items() if k not in ("params", "lr") and isinstance(v, (int, float, bool, str, tuple))}})
             same = self._same_family(optimizer)
             if same is not None:  # built again over the same parameters (in the loop): the same optimizer, restarted
-                same.optimizer, same.groups, same.built = optimizer, groups, same.built + 1
+                same.optimizer, same.groups, same.built, same.cadence = optimizer, groups, same.built + 1, _cadence(groups)
                 if len(same.built_at) < 64:
                     same.built_at.append(same.steps)
                 info = self._opt_ids[id(optimizer)] = same
             else:
-                info = OptimizerInfo(len(self.recording.optimizers), type(optimizer).__name__, optimizer, groups)
+                info = OptimizerInfo(len(self.recording.optimizers), type(optimizer).__name__, optimizer, groups,
+                                     cadence=_cadence(groups))
                 self._opt_ids[id(optimizer)] = info
                 self.recording.optimizers.append(info)
                 self._link(info)
@@ -1674,13 +1683,11 @@ class Recorder:
             self._notify("on_step_pre", optimizer, step)
 
     def _detail_due(self, info: OptimizerInfo, step: StepRecord) -> bool:
-        """Full mode: is this step measured in detail (see :meth:`_measure_detail`)? An optimizer's first
-        FULL_DETAIL steps, then every FULL_EVERY-th of its own (an optimizer over more than FULL_LARGE
-        values: FULL_DETAIL_LARGE, FULL_EVERY_LARGE), the last 3 of the step budget and any step whose
-        loss is non-finite. (Counted per optimizer: a GAN's two alternate.)"""
+        """Full mode: is this step measured in detail (see :meth:`_measure_detail`)? The optimizer's own
+        steps on its ``cadence`` (counted per optimizer: a GAN's two alternate), the last 3 of the step
+        budget and any step whose loss is non-finite."""
         own = info.steps + 1
-        first, every = (FULL_DETAIL_LARGE, FULL_EVERY_LARGE) if sum(map(_VALUES, info.groups)) > FULL_LARGE \
-            else (FULL_DETAIL, FULL_EVERY)
+        first, every = info.cadence
         return own <= first or not own % every or (self.max_steps is not None and step.step > self.max_steps - 3) \
             or (step.loss is not None and not math.isfinite(step.loss))
 
