@@ -105,6 +105,10 @@ def test_gradient_norm_and_update_are_measured_on_the_first_steps_then_sampled_a
     assert steps[-1].step in measured and steps[-1].grads_nonfinite and steps[-1].nonfinite_input  # the NaN step
     assert [s.step for s in steps if s.update is not None] == [k for k in measured if k <= recorder_mod.UPDATE_STEPS]
     assert all(s.update > 0 for s in steps[:FULL_DETAIL])
+    between = [s for s in steps if s.grad_norm is None]   # detail only on the measured steps, the signals on every step
+    assert between and all(s.grads_total == s.grads_none == 0 and not s.nonfinite_input for s in between)
+    assert all(s.grads_total == 4 and s.grads_none == 0 for s in steps if s.grad_norm is not None)
+    assert all(s.zero_grad and s.carried == 0.0 and s.lrs == [0.01] and math.isfinite(s.loss) for s in between)
 
 
 def test_a_large_optimizer_is_measured_on_fewer_first_steps_and_more_sparsely_and_still_on_a_nan():
@@ -150,7 +154,8 @@ class _Masked(nn.Module):
 
 def test_a_nan_input_is_flagged_at_a_measured_step_even_when_the_loss_stays_finite():
     torch.manual_seed(0)
-    for bad in (None, FULL_DETAIL + FULL_EVERY - 1):   # healthy, then NaN in the input of a measured step's forward
+    measured = FULL_DETAIL + FULL_EVERY - FULL_DETAIL % FULL_EVERY   # the first sampled step after the first ones
+    for bad in (None, measured - 1):   # healthy, then NaN in the input of a measured step's forward
         model = _Masked()
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         crit = nn.CrossEntropyLoss()
@@ -198,3 +203,30 @@ def test_carried_gradients_are_seen_with_and_without_zero_grad_and_per_optimizer
     steps = rec.recording.steps
     assert [s.carried for s in steps[2:] if s.optimizer == 0] == [0.0, 0.0]
     assert [s.carried for s in steps[2:] if s.optimizer == 1] == [1.0, 1.0]
+
+
+class _FocalLoss(nn.modules.loss._Loss):
+    """A loss module of the user's own (outside torch): its loss call is placed in its forward."""
+
+    def forward(self, x, y):
+        return nn.functional.cross_entropy(x, y)   # (the user's line)
+
+
+def _loss_of(crit, out, y):
+    return crit(out, y)   # (the line that calls the loss module)
+
+
+def test_a_loss_call_is_placed_at_the_users_line_through_torchs_loss_module_or_the_users_own():
+    torch.manual_seed(0)
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for crit, place in ((nn.CrossEntropyLoss(), "_loss_of"), (_FocalLoss(), "forward")):
+        with Recorder("full", files=[__file__]) as rec:
+            for _ in range(3):
+                loss = _loss_of(crit, model(torch.randn(8, 6)), torch.randint(0, 3, (8,)))
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+        wheres = [c.where for c in rec.recording.loss_calls]
+        assert len(wheres) == 3 and all(w.startswith("test_recorder_full.py:") and w.endswith(f" in {place}")
+                                        for w in wheres), wheres

@@ -71,8 +71,10 @@ gradient norm (and the largest parameter change, measured on at most UPDATE_SAMP
 values per tensor up to step UPDATE_STEPS) is measured on its first FULL_DETAIL steps, then on every
 FULL_EVERY-th (an optimizer over more than FULL_LARGE values: its first FULL_DETAIL_LARGE, then every
 FULL_EVERY_LARGE-th), on the last 3 of the step budget and on any step whose loss is non-finite
-(``StepRecord.grad_norm`` / ``update`` is None on the others; a NaN gradient between two measured
-steps shows in the next step's loss); the NaN/Inf check of the forwards' inputs since the last step
+(``StepRecord.grad_norm`` / ``update`` is None and ``grads_total`` / ``grads_none`` 0 on the others: their
+parameters' gradients are not walked; a NaN gradient between two measured steps shows in the next step's
+loss); the per-step signals (loss, zero_grad, carried gradients, LRs, model modes, forwards, loss calls)
+are recorded on every step; the NaN/Inf check of the forwards' inputs since the last step
 (``StepRecord.nonfinite_input``) runs on the same steps. See benchmarks/recorder_overhead.py.
 """
 
@@ -117,7 +119,7 @@ NORM_EVERY_MAX = 10  # light mode: the longest interval between two gradient-nor
 CLIP_KEEP = 200  # full mode: gradient-clipping calls recorded
 SPAN_CHECKS = 4  # steps at whose first backward full mode looks for the graph of the step before
 FULL_DETAIL = 12  # full mode: the first steps whose gradient norm and parameter change are always measured (the trace table shows the first 11),
-FULL_EVERY = 4    # then every FULL_EVERY-th step's, the last 3 of the step budget's, and any step with a non-finite loss
+FULL_EVERY = 8    # then every FULL_EVERY-th step's, the last 3 of the step budget's, and any step with a non-finite loss
 FULL_LARGE = 1_000_000  # full mode: an optimizer over more values than this has its gradient norm (one memory-bound pass over
 FULL_DETAIL_LARGE = 3   # every gradient: ~3 ms per 7M values on one core, several % of a dense model's step) and parameter change
 FULL_EVERY_LARGE = 8    # measured on its first FULL_DETAIL_LARGE steps, then every FULL_EVERY_LARGE-th (and the last 3, non-finite losses)
@@ -162,6 +164,7 @@ class OptimizerInfo:
     foreign: int = 0             # its parameter tensors that belong to no recorded model
     built: int = 1               # objects of its class built over the same parameters (``optimizer`` is the latest)
     built_at: list[int] = field(default_factory=lambda: [0])   # ``steps`` when each was built (the first 64)
+    cadence: tuple[int, int] = (0, 1)   # full mode: (its first steps measured in detail, then every n-th): _cadence
 
 
 @dataclass
@@ -216,9 +219,14 @@ def _blank_step(n: int) -> StepRecord:
     return step
 
 
+def _cadence(groups: list[dict]) -> tuple[int, int]:
+    """Full mode: an optimizer's detail cadence from its param groups (as recorded): its first FULL_DETAIL
+    steps, then every FULL_EVERY-th; over more than FULL_LARGE values FULL_DETAIL_LARGE, FULL_EVERY_LARGE."""
+    return (FULL_DETAIL_LARGE, FULL_EVERY_LARGE) if sum(g["values"] for g in groups) > FULL_LARGE else (FULL_DETAIL, FULL_EVERY)
+
+
 _GRAD, _REQUIRES, _LR, _PARAMS = attrgetter("grad"), attrgetter("requires_grad"), itemgetter("lr"), itemgetter("params")
 _NONE = type(None)
-_VALUES = itemgetter("values")
 
 
 def _trainable_grads(groups: list[dict]) -> tuple[list, list]:
@@ -574,7 +582,7 @@ class Recorder:
         self._in_loss = 0
         self._in_backward = 0
         self._in_sched = 0
-        self._module_ids: dict[int, tuple] = {}   # id(module) -> (weakref, model index; None: a submodule / loss)
+        self._module_ids: dict[int, tuple] = {}   # id(module) -> (weakref, model index (None: a submodule / loss), torch loss module)
         self._pending: StepRecord | None = None
         self._pending_forwards: list[ForwardEvent] = []
         self._pending_losses: list[LossCall] = []
@@ -624,7 +632,8 @@ class Recorder:
         self._opt_ids: dict[int, OptimizerInfo] = {}
         self._inputs: list[tuple] = []            # full mode: arguments of the forwards since the last step (at most 8)
         self._cleared: set[int] = set()           # full mode: id() of optimizers whose zero_grad() ran since the last step
-        self._trainable_n: dict[int, int] = {}    # full mode: id(optimizer) -> its trainable tensors at its last step
+        self._trainable_n: dict[int, int] = {}    # full mode: id(optimizer) -> its trainable tensors at its last measured step
+        self._site = None   # full mode: the frame that called torch's own loss module now running (see _model_called)
 
     # -- install / remove -------------------------------------------------------------------------
     def __enter__(self) -> "Recorder":
@@ -684,7 +693,7 @@ class Recorder:
                     rec._model_output(event, output)
                 return output
             finally:
-                rec._depth, rec._in_model = 0, False
+                rec._depth, rec._in_model, rec._site = 0, False, None
                 rec._resume()
         return __call__
 
@@ -929,10 +938,10 @@ class Recorder:
             except Exception:  # noqa: BLE001 - a listener must never break the user's run
                 self.recording.listener_errors += 1
 
-    def where(self, depth: int = 1) -> str | None:
+    def where(self, depth: int = 1, frame=None) -> str | None:
         """``file:line in function`` of the innermost frame in the user's files (else outside torch), from
-        the frame ``depth`` calls out (1: the caller's)."""
-        frame = sys._getframe(depth)
+        the frame ``depth`` calls out (1: the caller's), or from ``frame``."""
+        frame = frame or sys._getframe(depth)
         fallback = None
         kinds, sites = self._file_kinds, self._sites
         get = kinds.get
@@ -1023,10 +1032,12 @@ class Recorder:
             self.recording.models.append(info)
             for opt in self.recording.optimizers:
                 self._link(opt)
+        torch_loss = index is None and isinstance(module, nn.modules.loss._Loss) \
+            and type(module).__module__.startswith("torch.")
         try:
-            self._module_ids[key] = (weakref.ref(module), index)
+            self._module_ids[key] = (weakref.ref(module), index, torch_loss)
         except TypeError:  # pragma: no cover - a module that cannot be weakly referenced
-            self._module_ids[key] = (lambda: module, index)
+            self._module_ids[key] = (lambda: module, index, torch_loss)
         return index
 
     def _forward_pre(self, module, args):
@@ -1083,6 +1094,8 @@ class Recorder:
             self._close_manual()
         known = self._module_ids.get(id(module))
         if known is not None and known[1] is None and known[0]() is module:
+            if known[2]:   # torch's own loss module: its loss function's call site is this call's
+                self._site = sys._getframe(2)   # (_model_called <- __call__ <- the caller)
             return None   # a loss module (or a submodule called directly) seen before: no forward event
         found = self._forward_event(module)
         if found is None:
@@ -1263,7 +1276,7 @@ class Recorder:
         training = self._last_model.module.training if self._last_model else None
         call = LossCall(name, list(x.shape), _dtype_name(x.dtype), list(y.shape) if y_tensor else None,
                         _dtype_name(y.dtype) if y_tensor else None, v, reduction, grad, training,
-                        self.recording.total_steps, self.where(3), from_model, out_shape, same)  # (3: the loss wrapper's caller)
+                        self.recording.total_steps, self.where(3, self._site), from_model, out_shape, same)  # (3: the loss wrapper's caller)
         if grad and self._kept_pairs < KEEP_PAIRS:
             self._kept_pairs += 1
             call.inputs, call.targets = cpu_copy(x), cpu_copy(y)
@@ -1531,12 +1544,13 @@ class Recorder:
                                **{k: v for k, v in g.items() if k not in ("params", "lr") and isinstance(v, (int, float, bool, str, tuple))}})
             same = self._same_family(optimizer)
             if same is not None:  # built again over the same parameters (in the loop): the same optimizer, restarted
-                same.optimizer, same.groups, same.built = optimizer, groups, same.built + 1
+                same.optimizer, same.groups, same.built, same.cadence = optimizer, groups, same.built + 1, _cadence(groups)
                 if len(same.built_at) < 64:
                     same.built_at.append(same.steps)
                 info = self._opt_ids[id(optimizer)] = same
             else:
-                info = OptimizerInfo(len(self.recording.optimizers), type(optimizer).__name__, optimizer, groups)
+                info = OptimizerInfo(len(self.recording.optimizers), type(optimizer).__name__, optimizer, groups,
+                                     cadence=_cadence(groups))
                 self._opt_ids[id(optimizer)] = info
                 self.recording.optimizers.append(info)
                 self._link(info)
@@ -1659,40 +1673,52 @@ class Recorder:
         groups = optimizer.param_groups
         step.lrs = list(map(float, map(_LR, groups)))
         step.grad_enabled = torch.is_grad_enabled()
-        trainable, grads = _trainable_grads(groups)
+        values = self._window_values
+        step.loss_calls = len(values)
+        step.loss_call_mean = sum(values) / len(values) if values else None
+        inputs, self._inputs = self._inputs, []
+        if self._detail_due(info, step):
+            self._measure_detail(optimizer, step, inputs)
+        if self._listening:
+            self._notify("on_step_pre", optimizer, step)
+
+    def _detail_due(self, info: OptimizerInfo, step: StepRecord) -> bool:
+        """Full mode: is this step measured in detail (see :meth:`_measure_detail`)? The optimizer's own
+        steps on its ``cadence`` (counted per optimizer: a GAN's two alternate), the last 3 of the step
+        budget and any step whose loss is non-finite."""
+        own = info.steps + 1
+        first, every = info.cadence
+        return own <= first or not own % every or (self.max_steps is not None and step.step > self.max_steps - 3) \
+            or (step.loss is not None and not math.isfinite(step.loss))
+
+    def _measure_detail(self, optimizer, step: StepRecord, inputs: list[tuple]) -> None:
+        """Full mode, a step :meth:`_detail_due` picks: which trainable tensors have a gradient
+        (``grads_total`` / ``grads_none``, their names on the first 3 steps), the global gradient norm
+        (0.0 when none has one), NaN/Inf in the forwards' inputs since the last step, and (up to step
+        UPDATE_STEPS) the parameter values the step's change is measured against. The other steps keep
+        the defaults (0, 0, None): the per-step signals (loss, zero_grad, carried gradients, LRs, modes)
+        are recorded on every step."""
+        trainable, grads = _trainable_grads(optimizer.param_groups)
         self._trainable_n[id(optimizer)] = len(trainable)
         none = list(map(type, grads)).count(_NONE)   # (list.count(None) would call Tensor.__eq__)
         if none:
             grads = [g for g in grads if g is not None]
         step.grads_total, step.grads_none = len(trainable), none
-        n, own = step.step, info.steps + 1   # (sampled per optimizer: a GAN's two alternate)
-        first, every = (FULL_DETAIL_LARGE, FULL_EVERY_LARGE) if sum(map(_VALUES, info.groups)) > FULL_LARGE \
-            else (FULL_DETAIL, FULL_EVERY)
-        due = own <= first or not own % every or (self.max_steps is not None and n > self.max_steps - 3) \
-            or (step.loss is not None and not math.isfinite(step.loss))
-        if due and self._inputs:
-            step.nonfinite_input = step.nonfinite_input or _nonfinite(self._inputs)
-        self._inputs = []
-        if not grads:
-            step.grad_norm = 0.0
-        elif not due:
-            step.grad_norm = None   # between measured steps (a NaN gradient shows in the next step's loss)
-        else:
+        if inputs:
+            step.nonfinite_input = step.nonfinite_input or _nonfinite(inputs)
+        if grads:
             total = total_norm(torch._foreach_norm([g if not g.requires_grad else g.detach() for g in grads]))
             step.grad_norm = total
             step.grads_nonfinite = not math.isfinite(total)
-        values = self._window_values
-        step.loss_calls = len(values)
-        step.loss_call_mean = sum(values) / len(values) if values else None
-        if step.step <= 3 and step.grads_none:
+        else:
+            step.grad_norm = 0.0
+        if step.step <= 3 and none:
             names = {id(p): f"{m.name}.{n}" if len(self.recording.models) > 1 else n
                      for m in self.recording.models for n, p in m.module.named_parameters()}
             step.none_names = [names.get(id(p), "?") for p in trainable if p.grad is None][:40]
-        if trainable and due and n <= UPDATE_STEPS:
+        if trainable and step.step <= UPDATE_STEPS:
             views = self._views(optimizer, trainable)
             self._before_step = (trainable, views, _snapshot(views))
-        if self._listening:
-            self._notify("on_step_pre", optimizer, step)
 
     def _views(self, optimizer, trainable: list[torch.Tensor]) -> list[torch.Tensor]:
         """``_update_views`` of the optimizer's trainable parameters, made again only when a parameter
