@@ -217,6 +217,7 @@ class Watch:
         self._log = None
         self._tb = None
         self._t0 = time.monotonic()
+        self._t_shift = 0.0                     # our clock minus the recorder's (its StepRecord.t): see start()
         self._last_line_t = self._t0
         self._last_line_step = 0
         self._flushed = 0.0
@@ -254,6 +255,7 @@ class Watch:
             recorder.__enter__()
             self._owns_recorder = True
         self._recorder = recorder
+        self._t_shift = recorder._t0 - self._t0  # (both monotonic: a step's time since our start)
         recorder.norm_every_max = self.every  # every logged step has the gradient norms measured
         return self
 
@@ -514,14 +516,14 @@ class Watch:
         return index, detector
 
     def _entry(self, h: tuple) -> dict:
-        """A history tuple (step, loss, grad_norm, lrs, optimizer index, monotonic time) as its JSON entry."""
+        """A history tuple (step, loss, grad_norm, lrs, optimizer index, the recorder's time) as its JSON entry."""
         step, loss, norm, lrs, index, t = h
         entry = {"step": step, "loss": loss, "grad_norm": norm, "lr": lrs[0] if lrs else None}
         if len(lrs) > 1:
             entry["lrs"] = lrs
         if index:
             entry["optimizer"] = index
-        entry["t"] = round(t - self._t0, 3)
+        entry["t"] = round(t + self._t_shift, 3)
         return entry
 
     def on_step_pre(self, rec, optimizer, step_rec) -> None:
@@ -538,7 +540,7 @@ class Watch:
         loss, lrs = step_rec.loss, step_rec.lrs
         last = self._last_det
         index, detector = (last[1], last[2]) if last[0] is optimizer else self._detector(optimizer)
-        h = (self.steps, loss, norm, lrs, index, time.monotonic())
+        h = (self.steps, loss, norm, lrs, index, step_rec.t)  # (the recorder's clock: no clock read of our own)
         self._history.append(h)
         if self._first is None:  # the first step with a positive LR (a warmup may start at 0)
             if lrs and lrs[0] > 0:
@@ -576,7 +578,8 @@ class Watch:
             if anomaly is None and trainable and (steps <= 0 or line["step_s"] is None or
                                                   self._ratio_cost <= UPDATE_SHARE * line["step_s"] * (self.steps - self._ratio_step)):
                 self._ratio_started, self._ratio_step = time.perf_counter(), self.steps
-                self._before = [p.detach().clone() for p in trainable]
+                with torch.no_grad():  # one foreach op, no detach per tensor
+                    self._before = torch._foreach_clone(trainable)
             self._sampled = line
             self._line_t = time.perf_counter() - started
         if anomaly is not None:
