@@ -1799,7 +1799,10 @@ class Recorder:
             step.grad_norm = 0.0
             return
         withgrad = [p for p, g in zip(params, grads) if g is not None] if none else list(params)
-        grads = [g.detach() if g.requires_grad else g for g in grads if g is not None]
+        if none:
+            grads = [g for g in grads if g is not None]
+        if any(map(_REQUIRES, grads)):  # (a gradient with its own graph: create_graph=True)
+            grads = [g.detach() for g in grads]
         norms = torch._foreach_norm(grads)
         total = total_norm(norms)
         step.grad_norm = total

@@ -556,7 +556,7 @@ class Watch:
             keyed, names = self._names(optimizer)
             measured = self._recorder.grad_norms if self._recorder is not None and norm is not None else None
             if measured is not None:  # the recorder's per-tensor norms of this very step
-                params, norms = measured[0], [float(n) for n in measured[1]]
+                params, norms = measured[0], list(map(float, measured[1]))
             else:
                 params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
                 norms = [float(n) for n in torch._foreach_norm([p.grad.detach() for p in params])] if params else []
