@@ -209,10 +209,11 @@ assert dict(_STEP_FRESH) == {**dict.fromkeys(_STEP_LISTS, list), **dict.fromkeys
 
 def _blank_step(n: int) -> StepRecord:
     """``StepRecord(step=n, optimizer=-1, t=0.0)`` without the dataclass ``__init__``'s 30 assignments
-    (light mode makes one every step): one dict display, the defaults and the fields' own fresh lists
-    and dicts (``_STEP_LISTS``, ``_STEP_DICTS``)."""
+    (light mode makes one every step): a copy of the defaults (one C copy of a dict, not a merge item by
+    item) and the fields' own fresh lists and dicts (``_STEP_LISTS``, ``_STEP_DICTS``)."""
     step = object.__new__(StepRecord)
-    step.__dict__ = {**_STEP_BLANK, "step": n, "losses": [], "lrs": [], "none_names": [], "forwards": {}, "training": {}}
+    step.__dict__ = d = _STEP_BLANK.copy()
+    d["step"], d["losses"], d["lrs"], d["none_names"], d["forwards"], d["training"] = n, [], [], [], {}, {}
     return step
 
 
