@@ -271,6 +271,7 @@ def test_update_ratio_is_the_norm_of_the_step_over_the_weights_before_it(tmp_pat
     for step, line in lines.items():
         assert line["update_ratio"] == pytest.approx(expected[step], rel=1e-4)
     assert all(p.grad is None or p.grad.grad_fn is None for p in model.parameters())
+    assert torch.is_grad_enabled()  # (the ratio's copy and difference ran with autograd off, then on again)
 
 
 def test_logged_times_are_seconds_since_the_watch_was_made_also_when_its_recorder_starts_later(tmp_path):
