@@ -551,20 +551,20 @@ class Watch:
         the full check, the JSON line and a bundle only on logged steps and where quick() says so."""
         if self.optimizer is not None and optimizer is not self.optimizer:
             return
-        self.steps = step_rec.step
+        self.steps = n = step_rec.step
         # None: not measured on this step (Recorder._norm_due), or no gradient at all
         norm = step_rec.grad_norm if step_rec.grads_total > step_rec.grads_none else None
         loss, lrs = step_rec.loss, step_rec.lrs
         last = self._last_det
         index, detector = (last[1], last[2]) if last[0] is optimizer else self._detector(optimizer)
-        h = (self.steps, loss, norm, lrs, index, step_rec.t)  # (the recorder's clock: no clock read of our own)
+        h = (n, loss, norm, lrs, index, step_rec.t)  # (the recorder's clock: no clock read of our own)
         self._history.append(h)
         if self._first is None:  # the first step with a positive LR (a warmup may start at 0)
             if lrs and lrs[0] > 0:
                 self._first = self._entry(h)
             else:
                 self._first0 = h
-        if self.steps % self.log_every and self.steps != 1 and detector.quick(self.steps, loss, norm):
+        if n % self.log_every and n != 1 and detector.quick(n, loss, norm):
             return
         anomaly = detector.check(self.steps, loss, norm)
         if self.steps % self.log_every == 0 or self.steps == 1 or anomaly is not None:
