@@ -248,10 +248,13 @@ def test_light_recorder_counts_frozen_and_missing_gradients_like_the_full_one(tm
     assert last.grad_norm is not None and math.isfinite(last.grad_norm) and last.grad_norm > 0
 
 
-def test_update_ratio_is_the_norm_of_the_step_over_the_weights_before_it(tmp_path, monkeypatch):
+@pytest.mark.parametrize("foreach_clone", [True, False])
+def test_update_ratio_is_the_norm_of_the_step_over_the_weights_before_it(tmp_path, monkeypatch, foreach_clone):
     from nnwizard import watcher
 
     monkeypatch.setattr(watcher, "UPDATE_SHARE", 1e9)  # measured on every logged step
+    if not foreach_clone:  # a torch without torch._foreach_clone: one clone per tensor
+        monkeypatch.delattr(torch, "_foreach_clone", raising=False)
     model = _mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     crit = nn.CrossEntropyLoss()

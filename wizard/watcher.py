@@ -160,6 +160,13 @@ def _update_ratio(before: list[torch.Tensor], after: list[torch.Tensor]) -> floa
     return dn / wn if wn > 0 else None
 
 
+def _copies(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """A copy of each tensor: one ``torch._foreach_clone`` where this torch has it (new in 2026), else a
+    clone each."""
+    clone = getattr(torch, "_foreach_clone", None)
+    return clone(tensors) if clone is not None else [t.clone() for t in tensors]
+
+
 def _no_grad(fn, *args):
     """``fn(*args)`` with autograd off: ``torch.no_grad()`` without its context manager's Python frames
     (about 12k instructions a time under callgrind; this runs on the logged steps)."""
@@ -595,7 +602,7 @@ class Watch:
             if anomaly is None and trainable and (steps <= 0 or line["step_s"] is None or
                                                   self._ratio_cost <= UPDATE_SHARE * line["step_s"] * (self.steps - self._ratio_step)):
                 self._ratio_started, self._ratio_step = time.perf_counter(), self.steps
-                self._before = _no_grad(torch._foreach_clone, trainable)  # (one op, no detach per tensor)
+                self._before = _no_grad(_copies, trainable)  # (no detach per tensor)
             self._sampled = line
             self._line_t = time.perf_counter() - started
         if anomaly is not None:
