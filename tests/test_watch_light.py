@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
 import torch
 from torch import nn
 
@@ -245,3 +246,64 @@ def test_light_recorder_counts_frozen_and_missing_gradients_like_the_full_one(tm
     last = rec.recording.steps[-1]
     assert (last.grads_total, last.grads_none) == (6, 1) and last.lrs == [0.1, 0.5]
     assert last.grad_norm is not None and math.isfinite(last.grad_norm) and last.grad_norm > 0
+
+
+@pytest.mark.parametrize("foreach_clone", [True, False])
+def test_update_ratio_is_the_norm_of_the_step_over_the_weights_before_it(tmp_path, monkeypatch, foreach_clone):
+    from nnwizard import watcher
+
+    monkeypatch.setattr(watcher, "UPDATE_SHARE", 1e9)  # measured on every logged step
+    if not foreach_clone:  # a torch without torch._foreach_clone: one clone per tensor
+        monkeypatch.delattr(torch, "_foreach_clone", raising=False)
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    crit = nn.CrossEntropyLoss()
+    torch.manual_seed(0)
+    expected = {}
+    with nnwizard.watch(model, opt, out=tmp_path, every=5, tensorboard=False, quiet=True):
+        for i in range(1, 11):
+            loss = crit(model(torch.randn(8, 6)), torch.randint(0, 3, (8,)))
+            opt.zero_grad()
+            loss.backward()
+            before = [p.detach().clone() for p in model.parameters()]
+            opt.step()
+            norm = lambda ts: math.sqrt(sum(float(t.pow(2).sum()) for t in ts))  # noqa: E731
+            expected[i] = norm([p.detach() - b for p, b in zip(model.parameters(), before)]) / norm(before)
+    lines = {l["step"]: l for l in map(json.loads, (tmp_path / "watch.jsonl").read_text().splitlines())}
+    assert sorted(lines) == [1, 5, 10]
+    for step, line in lines.items():
+        assert line["update_ratio"] == pytest.approx(expected[step], rel=1e-4)
+    assert all(p.grad is None or p.grad.grad_fn is None for p in model.parameters())
+    assert torch.is_grad_enabled()  # (the ratio's copy and difference ran with autograd off, then on again)
+
+
+def test_logged_times_are_seconds_since_the_watch_was_made_also_when_its_recorder_starts_later(tmp_path):
+    import time
+
+    from nnwizard.watcher import Watch
+
+    w = Watch(out=tmp_path, every=1, tensorboard=False, quiet=True)
+    w._t0 -= 100.0  # as if made 100 s before its recorder started
+    made = w._t0
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with Recorder("light", listeners=[w]) as rec:  # the CLI's order: the watch first, its recorder later
+        w.start(recorder=rec)
+        _steps(model, opt, 3)
+    w.close()
+    elapsed = time.monotonic() - made
+    ts = [json.loads(l)["t"] for l in (tmp_path / "watch.jsonl").read_text().splitlines()]
+    assert len(ts) == 3 and ts == sorted(ts) and 100 <= ts[0] and ts[-1] <= elapsed + 0.001
+
+
+def test_light_gradient_norm_of_gradients_with_their_own_graph(monkeypatch):
+    monkeypatch.setattr(Recorder, "_norm_due", lambda self, n: True)
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with Recorder("light") as rec:
+        loss = model(torch.randn(8, 6)).pow(2).sum()
+        opt.zero_grad()
+        loss.backward(create_graph=True)  # (gradients that require grad themselves)
+        expected = math.sqrt(sum(float(p.grad.detach().pow(2).sum()) for p in model.parameters()))
+        opt.step()
+    assert rec.recording.steps[-1].grad_norm == pytest.approx(expected, rel=1e-5)

@@ -205,17 +205,18 @@ _STEP_FRESH = tuple((f.name, f.default_factory) for f in fields(StepRecord) if f
 
 
 _STEP_BLANK = {"step": 0, "optimizer": -1, "t": 0.0, **_STEP_DEFAULTS}
+# the fields with a default_factory, each a fresh empty list or dict per record (_blank_step makes them literally)
+_STEP_LISTS, _STEP_DICTS = ("losses", "lrs", "none_names"), ("forwards", "training")
+assert dict(_STEP_FRESH) == {**dict.fromkeys(_STEP_LISTS, list), **dict.fromkeys(_STEP_DICTS, dict)}
 
 
 def _blank_step(n: int) -> StepRecord:
     """``StepRecord(step=n, optimizer=-1, t=0.0)`` without the dataclass ``__init__``'s 30 assignments
-    (light mode makes one every step): a copy of the defaults (one C copy of a dict), the fields' own
-    fresh lists and dicts."""
+    (light mode makes one every step): a copy of the defaults (one C copy of a dict, not a merge item by
+    item) and the fields' own fresh lists and dicts (``_STEP_LISTS``, ``_STEP_DICTS``)."""
     step = object.__new__(StepRecord)
     step.__dict__ = d = _STEP_BLANK.copy()
-    for name, make in _STEP_FRESH:  # (a plain loop: cheaper than dict.update over zip and map here)
-        d[name] = make()
-    d["step"] = n
+    d["step"], d["losses"], d["lrs"], d["none_names"], d["forwards"], d["training"] = n, [], [], [], {}, {}
     return step
 
 
@@ -1825,7 +1826,10 @@ class Recorder:
             step.grad_norm = 0.0
             return
         withgrad = [p for p, g in zip(params, grads) if g is not None] if none else list(params)
-        grads = [g.detach() if g.requires_grad else g for g in grads if g is not None]
+        if none:
+            grads = [g for g in grads if g is not None]
+        if any(map(_REQUIRES, grads)):  # (a gradient with its own graph: create_graph=True)
+            grads = [g.detach() for g in grads]
         norms = torch._foreach_norm(grads)
         total = total_norm(norms)
         step.grad_norm = total
