@@ -307,3 +307,49 @@ def test_light_gradient_norm_of_gradients_with_their_own_graph(monkeypatch):
         expected = math.sqrt(sum(float(p.grad.detach().pow(2).sum()) for p in model.parameters()))
         opt.step()
     assert rec.recording.steps[-1].grad_norm == pytest.approx(expected, rel=1e-5)
+
+
+def _climb(start, factor, n=60):
+    return [(i, start * factor ** (i - 1), None) for i in range(1, n + 1)]
+
+
+def test_a_loss_that_climbs_far_above_its_start_is_a_divergence_also_inside_the_first_window():
+    # x1.2 a step from 8.4: the window's range grows with the climb, so only the start says it diverged
+    series = _climb(8.4, 1.2)
+    exact, fast = _exact(Detector(), series), _fast(Detector(), series)
+    first = next(i for i, loss, _ in series if loss > 100 * 8.4 * 1.2 ** 2)   # the median of the first five
+    assert [k for k, _ in exact] == [k for k, _ in fast] == ["loss-spike"]
+    assert exact[0][1] == fast[0][1] == first
+    assert Detector().check(1, 1.0, None) is None
+
+
+@pytest.mark.parametrize("series", [
+    _climb(2.0, 0.98, 300),                                                             # a healthy fall
+    [(i, 0.003 * (1 + 15 * (i % 17 == 0)), None) for i in range(1, 300)],             # converged, hard batches 16x
+    [(i, (0.5 if i < 6 else 16.0) + 0.1 * (i % 3), None) for i in range(1, 200)],      # rose once (x30), then level
+])
+def test_divergence_stays_quiet_on_runs_that_do_not_leave_their_start(series):
+    assert "loss-spike" not in [k for k, _ in _exact(Detector(), series)]
+
+
+def test_divergence_is_not_judged_for_a_run_with_several_objectives():
+    series = _climb(0.5, 1.2)   # a GAN's generator loss may rise by design
+    assert _exact(Detector(solo=False), series) == []
+
+
+def test_alternating_optimizers_each_get_their_logged_lines_and_no_divergence_check(tmp_path):
+    gen, disc = _mlp(), _mlp()
+    opt_g, opt_d = torch.optim.SGD(gen.parameters(), lr=0.01), torch.optim.SGD(disc.parameters(), lr=0.01)
+    crit = nn.CrossEntropyLoss()
+    torch.manual_seed(0)
+    with nnwizard.watch(out=tmp_path, every=10, tensorboard=False, quiet=True) as w:
+        for _ in range(40):
+            for model, opt in ((disc, opt_d), (gen, opt_g)):
+                loss = crit(model(torch.randn(8, 6)), torch.randint(0, 3, (8,)))
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+    lines = [json.loads(l) for l in (tmp_path / "watch.jsonl").read_text().splitlines()]
+    by_opt = [sum(1 for l in lines if l.get("optimizer", 0) == k) for k in (0, 1)]
+    assert by_opt == [5, 5]   # steps 1, 10, 20, 30, 40 of each optimizer's own 40
+    assert all(not d.solo for d in w._detectors.values()) and len(w._detectors) == 2

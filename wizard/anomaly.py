@@ -11,6 +11,11 @@ any model; ``Triggers`` takes other values):
                   run's starting level (the median of its first 5 losses) above it. Minibatch noise
                   stays inside the range the run has already shown; a divergence leaves it by several
                   widths at once. The floor keeps a converged run (loss 1e-3, a batch at 1e-2) quiet.
+                  Also, from the 6th step on and whatever the window holds (a climb that widens its own
+                  range, a divergence in the first ``min_history`` steps): the loss passes
+                  ``diverge_factor`` (100) times the starting level and 10 times the largest of the
+                  first 5 losses. Only for a run with one optimizer (``Detector.solo``): the losses of
+                  several objectives (a GAN's generator) may rise by design.
 - ``grad-explosion`` the global gradient norm exceeds ``explode_factor`` times the window's median,
                   twice its maximum (a norm that has grown steadily does not count; a jump does) and
                   the run's starting level (the median of its first 5 norms): in a converged run a hard
@@ -49,6 +54,7 @@ class Triggers:
     min_history: int = 20
     spike_ranges: float = 3.0
     spike_floor: float = 0.1
+    diverge_factor: float = 100.0
     explode_factor: float = 10.0
     stall_steps: int = 100
     repeat: bool = False
@@ -88,6 +94,8 @@ class Detector:
     _lo: float = math.inf         # quick(): a loss passes when _lo < loss <= _hi (inf/-inf: nothing passes yet)
     _hi: float = -math.inf
     _nhi: float = -math.inf       # quick(): a measured gradient norm passes when norm <= _nhi
+    solo: bool = True             # the run's only optimizer (watch clears it when a second one steps)
+    seen: int = 0                 # steps fed by watch (its per-optimizer line cadence)
 
     def quick(self, step: int, loss: float | None, grad_norm: float | None) -> bool:
         """True when no trigger but ``stalled`` can fire at this step (the values are queued for the
@@ -131,15 +139,23 @@ class Detector:
         spike_on = "loss-spike" in t.enabled and ("loss-spike" not in self.fired or t.repeat)
         if not spike_on:
             self._hi = sys.float_info.max
-        elif self.losses:
-            newest = list(self.losses)[-keep:]
-            hi, lo = max(newest), min(newest)
-            self._hi = max(hi + t.spike_ranges * (hi - lo), hi + t.spike_floor * self._first_level)
+        else:
+            if self.losses:
+                newest = list(self.losses)[-keep:]
+                hi, lo = max(newest), min(newest)
+                self._hi = max(hi + t.spike_ranges * (hi - lo), hi + t.spike_floor * self._first_level)
+            self._hi = min(self._hi, self._diverge_limit()) if self.losses else self._hi
         explode_on = "grad-explosion" in t.enabled and ("grad-explosion" not in self.fired or t.repeat)
         if not explode_on:
             self._nhi = sys.float_info.max
         elif self.norms:
             self._nhi = 2 * max(list(self.norms)[-keep:])
+
+    def _diverge_limit(self) -> float:
+        """The loss above which a one-optimizer run has left its starting level for good (inf: no limit)."""
+        if not self.solo or len(self._first) < 5 or not self._first_level > 0:
+            return math.inf
+        return max(self.triggers.diverge_factor * self._first_level, 10 * max(self._first))
 
     def _fire(self, kind: str) -> bool:
         if kind not in self.triggers.enabled or (kind in self.fired and not self.triggers.repeat):
@@ -177,6 +193,12 @@ class Detector:
                     found = Anomaly("loss-spike", step, f"loss {loss:.4g} at step {step} is {(loss - hi) / (hi - lo):.1f}x "
                                     f"the recent range above the last {len(self.losses)} steps' maximum {hi:.4g} "
                                     f"(range {lo:.4g}..{hi:.4g})", lv, grad_norm)
+        if loss is not None and not spike and loss > self._diverge_limit():
+            spike = True
+            if self._fire("loss-spike"):
+                found = Anomaly("loss-spike", step, f"loss {loss:.4g} at step {step} is {loss / self._first_level:.0f}x the "
+                                f"run's starting level {self._first_level:.4g} (the median of its first 5 losses, largest "
+                                f"{max(self._first):.4g}): the run has diverged", lv, grad_norm)
         if grad_norm is not None and len(self._first_norms) < 5:
             self._first_norms.append(grad_norm)
         if found is None and grad_norm is not None and len(self.norms) >= t.min_history:

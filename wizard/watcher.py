@@ -536,6 +536,9 @@ class Watch:
             info = self._recorder._opt_ids.get(id(optimizer))
             index = info.index if info is not None else 0
         detector = self._detectors.setdefault(index, Detector(self.triggers))
+        if len(self._detectors) > 1:   # several objectives: their losses may rise by design (a GAN)
+            for each in self._detectors.values():
+                each.solo = False
         self._opt_det[id(optimizer)] = self._last_det = (optimizer, index, detector)
         return index, detector
 
@@ -571,10 +574,11 @@ class Watch:
                 self._first = self._entry(h)
             else:
                 self._first0 = h
-        if n % self.log_every and n != 1 and detector.quick(n, loss, norm):
+        detector.seen = own = detector.seen + 1   # this optimizer's own steps: lines by its own count, so
+        if own % self.log_every and own != 1 and detector.quick(n, loss, norm):   # alternating optimizers (D, G) all log
             return
         anomaly = detector.check(self.steps, loss, norm)
-        if self.steps % self.log_every == 0 or self.steps == 1 or anomaly is not None:
+        if own % self.log_every == 0 or own == 1 or anomaly is not None:
             started = time.perf_counter()
             line = self._entry(h)
             keyed, names = self._names(optimizer)
