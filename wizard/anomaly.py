@@ -11,11 +11,14 @@ any model; ``Triggers`` takes other values):
                   run's starting level (the median of its first 5 losses) above it. Minibatch noise
                   stays inside the range the run has already shown; a divergence leaves it by several
                   widths at once. The floor keeps a converged run (loss 1e-3, a batch at 1e-2) quiet.
-                  Also, from the 6th step on and whatever the window holds (a climb that widens its own
-                  range, a divergence in the first ``min_history`` steps): the loss passes
-                  ``diverge_factor`` (100) times the starting level and 10 times the largest of the
-                  first 5 losses. Only for a run with one optimizer (``Detector.solo``): the losses of
-                  several objectives (a GAN's generator) may rise by design.
+                  Also a *divergence*, whatever the window holds (a climb that widens its own range,
+                  a jump in the first ``min_history`` steps): ``diverge_steps`` (3) losses in a row above
+                  ``early_factor`` (30) times the first loss, within the first ``early_steps`` (10)
+                  steps; or, later, above ``diverge_factor`` (100) times the starting level and 10 times
+                  the largest of the first 5 losses. One hard batch never makes a row. Only for a run
+                  with one optimizer (``Detector.solo``) and a positive start: the losses of several
+                  objectives (a GAN's generator) may rise by design, and a signed loss (policy
+                  gradients) has no scale at its start.
 - ``grad-explosion`` the global gradient norm exceeds ``explode_factor`` times the window's median,
                   twice its maximum (a norm that has grown steadily does not count; a jump does) and
                   the run's starting level (the median of its first 5 norms): in a converged run a hard
@@ -55,6 +58,9 @@ class Triggers:
     spike_ranges: float = 3.0
     spike_floor: float = 0.1
     diverge_factor: float = 100.0
+    early_factor: float = 30.0
+    early_steps: int = 10
+    diverge_steps: int = 3
     explode_factor: float = 10.0
     stall_steps: int = 100
     repeat: bool = False
@@ -96,6 +102,8 @@ class Detector:
     _nhi: float = -math.inf       # quick(): a measured gradient norm passes when norm <= _nhi
     solo: bool = True             # the run's only optimizer (watch clears it when a second one steps)
     seen: int = 0                 # steps fed by watch (its per-optimizer line cadence)
+    _fed: int = 0                 # finite losses fed (checked or queued)
+    _above: int = 0               # of them, the latest in a row above the divergence limit
 
     def quick(self, step: int, loss: float | None, grad_norm: float | None) -> bool:
         """True when no trigger but ``stalled`` can fire at this step (the values are queued for the
@@ -119,6 +127,8 @@ class Detector:
                 zero_since = (zero_since or step) if grad_norm == 0.0 else None
                 norms.append(grad_norm)
         self._last, self._still, self._zero_since = last, still, zero_since
+        self._fed += len(queue)
+        self._above = 0    # (a queued loss was below quick()'s bound, so below the divergence limit)
         self.losses.extend([q[1] for q in queue])
         while len(self.losses) > self.triggers.window:
             self.losses.popleft()
@@ -134,8 +144,8 @@ class Detector:
         t = self.triggers
         keep = t.window - max(self.gap, 1) + 1
         self._lo, self._hi, self._nhi = -math.inf, -math.inf, -math.inf
-        if len(self._first) < 5 or len(self._first_norms) < 5 or keep < 1:
-            return  # the starting levels are not known yet: every step is checked in full
+        if len(self._first) < 5 or len(self._first_norms) < 5 or keep < 1 or self._fed <= t.early_steps:
+            return  # the starting levels are not known yet (or the early divergence limit holds): every step in full
         spike_on = "loss-spike" in t.enabled and ("loss-spike" not in self.fired or t.repeat)
         if not spike_on:
             self._hi = sys.float_info.max
@@ -152,10 +162,15 @@ class Detector:
             self._nhi = 2 * max(list(self.norms)[-keep:])
 
     def _diverge_limit(self) -> float:
-        """The loss above which a one-optimizer run has left its starting level for good (inf: no limit)."""
-        if not self.solo or len(self._first) < 5 or not self._first_level > 0:
+        """The loss above which a one-optimizer run has left its starting level (inf: no limit)."""
+        t, first = self.triggers, self._first
+        if not self.solo or not first or not first[0] > 0:
             return math.inf
-        return max(self.triggers.diverge_factor * self._first_level, 10 * max(self._first))
+        if self._fed <= t.early_steps:
+            return t.early_factor * first[0]
+        if len(first) < 5 or not self._first_level > 0 or min(first) <= 0:
+            return math.inf
+        return max(t.diverge_factor * self._first_level, 10 * max(first))
 
     def _fire(self, kind: str) -> bool:
         if kind not in self.triggers.enabled or (kind in self.fired and not self.triggers.repeat):
@@ -193,12 +208,14 @@ class Detector:
                     found = Anomaly("loss-spike", step, f"loss {loss:.4g} at step {step} is {(loss - hi) / (hi - lo):.1f}x "
                                     f"the recent range above the last {len(self.losses)} steps' maximum {hi:.4g} "
                                     f"(range {lo:.4g}..{hi:.4g})", lv, grad_norm)
-        if loss is not None and not spike and loss > self._diverge_limit():
-            spike = True
-            if self._fire("loss-spike"):
-                found = Anomaly("loss-spike", step, f"loss {loss:.4g} at step {step} is {loss / self._first_level:.0f}x the "
-                                f"run's starting level {self._first_level:.4g} (the median of its first 5 losses, largest "
-                                f"{max(self._first):.4g}): the run has diverged", lv, grad_norm)
+        if loss is not None:
+            self._fed += 1
+            self._above = self._above + 1 if not spike and loss > self._diverge_limit() else 0
+            if self._above >= t.diverge_steps and self._fire("loss-spike"):
+                spike = True
+                found = Anomaly("loss-spike", step, f"loss {loss:.4g} at step {step} is {loss / self._first[0]:.0f}x the "
+                                f"run's first loss {self._first[0]:.4g}, {self._above} steps in a row above "
+                                f"{self._diverge_limit():.4g}: the run has diverged from its start", lv, grad_norm)
         if grad_norm is not None and len(self._first_norms) < 5:
             self._first_norms.append(grad_norm)
         if found is None and grad_norm is not None and len(self.norms) >= t.min_history:
