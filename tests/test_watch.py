@@ -316,3 +316,20 @@ def test_a_model_with_an_instance_forward_is_hooked_copies_cleanly_and_replays(t
     data = report_dict(*replay(w.bundles[0]))
     assert data["hypotheses"][0]["id"] == "nan-in-inputs" and data["localised"]["rows"] == [2]
     assert not model._forward_hooks and not model._forward_pre_hooks
+
+
+def test_script_definitions_load_without_the_values_only_the_run_computes(tmp_path):
+    from nnwizard.bundle import load_script_defs
+
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import argparse\nfrom torch import nn\n"
+        "parser = argparse.ArgumentParser()\nparser.add_argument('--lr', type=float, default=0.1)\n"
+        "args = parser.parse_args()\n"
+        "lr = args.lr            # call-free, but reads a value the run made\n"
+        "WIDTH = 16\n"
+        "class Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n        self.fc = nn.Linear(WIDTH, 2)\n"
+        "raise SystemExit('training would start here')\n")
+    module = load_script_defs(script)
+    assert module.WIDTH == 16 and not hasattr(module, "lr") and not hasattr(module, "args")
+    assert module.Net().fc.in_features == 16

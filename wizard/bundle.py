@@ -143,8 +143,12 @@ def load_script_defs(path: Path) -> types.ModuleType:
             keep.append(node)
     module = types.ModuleType(SCRIPT_MODULE)
     module.__file__ = str(path)
-    code = compile(ast.Module(body=keep, type_ignores=[]), str(path), "exec")
-    exec(code, module.__dict__)  # noqa: S102 - the user's own definitions, nothing that runs training
+    for node in keep:   # one at a time: a statement that reads what only the run computed
+        code = compile(ast.Module(body=[node], type_ignores=[]), str(path), "exec")   # (`x = args.lr`) is left out
+        try:
+            exec(code, module.__dict__)  # noqa: S102 - the user's own definitions, nothing that runs training
+        except Exception:  # noqa: BLE001 - NameError, AttributeError ... of a value the run made
+            continue
     return module
 
 
