@@ -338,11 +338,34 @@ def replay_repair(ctx: ProbeContext):
 
 
 # ---------------------------------------------------------------------------------- replay-history
+EARLY_STEPS = 10     # "from the start": the run's first steps
+EARLY_RISE = 30.0    # the loss this many times its first value (a divergence, not minibatch noise)
+
+
+def _diverged_from_start(points: list[dict]) -> tuple[str, dict] | None:
+    """The loss at EARLY_RISE x its first value within the run's first EARLY_STEPS steps, the LR steady:
+    (summary, data), else None. Needs the history from step 1 (watch keeps every step's loss)."""
+    if len(points) < 2 or points[0].get("step") != 1 or not points[0]["loss"] > 0:
+        return None
+    first = points[0]
+    early = [h for h in points if h["step"] <= EARLY_STEPS]
+    jump = next((h for h in early if h["loss"] >= EARLY_RISE * first["loss"]), None)
+    lrs = [h["lr"] for h in early]
+    if jump is None or not min(lrs) > 0 or max(lrs) / min(lrs) >= LR_RISE:
+        return None
+    text = (f"the loss went from {first['loss']:.4g} at step 1 to {jump['loss']:.4g} at step {jump['step']} "
+            f"({jump['loss'] / first['loss']:.0f}x) at lr {lrs[0]:.3g}" +
+            (" throughout" if max(lrs) == min(lrs) else f" to {max(lrs):.3g}") + ": the first updates broke the model")
+    return text, dict(first_loss=first["loss"], jump_step=jump["step"], jump_loss=jump["loss"], lr=lrs[0],
+                      points=len(points))
+
+
 @probe(
     "replay-history",
     title="The learning rate and gradient norm over the watch history before the anomaly",
     outcomes={"lr-rose": "the LR rose 10x or more over the run and kept rising after the best loss",
               "lr-steady": "the LR did not rise so",
+              "diverged-from-start": "the loss left its starting level within the run's first steps at an LR that did not rise: the first updates broke the model",
               "no-history": "too little history", "no-bundle": "not a replay"},
     timeout_s=10,
 )
@@ -354,6 +377,9 @@ def replay_history(ctx: ProbeContext):
     history = [h for h in meta.get("history", []) if h.get("step", 0) <= target.bundle.step]
     points = [h for h in history if isinstance(h.get("loss"), (int, float)) and math.isfinite(h["loss"])
               and isinstance(h.get("lr"), (int, float))]
+    early = _diverged_from_start(points)
+    if early is not None:
+        return failed("diverged-from-start", early[0], **early[1])
     if len(points) < 5:
         return passed(f"only {len(points)} logged steps before the anomaly", "no-history", points=len(points))
     best = min(points, key=lambda h: h["loss"])
