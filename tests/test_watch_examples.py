@@ -117,3 +117,54 @@ def test_a_hand_written_update_says_why_nothing_was_logged(monkeypatch, tmp_path
     assert run(str(path), [], tmp_path / "w", "continue", 10, tensorboard=False) == 0
     err = capsys.readouterr().err
     assert "called backward() 30 times but never optimizer.step()" in err and "hand-written update" in err, err
+
+
+DIVERGING = '''
+import sys
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+X, Y = torch.randn(512, 20), torch.randint(0, 5, (512,))
+model = nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 5))
+opt = torch.optim.Adam(model.parameters(), lr=float(sys.argv[1]))
+crit = nn.CrossEntropyLoss()
+for step in range(60):
+    i = (step * 32) % 512
+    loss = crit(model(X[i:i + 32]), Y[i:i + 32])
+    opt.zero_grad()
+    loss.backward()
+    nn.utils.clip_grad_norm_(model.parameters(), 0.25)   # keeps the diverged run finite
+    opt.step()
+'''
+
+
+@pytest.mark.parametrize("lr, expected", [("5.0", ["anomaly-step4"]), ("0.003", [])])
+def test_a_run_that_diverges_in_its_first_steps_is_caught_and_replayed_to_the_lr(monkeypatch, tmp_path, lr, expected):
+    from nnwizard.replay import replay, report_dict
+    from nnwizard.watch_cmd import run
+
+    script = tmp_path / "train.py"
+    script.write_text(DIVERGING)
+    monkeypatch.chdir(tmp_path)
+    assert run(str(script), [lr], tmp_path / "w", "continue", 10, tensorboard=False) == 0
+    bundles = sorted(p.name for p in (tmp_path / "w").glob("anomaly-step*"))
+    assert bundles == expected   # Adam at 5.0: 1.61, 2232, 3603, 3970: the third in a row above 30x the first
+    if bundles:
+        data = report_dict(*replay(tmp_path / "w" / bundles[0]))
+        assert data["hypotheses"][0]["id"] == "lr-too-high" and data["verdict"] == "problems-found"
+        history = next(p for p in data["probes"] if p["id"] == "replay-history")
+        assert history["outcome"] == "diverged-from-start" and history["data"]["jump_step"] == 2
+
+
+def test_diverged_from_start_needs_the_early_jump_at_a_steady_lr():
+    from nnwizard.probes.replay import _diverged_from_start
+
+    def points(losses, lrs=None):
+        return [{"step": i, "loss": v, "lr": (lrs or [0.1] * len(losses))[i - 1]} for i, v in enumerate(losses, 1)]
+
+    assert _diverged_from_start(points([2.3, 80.0, 90.0]))[1]["jump_step"] == 2
+    assert _diverged_from_start(points([2.3, 20.0, 40.0])) is None                       # under 30x
+    assert _diverged_from_start(points([2.3, 80.0], [0.001, 0.5])) is None               # a warm-up ramp: replay-history's other rule
+    assert _diverged_from_start(points([2.3] * 10 + [90.0])) is None                     # after the first 10 steps
+    assert _diverged_from_start([{"step": 5, "loss": 2.3, "lr": 0.1}, {"step": 6, "loss": 90.0, "lr": 0.1}]) is None
