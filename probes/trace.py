@@ -277,10 +277,7 @@ def trace_backward_step(ctx: ProbeContext, rec):
     if max(norms) == 0 and all(s.grads_none == s.grads_total for s in rec.steps):
         opt = rec.optimizers[rec.steps[0].optimizer] if rec.steps[0].optimizer >= 0 else None
         data["foreign"] = opt.foreign if opt else 0
-        cleared = sum(s.zero_grad_after_backward for s in rec.steps)
-        # the optimizer holds a model's own parameters and no backward ever reached that model's forwards:
-        # the graph between the model and the loss was cut (detach, .data, torch.tensor(out), .item())
-        cut = bool(opt and opt.models and not opt.foreign and not cleared and set(opt.models) <= _cut_models(rec))
+        cleared, cut = _no_grad_cause(rec, opt, rec.steps)
         data.update(zero_after_backward=cleared == len(rec.steps), zero_after_backward_steps=cleared, graph_cut=cut)
         why = (f"; zero_grad() ran after the backward and before optimizer.step() in {cleared} of them" if cleared else
                f"; the optimizer holds {', '.join(rec.models[i].name for i in opt.models)}'s own parameters, and no "
@@ -293,9 +290,8 @@ def trace_backward_step(ctx: ProbeContext, rec):
         opt, own = starved, [s for s in rec.steps if s.optimizer == starved.index]
         others = ", ".join(sorted({rec.optimizers[s.optimizer].name for s in rec.steps
                                    if s.optimizer >= 0 and s.optimizer != opt.index}))
-        cleared = sum(s.zero_grad_after_backward for s in own)
+        cleared, cut = _no_grad_cause(rec, opt, own)
         names = ", ".join(rec.models[i].name for i in opt.models) or "?"
-        cut = bool(opt.models and not opt.foreign and not cleared and set(opt.models) <= _cut_models(rec))
         data.update(foreign=opt.foreign, zero_after_backward=cleared == len(own), zero_after_backward_steps=cleared,
                     graph_cut=cut, starved=opt.name, starved_index=opt.index, starved_models=names)
         why = (f"; zero_grad() ran after the backward and before its step() in {cleared} of them" if cleared else
@@ -323,6 +319,15 @@ def trace_backward_step(ctx: ProbeContext, rec):
                          if lrs else ""), "manual-update", **data)
     return passed(f"{rec.backwards} backward() and {len(rec.steps)} optimizer.step() calls; gradient norm "
                   f"{norms[0]:.3g} at the first step; largest parameter change {max(updates, default=0.0):.3g}", **data)
+
+
+def _no_grad_cause(rec, opt, steps) -> tuple[int, bool]:
+    """Why an optimizer's steps found no gradient: in how many zero_grad() ran between the backward and the step,
+    and whether the graph was cut (it holds a model's own parameters and no backward ever reached that model's
+    forwards: a detach, .data, torch.tensor(out), .item() between the model and the loss)."""
+    cleared = sum(s.zero_grad_after_backward for s in steps)
+    cut = bool(opt and opt.models and not opt.foreign and not cleared and set(opt.models) <= _cut_models(rec))
+    return cleared, cut
 
 
 def _starved_optimizer(rec):
