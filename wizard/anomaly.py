@@ -149,12 +149,11 @@ class Detector:
         spike_on = "loss-spike" in t.enabled and ("loss-spike" not in self.fired or t.repeat)
         if not spike_on:
             self._hi = sys.float_info.max
-        else:
-            if self.losses:
-                newest = list(self.losses)[-keep:]
-                hi, lo = max(newest), min(newest)
-                self._hi = max(hi + t.spike_ranges * (hi - lo), hi + t.spike_floor * self._first_level)
-            self._hi = min(self._hi, self._diverge_limit()) if self.losses else self._hi
+        elif self.losses:
+            newest = list(self.losses)[-keep:]
+            hi, lo = max(newest), min(newest)
+            limit = max(hi + t.spike_ranges * (hi - lo), hi + t.spike_floor * self._first_level)
+            self._hi = min(limit, self._diverge_limit())
         explode_on = "grad-explosion" in t.enabled and ("grad-explosion" not in self.fired or t.repeat)
         if not explode_on:
             self._nhi = sys.float_info.max
