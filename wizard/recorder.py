@@ -46,7 +46,8 @@ recorder first:
 - ``on_backward(rec, loss_tensor)``          before ``loss.backward()`` runs
 - ``on_step_pre(rec, optimizer, step)``      before ``optimizer.step()``; ``step`` is the StepRecord
                                              being filled (gradients as the optimizer will see them)
-- ``on_step_post(rec, optimizer, step)``     after it (the StepRecord is complete)
+- ``on_step_post(rec, optimizer, step)``     after it (the StepRecord is complete); also after a
+                                             hand-written update (full mode), with ``optimizer`` None
 - ``on_scheduler(rec, scheduler_event)``     after ``scheduler.step()``
 
 A listener may raise :class:`StopRun` to end the run cleanly. Listener exceptions of other kinds
@@ -2042,6 +2043,8 @@ class Recorder:
         self._zero_after_backward = False
         self._manual_key = None  # `.data = ...` gave parameters new storage
         self._refresh_manual()
+        if budget and self._listening:   # (no optimizer: the listeners' step budgets and caps count it all the same)
+            self._notify("on_step_post", None, step)
         if budget and self.max_steps is not None and self.recording.total_steps >= self.max_steps:
             self.recording.stopped = f"the budget of {self.max_steps} steps (hand-written updates) was reached"
             raise StopRun(self.recording.stopped)

@@ -251,7 +251,7 @@ class SwapModel(_Hooks):
         return out.to(output.dtype)
 
     def on_step_post(self, rec, optimizer, step) -> None:
-        if not any(id(p) in self.params for g in optimizer.param_groups for p in g["params"]):
+        if optimizer is None or not any(id(p) in self.params for g in optimizer.param_groups for p in g["params"]):
             return
         plain = getattr(type(self.optimizer).step, "__wrapped__", None)  # without the global step hooks:
         if plain is None:                                                # not one of the script's steps

@@ -39,12 +39,13 @@ import warnings
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from nnwizard.errors import UsageError
 from nnwizard.recorder import Recorder, Recording, StopRun, plain_text
+from nnwizard.script_ranges import capped_range, install as install_range
 
 DEFAULT_MAX_STEPS = 60
 DEFAULT_LIMIT_BATCHES = 20
@@ -65,7 +66,7 @@ class Script:
 
 
 class BatchCap:
-    """Fits the batches per DataLoader pass to the measured step time (a model of millions of
+    """Fits the batches per pass (a DataLoader's, or a slice loop's over ``range``) to the measured step time (a model of millions of
     parameters on a CPU): after the first steps, the cap is lowered so that two training passes and
     one evaluation pass fit the time limit, i.e. the recording sees evaluation and train mode
     restored, not only the first part of epoch 1. Never below MIN_BATCHES, never above the cap given."""
@@ -86,7 +87,7 @@ class BatchCap:
             cap = max(self.MIN_BATCHES, min(self.limit, fit))
             if cap < rec.limit_batches:
                 rec.limit_batches = cap
-                rec.recording.notes.append(f"batches per DataLoader pass capped at {cap} (a step took {per_step:.2f} s, "
+                rec.recording.notes.append(f"batches per pass (DataLoader or slice loop) capped at {cap} (a step took {per_step:.2f} s, "
                                            f"time limit {self.seconds:.0f} s)")
 
 
@@ -529,12 +530,15 @@ def _script_environment(script: Script, args: list[str]):
             os.environ["MPLBACKEND"] = saved_backend
         if plt_show is not None:
             sys.modules["matplotlib.pyplot"].show = plt_show
-        folder = str(script.folder)
         for name in set(sys.modules) - before:  # the script's own modules are imported afresh next run
-            module = sys.modules.get(name)
-            origin = getattr(module, "__file__", None) or ""
-            if origin.startswith(folder) and "site-packages" not in origin:
+            if _own_module(sys.modules.get(name), script):
                 sys.modules.pop(name, None)
+
+
+def _own_module(module, script: Script) -> bool:
+    """Is ``module`` one of the script's own (a file in its folder, not an installed package)?"""
+    origin = getattr(module, "__file__", None) or ""
+    return origin.startswith(str(script.folder)) and "site-packages" not in origin
 
 
 @contextmanager
@@ -565,11 +569,23 @@ class ScriptInterrupted(KeyboardInterrupt):
 
 
 def run_script(script: Script, args: list[str] | None = None, options: RunOptions | None = None) -> RunResult:
-    """Run the script once; never raises for what the script does (KeyboardInterrupt excepted)."""
-    from nnwizard.isolation import preserved_state, seed_everything
-
+    """Run the script once; never raises for what the script does (KeyboardInterrupt excepted). A run
+    that raised after one of its evaluation loops over ``range`` was capped runs again with those
+    uncapped (gathered predictions shorter than the labels are the cap's doing, not the script's)."""
     args = list(args or [])
     opts = options or RunOptions()
+    result, evaluation_capped = _run_once(script, args, opts, evaluation_caps=True)
+    if result.exit == "raised" and evaluation_capped:
+        again, _ = _run_once(script, args, opts, evaluation_caps=False)
+        again.recording.notes.append(f"a first run raised ({result.recording.error.type if result.recording.error else 'an error'}) "
+                                     "after an evaluation loop over range() was capped: run again with evaluation loops uncapped")
+        return again
+    return result
+
+
+def _run_once(script: Script, args: list[str], opts: RunOptions, evaluation_caps: bool) -> tuple[RunResult, bool]:
+    from nnwizard.isolation import preserved_state, seed_everything
+
     lines: collections.deque = collections.deque(maxlen=OUTPUT_LINES)
     out, err = _Capture(lines, "stdout"), _Capture(lines, "stderr")
     scratch = None
@@ -584,6 +600,15 @@ def run_script(script: Script, args: list[str] | None = None, options: RunOption
                         lr_scale=opts.lr_scale)
     exit_kind, code = "finished", None
     sandbox = Sandbox(scratch) if scratch is not None else None
+    # loops over range() in the script's own modules are capped like DataLoader passes (script_ranges)
+    ranges = capped_range(recorder, evaluation_caps) if opts.limit_batches and recorder.full else None
+    own = None if ranges is None else {"range": ranges}
+
+    def fresh(modules: list) -> None:
+        for module in modules:
+            if _own_module(module, script):
+                install_range(module.__dict__, ranges)
+
     started = time.monotonic()
     saved_out, saved_err = sys.stdout, sys.stderr
     caught: list = []
@@ -596,13 +621,13 @@ def run_script(script: Script, args: list[str] | None = None, options: RunOption
             if opts.capture:
                 sys.stdout, sys.stderr = out, err
             try:
-                with (sandbox or _null()), _timed_imports(imports), recorder, _entered(opts.patches), \
+                with (sandbox or _null()), _timed_imports(imports, fresh if ranges else None), recorder, _entered(opts.patches), \
                         _alarm((opts.time_limit_s or 0) * 1.5 + 5 if opts.time_limit_s else None):
                     try:
                         if script.module is not None:
-                            runpy.run_module(script.module, run_name="__main__", alter_sys=True)
+                            runpy.run_module(script.module, run_name="__main__", alter_sys=True, init_globals=own)
                         else:
-                            runpy.run_path(str(script.path), run_name="__main__")
+                            runpy.run_path(str(script.path), run_name="__main__", init_globals=own)
                     except StopRun as stop:
                         exit_kind = "stopped"
                         recorder.recording.stopped = recorder.recording.stopped or str(stop)
@@ -629,7 +654,7 @@ def run_script(script: Script, args: list[str] | None = None, options: RunOption
                        round(imports[0], 3))
     if exit_kind == "interrupted":
         raise ScriptInterrupted(result)
-    return result
+    return result, ranges is not None and ranges._control.evaluation_capped
 
 
 @contextmanager
@@ -646,22 +671,27 @@ def _entered(patches: list):
 
 
 @contextmanager
-def _timed_imports(spent: list[float]):
+def _timed_imports(spent: list[float], fresh: Callable[[list], None] | None = None):
     """Adds to ``spent[0]`` the seconds the script spends importing modules not loaded before (a rerun
-    finds them in sys.modules, so its start-up is the observed one less this)."""
+    finds them in sys.modules, so its start-up is the observed one less this); ``fresh`` gets the
+    modules each such import loaded."""
     real = builtins.__import__
     depth = [0]
 
     def timed(name, globals=None, locals=None, fromlist=(), level=0):
-        if level or name in sys.modules or depth[0]:
+        if depth[0] or (name in sys.modules and not level):
             return real(name, globals, locals, fromlist, level)
         depth[0] += 1
+        before = len(sys.modules)
         t0 = time.perf_counter()
         try:
             return real(name, globals, locals, fromlist, level)
         finally:
             depth[0] -= 1
-            spent[0] += time.perf_counter() - t0
+            if len(sys.modules) > before:   # (sys.modules keeps insertion order: the new modules come last)
+                spent[0] += time.perf_counter() - t0
+                if fresh is not None:
+                    fresh(list(sys.modules.values())[before:])
 
     builtins.__import__ = timed
     try:

@@ -1,0 +1,198 @@
+"""Loops over range() in the script's own code are capped like DataLoader passes (wizard/script_ranges.py)."""
+
+from __future__ import annotations
+
+import pickle
+import re
+import random
+from pathlib import Path
+from types import SimpleNamespace as NS
+
+import pytest
+import torch
+
+from nnwizard.probes.api import ProbeContext, get
+from nnwizard.script_ranges import CappedRange, capped_range
+from nnwizard.script_run import RunOptions, load_script, run_script
+from nnwizard.script_target import ScriptTarget
+
+# word_language_model style: the data is one long tensor cut into slices by range(); evaluate() slices too.
+SLICES = '''
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+data = torch.randn(4000, 8)
+labels = (data[:, 0] > 0).long()
+val, val_labels = data[:400], labels[:400]
+model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 2))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+crit = nn.CrossEntropyLoss()
+BATCH = 10
+
+
+def evaluate():
+    model.eval()
+    total = 0.0
+    with torch.no_grad():
+        for i in range(0, val.size(0), BATCH):
+            total += crit(model(val[i:i + BATCH]), val_labels[i:i + BATCH]).item()
+    return total
+
+
+def train():
+    model.train()
+    for batch, i in enumerate(range(0, data.size(0), BATCH)):
+        opt.zero_grad()
+        loss = crit(model(data[i:i + BATCH]), labels[i:i + BATCH])
+        loss.backward()
+        opt.step()
+
+
+for epoch in range(1, 4):
+    train()
+    print(f"epoch {epoch} val {evaluate():.3f}")
+'''
+
+
+def write(tmp_path: Path, text: str, *edits: tuple[str, str], name: str = "train.py") -> Path:
+    for old, new in edits:
+        assert old in text, old
+        text = text.replace(old, new)
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def record(path: Path, **opts) -> ScriptTarget:
+    return ScriptTarget(run_script(load_script(str(path)), [], RunOptions(**{"max_steps": 60, **opts})))
+
+
+def test_a_slice_loop_ends_after_the_cap_so_evaluation_and_the_next_epoch_are_seen(tmp_path):
+    target = record(write(tmp_path, SLICES), limit_batches=20)
+    rec = target.recording
+    assert len(rec.steps) == 60 and target.run.exit == "stopped"   # 3 epochs x 20 slices, not 60 of epoch 1's 400
+    evals = [c for c in rec.loss_calls if c.eval]
+    assert len(evals) == 2 * 20                                   # two evaluations, each capped at 20 slices
+    assert any("range()" in n and "capped at 20" in n for n in rec.notes)
+    assert "epoch 2 val" in "\n".join(target.run.output)
+
+
+def test_train_mode_never_restored_is_found_in_a_slice_loop_script(tmp_path):
+    broken = record(write(tmp_path, SLICES, ("    model.train()\n    for batch", "    for batch")), limit_batches=20)
+    assert get("trace-train-mode")(ProbeContext(broken)).outcome == "stays-eval"
+    healthy = record(write(tmp_path, SLICES, name="healthy.py"), limit_batches=20)
+    assert get("trace-train-mode")(ProbeContext(healthy)).outcome == "ok"
+
+
+def test_without_a_cap_the_first_epoch_outlasts_the_run(tmp_path):
+    target = record(write(tmp_path, SLICES), limit_batches=None)
+    assert len(target.recording.steps) == 60 and not any(c.eval for c in target.recording.loss_calls)
+
+
+FULL_BATCH = '''
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+x = torch.randn(64, 4)
+y = x.sum(1, keepdim=True)
+rows = []
+for i in range(100):                 # builds data: no forward, never capped
+    rows.append(i)
+assert len(rows) == 100
+model = nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+for epoch in range(50):              # the outermost loop: a full-batch script's whole training
+    opt.zero_grad()
+    total = 0.0
+    for j in range(32):              # per-sample forwards with gradients, no step inside: never capped
+        total = total + ((model(x[j]) - y[j]) ** 2).mean()
+    kept = [k for k in range(40)]    # a loop that builds a list inside the epoch loop
+    assert len(kept) == 40
+    (total / 32).backward()
+    opt.step()
+print("done", epoch)
+'''
+
+
+def test_outer_loops_data_loops_and_per_sample_loops_run_to_their_end(tmp_path):
+    target = record(write(tmp_path, FULL_BATCH), limit_batches=3)
+    assert target.run.exit == "finished", target.run.output
+    assert len(target.recording.steps) == 50 and "done 49" in target.run.output[-1]
+    assert not any("range()" in n for n in target.recording.notes)
+
+
+HELPER = '''
+def train_epoch(model, opt, crit, data, labels, batch):
+    for i in range(0, data.size(0), batch):
+        opt.zero_grad()
+        crit(model(data[i:i + batch]), labels[i:i + batch]).backward()
+        opt.step()
+'''
+
+USES_HELPER = '''
+import torch
+from torch import nn
+from helpers import train_epoch
+
+range = range   # (a script may bind the name itself: its own binding is kept)
+data = torch.randn(500, 8)
+labels = (data[:, 0] > 0).long()
+model = nn.Linear(8, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for epoch in range(3):
+    train_epoch(model, opt, nn.CrossEntropyLoss(), data, labels, 10)
+    print("epoch", epoch)
+'''
+
+
+def test_loops_in_the_scripts_own_modules_are_capped_too(tmp_path):
+    write(tmp_path, HELPER, name="helpers.py")
+    target = record(write(tmp_path, USES_HELPER), limit_batches=5)
+    assert target.run.exit == "finished" and len(target.recording.steps) == 15   # 3 epochs x 5 slices
+    assert "helpers" not in __import__("sys").modules   # dropped with the run
+
+
+def test_capped_range_behaves_as_range():
+    rng = capped_range(NS(recording=NS(notes=[])))
+    r = rng(0, 10, 2)
+    assert (len(r), r[1], r[-1], list(r), list(reversed(r))) == (5, 2, 8, [0, 2, 4, 6, 8], [8, 6, 4, 2, 0])
+    assert r[1:3] == range(2, 6, 2) and r == range(0, 10, 2) and hash(r) == hash(range(0, 10, 2))
+    assert 4 in r and 5 not in r and r.count(4) == 1 and r.index(6) == 3 and not rng(0) and repr(r) == "range(0, 10, 2)"
+    assert (r.start, r.stop, r.step) == (0, 10, 2)
+    assert isinstance(r, rng) and isinstance(range(3), rng) and isinstance(r, CappedRange) and not isinstance(3, rng)
+    assert type(pickle.loads(pickle.dumps(r))) is range and pickle.loads(pickle.dumps(r)) == range(0, 10, 2)
+    assert len(random.sample(rng(10), 3)) == 3 and torch.tensor(rng(4)).tolist() == [0, 1, 2, 3]
+    assert list(enumerate(rng(2))) == [(0, 0), (1, 1)] and sum(rng(5)) == 10
+    with pytest.raises(TypeError):
+        rng("a")
+
+
+def test_an_evaluation_whose_gathered_predictions_meet_all_labels_runs_again_uncapped(tmp_path):
+    gathered = write(tmp_path, SLICES, ("""        for i in range(0, val.size(0), BATCH):
+            total += crit(model(val[i:i + BATCH]), val_labels[i:i + BATCH]).item()
+    return total""", """        preds = [model(val[i:i + BATCH]).argmax(1) for i in range(0, val.size(0), BATCH)]
+    model.train()
+    return (torch.cat(preds) == val_labels).float().mean().item()   # fails on a capped pass: 200 vs 400"""))
+    target = record(gathered, limit_batches=20)
+    assert target.run.exit == "stopped" and target.recording.error is None, target.run.output
+    assert any("run again with evaluation loops uncapped" in n for n in target.recording.notes)
+    assert len(target.recording.steps) == 60 and "epoch 2 val" in "\n".join(target.run.output)
+
+
+def test_hand_written_updates_lower_the_cap_when_steps_are_slow(tmp_path):
+    """BatchCap and StepFit hear of hand-written updates too (word_language_model updates by hand)."""
+    slow = write(tmp_path, SLICES, ("""        opt.step()
+""", """        import time
+        time.sleep(0.3)
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= 0.1 * p.grad
+"""))
+    target = record(slow, limit_batches=20, time_limit_s=10.0)
+    rec = target.recording
+    assert rec.steps and all(s.manual for s in rec.steps)
+    caps = [int(m) for n in rec.notes for m in re.findall(r"batches per pass .* capped at (\d+)", n)]
+    assert caps and 4 <= caps[0] <= 13, rec.notes   # at most 10 s / (2.5 passes x 0.3 s), not the 20 given
+    assert any(c.eval for c in rec.loss_calls)                      # the first evaluation was reached
