@@ -634,6 +634,39 @@ def test_sparse_inputs_and_files_read_back_with_numpy_run_as_in_plain_python(tmp
     assert not (tmp_path / "graph").exists()  # the script's folder and file went to the scratch folder
 
 
+ARCHIVE_THEN_TABLE = '''
+import io, tarfile
+import numpy as np
+import torch
+
+# a data set shipped as a .tar.gz (as a download would hand it over), unpacked into the working folder, then read back
+rows = "\\n".join(f"{i % 5} {(i * 7) % 11} {i % 3}" for i in range(60)).encode()
+packed = io.BytesIO()
+with tarfile.open(fileobj=packed, mode="w:gz") as tar:
+    info = tarfile.TarInfo("shipped/rows.txt")
+    info.size = len(rows)
+    tar.addfile(info, io.BytesIO(rows))
+packed.seek(0)
+with tarfile.open(fileobj=packed, mode="r:gz") as tar:
+    tar.extractall()
+table = torch.from_numpy(np.loadtxt("shipped/rows.txt", dtype=np.float32))
+features, labels = table[:, :2], table[:, 2].long()
+weights = torch.zeros(2, 3, requires_grad=True)
+sgd = torch.optim.SGD([weights], lr=0.01)
+for _ in range(6):
+    sgd.zero_grad()
+    torch.nn.functional.cross_entropy(features @ weights, labels).backward()
+    sgd.step()
+'''
+
+
+def test_an_archive_extracted_by_the_script_is_read_back_from_the_scratch_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    target = record(write(tmp_path, text=ARCHIVE_THEN_TABLE))
+    assert target.recording.error is None and len(target.recording.steps) == 6
+    assert not (tmp_path / "shipped").exists()  # tarfile's folder and its file both went to the scratch folder
+
+
 ACTOR_CRITIC = '''
 import torch
 from torch import nn

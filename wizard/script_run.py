@@ -362,6 +362,13 @@ class Sandbox:
 
         self._set(builtins, "open", sandboxed_open)
         self._set(io, "open", sandboxed_open)
+        # stdlib modules that bound the builtin open at import (`from builtins import open as bltn_open`): tarfile
+        # extracting an archive would make its folders in the scratch folder (os.makedirs) but write its files for real
+        import bz2
+        import tarfile
+        for owner, name in ((tarfile, "bltn_open"), (bz2, "_builtin_open")):
+            if getattr(owner, name, None) is real_open:
+                self._set(owner, name, sandboxed_open)
         real_mkdir, real_makedirs = os.mkdir, os.makedirs
 
         def mkdir(path, mode=0o777, *args, **kwargs):
