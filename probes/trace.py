@@ -815,7 +815,10 @@ def trace_nan(ctx: ProbeContext, rec):
         return passed(f"all {len(rec.steps)} recorded losses and gradient norms are finite")
     k = bad.step
     before = [s for s in rec.steps if s.step < k and s.grad_norm is not None and math.isfinite(s.grad_norm)]
-    growth = before[-1].grad_norm / max(before[0].grad_norm, 1e-30) if len(before) >= 2 else None
+    # the largest norm before the non-finite step, not the last one: a run can blow up, fall back to a garbage
+    # level (a saturated output layer) and turn non-finite only much later
+    peak = max(before, key=lambda s: s.grad_norm) if before else None
+    growth = peak.grad_norm / max(before[0].grad_norm, 1e-30) if len(before) >= 2 else None
     data = dict(step=k, epoch=bad.epoch, batch=bad.batch, loss=bad.loss, grad_norm=bad.grad_norm,
                 growth=growth, lr=bad.lrs[0] if bad.lrs else None, input_nonfinite=bad.nonfinite_input)
     where = f"step {k} (epoch {bad.epoch}, batch {bad.batch})" if bad.batch >= 0 else f"step {k}"
@@ -825,8 +828,10 @@ def trace_nan(ctx: ProbeContext, rec):
         return failed("nan-at-start", f"the loss/gradient was non-finite at the first step, before any update "
                       f"(loss {_fmt(bad.loss)})", **data)
     if growth is not None and growth > 10:
-        return failed("nan-after-growth", f"the loss turned non-finite at {where} after the gradient norm grew "
-                      f"{growth:.3g}x over the {len(before)} steps before (lr {_fmt(data['lr'], '.3g')})", **data)
+        rose = (f"grew {growth:.3g}x over the {len(before)} steps before" if peak is before[-1] else
+                f"grew {growth:.3g}x by step {peak.step} (then {_fmt(before[-1].grad_norm, '.3g')} at step {before[-1].step})")
+        return failed("nan-after-growth", f"the loss turned non-finite at {where} after the gradient norm {rose} "
+                      f"(lr {_fmt(data['lr'], '.3g')})", **data)
     return failed("nan", f"the loss turned non-finite at {where} (gradient norm before it {_fmt(before[-1].grad_norm if before else None, '.3g')})",
                   **data)
 
