@@ -187,10 +187,13 @@ def _late_loss(losses: list[float]) -> float:
     return sum(tail) / len(tail) if tail and all(map(math.isfinite, tail)) else math.inf
 
 
-def _lower_lr_cure(ctx, batches, steps: int, inputs, files, layer: str, losses: list[float]) -> dict | None:
-    """Units that died while training: rerun the same steps from the same weights at lr/10, lr/100, lr/1000.
-    The step size is the cause when a lower rate keeps the layer alive AND trains better (a lower late
-    loss); a lower rate that only moves the weights less keeps units alive trivially and does not count."""
+def _lower_lr_cure(ctx, batches, steps: int, inputs, files, layer: str, losses: list[float],
+                   key: str = "dead") -> dict | None:
+    """Units that died (``key`` "dead") or saturated ("saturated") while training: rerun the same steps from the
+    same weights at lr/10, lr/100, lr/1000. The step size is the cause when a lower rate keeps the layer alive
+    (unsaturated) AND trains better (a lower late loss); a lower rate that only moves the weights less keeps
+    units alive trivially and does not count."""
+    limit = DEAD_FRACTION if key == "dead" else SATURATED_FRACTION
     base = _late_loss(losses)
     for runs, factor in enumerate((0.1, 0.01, 0.001), start=1):
         # each rerun costs about what each training run so far cost: only within this probe's allowance
@@ -202,10 +205,10 @@ def _lower_lr_cure(ctx, batches, steps: int, inputs, files, layer: str, losses: 
             stats, done, low = _train_and_measure(ctx, batches, steps, inputs, files, factor)
         except Exception:  # noqa: BLE001
             return None
-        dead = stats.get(layer, {}).get("dead", math.nan)
+        value = stats.get(layer, {}).get(key, math.nan)
         late = _late_loss(low)
-        if done == steps and dead <= DEAD_FRACTION and late < 0.9 * base:
-            return dict(lr_factor=factor, dead_lower_lr=dead, loss_lower_lr=late,
+        if done == steps and value <= limit and late < 0.9 * base:
+            return dict(lr_factor=factor, **{f"{key}_lower_lr": value}, loss_lower_lr=late,
                         loss_lr=base if math.isfinite(base) else float("nan"))
     return None
 
@@ -216,6 +219,8 @@ def _lower_lr_cure(ctx, batches, steps: int, inputs, files, layer: str, losses: 
     outcomes={"ok": "no layer mostly dead or saturated", "dead": "over half of a ReLU layer's units are zero for every sample",
               "dead-lr": "ReLU units die during training at the configured lr and stay alive at a lower lr that trains better",
               "saturated": "over half of a sigmoid/tanh layer's outputs sit in the flat tails",
+              "saturated-lr": "a sigmoid/tanh layer saturates during training at the configured lr and not at a lower lr "
+                              "that trains better",
               "no-activations": "the model uses no ReLU/sigmoid/tanh"},
     timeout_s=60,
     share=0.08,
@@ -289,6 +294,16 @@ def activation_stats(ctx: ProbeContext):
     if dead and (not sat or worst_dead[0] >= worst_sat[0]):
         return failed("dead", f"ReLU layer '{worst_dead[1]}': {worst_dead[0]:.0%} of its units are zero for all "
                       f"{len(inputs)} samples {worst_dead[4]} ({worst_dead[2]:.0%} at initialisation)", arts, **data)
+    if sat and worst_sat[2] <= SATURATED_FRACTION and done:
+        # saturated by training, not at initialisation: the same question as for units that died
+        cure = _lower_lr_cure(ctx, batches, done, inputs, files, worst_sat[1], losses, key="saturated")
+        if cure:
+            data.update(cure)
+            return failed("saturated-lr", f"'{worst_sat[1]}': {worst_sat[2]:.0%} of its outputs sit in the flat tails "
+                          f"at initialisation, {worst_sat[0]:.0%} after {done} steps at the configured learning rate, "
+                          f"{cure['saturated_lower_lr']:.0%} after {done} steps at lr x{cure['lr_factor']:g}, where the "
+                          f"training loss also ended lower ({cure['loss_lower_lr']:.3g} against {cure['loss_lr']:.3g}): "
+                          f"the layer saturates because of the step size", arts, **data)
     if sat:
         return failed("saturated", f"'{worst_sat[1]}': {worst_sat[0]:.0%} of its outputs sit in the flat tails "
                       f"{worst_sat[4]} ({worst_sat[2]:.0%} at initialisation)", arts, **data)

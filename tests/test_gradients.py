@@ -79,3 +79,45 @@ def test_activation_stats_dead_from_the_step_size(tmp_path):
     assert run_probe_on("activation-stats", load_target(str(tmp_path / "lr_ok.py"), "cpu")).outcome == "ok"
     at_init = run_probe_on("activation-stats", load_example("broken_dead_relu"))
     assert at_init.outcome == "dead" and at_init.data["dead_init"] > 0.5
+
+
+_SIGMOID_DECODER = '''
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+torch.manual_seed(3)
+_codes = torch.randn(512, 6)
+_pixels = (torch.sigmoid(_codes @ torch.randn(6, 64) * 2) > 0.5).float()   # binary "images" made from 6 factors
+
+
+def build_model():  # an autoencoder whose decoder ends in a sigmoid (probabilities per pixel)
+    return nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 6), nn.Linear(6, 32), nn.ReLU(),
+                         nn.Linear(32, 64), nn.Sigmoid())
+
+
+def build_data():
+    return DataLoader(TensorDataset(_pixels[:384], _pixels[:384]), batch_size=64, shuffle=True), \\
+        DataLoader(TensorDataset(_pixels[384:], _pixels[384:]), batch_size=64)
+
+
+loss_fn = nn.BCELoss()
+
+
+def build_optimizer(model):
+    return torch.optim.Adam(model.parameters(), lr=RATE)
+'''
+
+
+def test_a_sigmoid_saturated_by_the_step_size_is_the_learning_rate(tmp_path):
+    """A sigmoid output healthy at initialisation that ends in its tails after training at a huge lr, and stays out
+    of them while training better at a lower one, is the lr's doing (saturated-lr), not the initialisation."""
+    from nnwizard.target import load_target
+
+    (tmp_path / "sig_hot.py").write_text(_SIGMOID_DECODER.replace("lr=RATE", "lr=3.0"))
+    result = run_probe_on("activation-stats", load_target(str(tmp_path / "sig_hot.py"), "cpu"))
+    assert result.outcome == "saturated-lr", result.summary
+    assert result.data["saturated_init"] <= 0.5 < result.data["saturated_fraction"]
+    assert result.data["saturated_lower_lr"] <= 0.5 and result.data["loss_lower_lr"] < result.data["loss_lr"]
+    (tmp_path / "sig_ok.py").write_text(_SIGMOID_DECODER.replace("lr=RATE", "lr=3e-3"))
+    assert run_probe_on("activation-stats", load_target(str(tmp_path / "sig_ok.py"), "cpu")).outcome == "ok"
