@@ -353,7 +353,9 @@ def unstepped_optimizers(rec) -> str:
 
 def idle_optimizers(rec) -> list:
     """Optimizers built over trainable parameters that never stepped while others did; a wrapper
-    (its parameters all held by an optimizer that steps: accelerate, Lightning) does not count."""
+    (its parameters all held by an optimizer that steps: accelerate, Lightning) does not count, nor, in a run
+    nnwizard cut short, one whose parameters no backward has reached yet: training in stages (layer by layer,
+    a second phase) had not come to it."""
     stepped = [o for o in rec.optimizers if o.steps]
     if not stepped:
         return []
@@ -363,8 +365,11 @@ def idle_optimizers(rec) -> list:
         if o.steps:
             continue
         params = [p for g in o.optimizer.param_groups for p in g["params"] if p.requires_grad]
-        if params and not all(id(p) in held for p in params):
-            idle.append(o)
+        if not params or all(id(p) in held for p in params):
+            continue
+        if rec.stopped and all(p.grad is None for p in params):
+            continue
+        idle.append(o)
     return idle
 
 

@@ -830,3 +830,36 @@ def test_an_evaluation_that_sums_its_loss_is_read_on_the_training_losss_scale(tm
         assert sum_val == pytest.approx(mean_val, rel=1e-5)
         plot = trace_run(ProbeContext(record(write(tmp_path, *edits, name="summed.py"), max_steps=20))).artifacts[1]
         assert plot.xs["evaluation"] == [8, 16] and plot.x[0] == 1
+
+
+STAGED = '''
+import torch
+from torch import nn
+
+torch.manual_seed(1)
+data = torch.randn(96, 5)
+stages = [nn.Linear(5, 12), nn.Linear(12, 12)]                    # trained one after the other, each by its own Adam
+optimizers = [torch.optim.Adam(stage.parameters(), lr=0.01) for stage in stages]
+
+features = data
+for stage, opt in zip(stages, optimizers):
+    for _ in range(STAGE_STEPS):
+        opt.zero_grad()
+        out = torch.tanh(stage(features))
+        score = (out.pow(2).mean(1) - 1.0).pow(2).mean()         # a local objective per stage, no labels
+        score.backward()
+        opt.step()
+    features = torch.tanh(stage(features)).detach()
+'''
+
+
+def test_a_later_stage_the_cut_run_never_reached_is_no_idle_optimizer(tmp_path):
+    # 30 steps per stage, the run cut at 20: the second stage's Adam has not been reached, nothing says it never steps
+    early = record(write(tmp_path, text=STAGED.replace("STAGE_STEPS", "30")), max_steps=20)
+    assert early.recording.stopped and outcome(early, "trace-backward-step") != "optimizer-never-steps"
+    # cut again, now inside the second stage: its Adam is zeroed and its stage backpropagated, yet only the first
+    # optimizer ever steps (a copy-paste slip): gradients reached it, so the cut run is no excuse
+    starved = STAGED.replace("STAGE_STEPS", "30").replace("        opt.step()\n", "        optimizers[0].step()\n")
+    late = record(write(tmp_path, text=starved, name="starved.py"), max_steps=40)
+    assert late.recording.stopped and outcome(late, "trace-backward-step") == "optimizer-never-steps"
+
