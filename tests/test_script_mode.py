@@ -863,3 +863,34 @@ def test_a_later_stage_the_cut_run_never_reached_is_no_idle_optimizer(tmp_path):
     late = record(write(tmp_path, text=starved, name="starved.py"), max_steps=40)
     assert late.recording.stopped and outcome(late, "trace-backward-step") == "optimizer-never-steps"
 
+
+LONG_EPISODE = '''
+import torch
+from torch import nn
+
+torch.manual_seed(4)
+policy = nn.Sequential(nn.Linear(3, 32), nn.Dropout(0.3), nn.Tanh(), nn.Linear(32, 2))
+policy.eval()        # the planted slip: left in eval mode, so its dropout never acts while it learns
+adam = torch.optim.Adam(policy.parameters(), lr=1e-2)
+for episode in range(3):
+    position, picks, gains = torch.zeros(1, 3), [], []
+    while len(picks) < 450:                                # one policy call per time step of a long episode
+        dist = torch.distributions.Categorical(probs=torch.softmax(policy(position), dim=1))
+        move = dist.sample()
+        picks.append(dist.log_prob(move))
+        position = position + (0.1 if move.item() else -0.1)
+        gains.append(float(-position.abs().sum()))
+    gain = torch.tensor(gains)
+    terms = [-pick * g for pick, g in zip(picks, gain - gain.mean())]
+    loss = torch.cat(terms).sum()
+    adam.zero_grad()
+    loss.backward()
+    adam.step()
+'''
+
+
+def test_every_forward_of_a_long_episode_is_reached_by_its_backward(tmp_path):
+    target = record(write(tmp_path, text=LONG_EPISODE))
+    assert len(target.recording.steps) == 3 and all(f.trained for f in target.recording.forwards)
+    assert outcome(target, "trace-eval-grad") == "no-eval"       # no forward is an evaluation without no_grad
+    assert outcome(target, "trace-train-mode") != "ok"           # the eval mode it trains in is the finding

@@ -274,6 +274,7 @@ class ForwardEvent:
     loader: int | None = None    # the DataLoader being iterated (innermost) and which of its iterations
     iteration: int = -1
     scored: bool = False         # its output went into a loss or a prediction (argmax, max, threshold; full mode)
+    overflow: bool = False       # dropped from the pending forwards by their cap, no backward since (full mode)
     node: Any = field(default=None, repr=False)
     outs: list = field(default_factory=list, repr=False)  # grad_fns of its output tensors (full mode)
 
@@ -587,6 +588,7 @@ class Recorder:
         self._module_ids: dict[int, tuple] = {}   # id(module) -> (weakref, model index (None: a submodule / loss), torch loss module)
         self._pending: StepRecord | None = None
         self._pending_forwards: list[ForwardEvent] = []
+        self._overflowed = 0   # full mode: forwards the pending cap dropped since the last graph search
         self._pending_losses: list[LossCall] = []
         self._last_step_t = 0.0
         self._zero_grad_since = self._zero_after_backward = False
@@ -1099,9 +1101,16 @@ class Recorder:
             if known[2]:   # torch's own loss module: its loss function's call site is this call's
                 self._site = sys._getframe(2)   # (_model_called <- __call__ <- the caller)
             return None   # a loss module (or a submodule called directly) seen before: no forward event
+        pending = self._pending_forwards
         found = self._forward_event(module)
         if found is None:
             return None
+        if self._pending_forwards is not pending:   # the cap dropped the oldest pending forwards (flush_pending)
+            kept = {id(e) for e in self._pending_forwards}
+            for dropped in pending:
+                if id(dropped) not in kept:
+                    dropped.overflow = True
+                    self._overflowed += 1
         info, event = found
         rec = self.recording
         self._last_event = event
@@ -1448,7 +1457,14 @@ class Recorder:
         if loss is not None:
             targets = {id(e.node) for e in self._pending_forwards if e.node is not None}
             targets |= {id(c.node) for c in self._pending_losses if c.node is not None}
-            reached = _reached(loss.grad_fn, targets)
+            # the graph grows with the forwards since the last backward (an episode's loss gathers hundreds, a dozen
+            # nodes each): a fixed limit stops the search above the model outputs of the latest ones
+            forwards = len(self._pending_forwards) + self._overflowed
+            reached = _reached(loss.grad_fn, targets, limit=min(max(4000, 32 * forwards), 200_000))
+            self._overflowed = 0
+            first = self._pending_forwards[0] if self._pending_forwards else None
+            if first is not None and first.node is not None and id(first.node) in reached:
+                self._overflow_reached(step, first)
         keep_f, keep_l = [], []
         for event in self._pending_forwards:
             if reached is None or id(event.node) in reached:
@@ -1461,6 +1477,19 @@ class Recorder:
             else:
                 keep_l.append(call)
         self._pending_forwards, self._pending_losses = keep_f, keep_l
+
+    def _overflow_reached(self, step: StepRecord, first: ForwardEvent) -> None:
+        """The backward reached the oldest pending forward: the forwards the pending cap dropped just before it
+        (no backward between) belong to the same pass (an episode of a policy called once per time step, more
+        forwards than the cap), so they trained too rather than staying unreached like an evaluation."""
+        forwards = self.recording.forwards
+        i = len(forwards) - 1
+        while i >= 0 and forwards[i] is not first:
+            i -= 1
+        i -= 1
+        while i >= 0 and forwards[i].overflow and not forwards[i].trained:
+            self._trained(step, forwards[i])
+            i -= 1
 
     def _linked(self, loss: torch.Tensor) -> tuple[LossCall, ForwardEvent | None] | None:
         """The pending loss call and forward (None: none pending) a backward on ``loss`` reaches, known
