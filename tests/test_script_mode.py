@@ -894,3 +894,37 @@ def test_every_forward_of_a_long_episode_is_reached_by_its_backward(tmp_path):
     assert len(target.recording.steps) == 3 and all(f.trained for f in target.recording.forwards)
     assert outcome(target, "trace-eval-grad") == "no-eval"       # no forward is an evaluation without no_grad
     assert outcome(target, "trace-train-mode") != "ok"           # the eval mode it trains in is the finding
+
+
+DIRECT_FORWARD = '''
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+class TwoLayer(nn.Module):               # its own weights, used through F.linear; only the activation is a module
+    def __init__(self):
+        super().__init__()
+        self.w1 = nn.Parameter(torch.randn(16, 6) * 0.3)
+        self.w2 = nn.Parameter(torch.randn(1, 16) * 0.3)
+        self.act = nn.Softplus()
+
+    def forward(self, x):
+        return F.linear(self.act(F.linear(x, self.w1)), self.w2)
+
+torch.manual_seed(2)
+net = TwoLayer()
+rms = torch.optim.RMSprop([net.w1], lr=1e-3)          # w2 left out of the optimizer
+xs = torch.randn(200, 6)
+ys = xs.sum(1, keepdim=True)
+for i in range(0, 200, 20):
+    rms.zero_grad()
+    err = (net.forward(xs[i:i + 20]) - ys[i:i + 20]).pow(2).mean()   # forward() called directly, not net(...)
+    err.backward()
+    rms.step()
+'''
+
+
+def test_parameters_left_out_of_the_optimizer_count_when_forward_is_called_directly(tmp_path):
+    target = record(write(tmp_path, text=DIRECT_FORWARD))
+    result = get("trace-optimizer")(ProbeContext(target))
+    assert result.outcome == "missing" and result.data["missing_params"] == 16, result.summary
