@@ -764,7 +764,7 @@ def test_probes_get_the_eager_module_behind_a_torch_compile_wrapper():
 
 
 def test_per_step_trace_marks_left_out_steps_and_unmeasured_norms(tmp_path):
-    from nnwizard.probes.trace import trace_table
+    from nnwizard.probes.trace import trace_run
     from nnwizard.script_view import TRACE_COLUMNS, UNMEASURED, _trace_rows, markdown_lines, observed
 
     target = record(write(tmp_path), max_steps=30)   # 3 epochs of 8 batches: 24 steps, more than the table shows
@@ -775,8 +775,9 @@ def test_per_step_trace_marks_left_out_steps_and_unmeasured_norms(tmp_path):
     assert all(len(r) == len(TRACE_COLUMNS) for r in rows)
     assert any(s["grad_norm"] is None for s in obs["trace"])   # a step between the sampled ones
     assert UNMEASURED in "\n".join(markdown_lines(obs))
-    probe_rows = trace_table(target.recording).rows
-    assert [r[0] for r in probe_rows][11] == "…" and probe_rows[12][0] == 22
+    assert rows[0][-1] != "-" and rows[0][TRACE_COLUMNS.index("mode")] == "train"   # the first step's largest change
+    run = trace_run(ProbeContext(target))
+    assert not [a for a in run.artifacts if getattr(a, "rows", None)]   # the one per-step trace is the observed one
 
     short = observed(record(write(tmp_path, name="short.py"), max_steps=5))
     assert "…" not in [r[0] for r in _trace_rows(short["trace"])]
@@ -795,5 +796,12 @@ def test_an_evaluation_that_sums_its_loss_is_read_on_the_training_losss_scale(tm
         assert sum_val[0] > 10 * mean_val[0]
     else:
         assert sum_val == pytest.approx(mean_val, rel=1e-5)
-        plot = trace_run(ProbeContext(record(write(tmp_path, *edits, name="summed.py"), max_steps=20))).artifacts[1]
+        plot = trace_run(ProbeContext(record(write(tmp_path, *edits, name="summed.py"), max_steps=20))).artifacts[0]
         assert plot.xs["evaluation"] == [8, 16] and plot.x[0] == 1
+
+
+def test_trace_mode_column_names_each_model_only_when_their_modes_differ():
+    from nnwizard.script_view import _mode
+    assert _mode({"modes": {"Enc": True, "Head": True}, "training": True}) == "train"
+    assert _mode({"modes": {"Enc": True, "Head": False}, "training": False}) == "Enc:train, Head:eval"
+    assert _mode({"modes": {}, "training": None}) == "-" and _mode({"modes": {"M": False}, "training": False}) == "eval"
