@@ -196,3 +196,46 @@ def test_hand_written_updates_lower_the_cap_when_steps_are_slow(tmp_path):
     caps = [int(m) for n in rec.notes for m in re.findall(r"batches per pass .* capped at (\d+)", n)]
     assert caps and 4 <= caps[0] <= 13, rec.notes   # at most 10 s / (2.5 passes x 0.3 s), not the 20 given
     assert any(c.eval for c in rec.loss_calls)                      # the first evaluation was reached
+
+
+def test_steps_of_a_slice_loop_get_their_epoch_and_batch(tmp_path):
+    target = record(write(tmp_path, SLICES), limit_batches=20)
+    marks = [(s.epoch, s.batch) for s in target.recording.steps]
+    assert marks == [(e, b) for e in (1, 2, 3) for b in range(20)]
+
+
+def test_a_per_sample_loop_inside_a_slice_loop_keeps_the_batch_numbers(tmp_path):
+    per_sample = write(tmp_path, SLICES, ("""        loss = crit(model(data[i:i + BATCH]), labels[i:i + BATCH])
+""", """        loss = sum(crit(model(data[j:j + 1]), labels[j:j + 1]) for j in range(i, i + BATCH)) / BATCH
+"""))
+    target = record(per_sample, limit_batches=5, max_steps=15)
+    assert [(s.epoch, s.batch) for s in target.recording.steps] == [(e, b) for e in (1, 2, 3) for b in range(5)]
+
+
+def test_the_per_step_trace_shows_where_the_model_stayed_in_eval_mode(tmp_path):
+    from nnwizard.script_view import _trace_rows, observed
+    broken = record(write(tmp_path, SLICES, ("    model.train()\n    for batch", "    for batch")), limit_batches=20)
+    rows = _trace_rows(observed(broken)["trace"])
+    shown = {r[0]: r for r in rows if r[0] != "…"}
+    assert shown[20][1] == "1.19" and shown[20][7] == "train"   # the last step of epoch 1, in training mode
+    assert shown[21][1] == "2.0" and shown[21][7] == "eval"     # the first of epoch 2, after evaluate()
+    assert [r[0] for r in rows][-3:] == [58, 59, 60] and len(rows) <= 14
+
+
+def test_a_generator_that_slices_in_a_range_loop_is_capped_too(tmp_path):
+    generated = write(tmp_path, SLICES, ("""def train():
+    model.train()
+    for batch, i in enumerate(range(0, data.size(0), BATCH)):
+        opt.zero_grad()
+        loss = crit(model(data[i:i + BATCH]), labels[i:i + BATCH])""", """def batches():
+    for i in range(0, data.size(0), BATCH):
+        yield data[i:i + BATCH], labels[i:i + BATCH]
+
+
+def train():
+    model.train()
+    for x, y in batches():
+        opt.zero_grad()
+        loss = crit(model(x), y)"""))
+    target = record(generated, limit_batches=6, max_steps=60)
+    assert [(s.epoch, s.batch) for s in target.recording.steps] == [(e, b) for e in (1, 2, 3) for b in range(6)]

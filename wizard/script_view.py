@@ -29,7 +29,7 @@ def observed(target) -> dict[str, Any]:
                    "groups": [{"lr": g["lr"], "tensors": g["tensors"], "values": g["values"]} for g in o.groups]}
                   for o in rec.optimizers]
     steps = rec.steps
-    chosen = steps if len(steps) <= TRACE_ROWS else steps[: TRACE_ROWS - 3] + steps[-3:]
+    chosen = _trace_steps(steps)
     names = {m.index: m.name for m in rec.models}
     trace = [{"step": s.step, "epoch": s.epoch, "batch": s.batch, "loss": _num(s.loss), "grad_norm": _num(s.grad_norm),
               "lr": s.lrs[0] if s.lrs else None, "zero_grad": s.zero_grad, "backwards": s.backwards,
@@ -187,6 +187,25 @@ def _steps_text(obs: dict) -> str:
         return (f"{manual} steps, all hand-written parameter updates (no torch.optim step"
                 + (f"; {' and '.join(idle)} built but never stepped)" if idle else ")"))
     return f"{obs['steps']} optimizer steps" + (f" ({manual} of them hand-written updates)" if manual else "")
+
+
+def _trace_steps(steps: list) -> list:
+    """The steps the per-step trace shows (TRACE_ROWS of them): the last 3, the step before and the step
+    of the first change of a model's mode (training after an evaluation left it in eval mode) and of the
+    first non-finite loss, and the first steps in the rows left."""
+    if len(steps) <= TRACE_ROWS:
+        return steps
+    events = set()
+    change = next((i for i in range(1, len(steps)) if steps[i].training and steps[i - 1].training
+                   and steps[i].training != steps[i - 1].training), None)
+    bad = next((i for i, s in enumerate(steps) if s.loss is not None and not math.isfinite(s.loss)), None)
+    for i in (change, bad):
+        if i is not None:
+            events |= {i - 1, i}
+    tail = set(range(len(steps) - 3, len(steps)))
+    extra = events - tail
+    head = max(TRACE_ROWS - 3 - len(extra), 4)
+    return [steps[i] for i in sorted(set(range(head)) | extra | tail)]
 
 
 TRACE_COLUMNS = ["step", "epoch.batch", "loss", "grad norm", "lr", "zero_grad", "backward", "mode", "max |Δθ|"]
