@@ -177,7 +177,7 @@ def test_an_evaluation_whose_gathered_predictions_meet_all_labels_runs_again_unc
     return (torch.cat(preds) == val_labels).float().mean().item()   # fails on a capped pass: 200 vs 400"""))
     target = record(gathered, limit_batches=20)
     assert target.run.exit == "stopped" and target.recording.error is None, target.run.output
-    assert any("run again with evaluation loops uncapped" in n for n in target.recording.notes)
+    assert any("evaluation loops uncapped, did not raise" in n for n in target.recording.notes), target.recording.notes
     assert len(target.recording.steps) == 60 and "epoch 2 val" in "\n".join(target.run.output)
 
 
@@ -239,3 +239,12 @@ def train():
         loss = crit(model(x), y)"""))
     target = record(generated, limit_batches=6, max_steps=60)
     assert [(s.epoch, s.batch) for s in target.recording.steps] == [(e, b) for e in (1, 2, 3) for b in range(6)]
+
+
+def test_a_real_crash_after_a_capped_evaluation_stays_the_finding(tmp_path):
+    crashing = write(tmp_path, SLICES, ("""    print(f"epoch {epoch} val {evaluate():.3f}")""", """    print(f"epoch {epoch} val {evaluate():.3f}")
+    if epoch == 2:
+        model(torch.randn(4, 9))   # a layer-shape bug of the script's own, after the second evaluation"""))
+    target = record(crashing, limit_batches=20)
+    assert target.run.exit == "raised" and "mat1 and mat2" in target.recording.error.message
+    assert not any("run again" in n or "first run raised" in n for n in target.recording.notes)

@@ -571,16 +571,25 @@ class ScriptInterrupted(KeyboardInterrupt):
 def run_script(script: Script, args: list[str] | None = None, options: RunOptions | None = None) -> RunResult:
     """Run the script once; never raises for what the script does (KeyboardInterrupt excepted). A run
     that raised after one of its evaluation loops over ``range`` was capped runs again with those
-    uncapped (gathered predictions shorter than the labels are the cap's doing, not the script's)."""
+    uncapped: predictions gathered over a capped evaluation and compared with all the labels fail
+    because of the cap, not the script. The first run stands when the rerun raises the same error
+    (the script's own); otherwise the rerun does, with a note."""
     args = list(args or [])
     opts = options or RunOptions()
     result, evaluation_capped = _run_once(script, args, opts, evaluation_caps=True)
-    if result.exit == "raised" and evaluation_capped:
-        again, _ = _run_once(script, args, opts, evaluation_caps=False)
-        again.recording.notes.append(f"a first run raised ({result.recording.error.type if result.recording.error else 'an error'}) "
-                                     "after an evaluation loop over range() was capped: run again with evaluation loops uncapped")
-        return again
-    return result
+    first = result.recording.error
+    if result.exit != "raised" or not evaluation_capped or first is None:
+        return result
+    again, _ = _run_once(script, args, opts, evaluation_caps=False)
+    second = again.recording.error
+    if second is not None and (second.type, second.where) == (first.type, first.where):
+        return result
+    again.recording.notes.append(f"a first run raised {first.type} at {first.where or '?'} after an evaluation loop over "
+                                 f"range() was capped; this run, with evaluation loops uncapped, "
+                                 + ("raised elsewhere" if second is not None else
+                                    "did not raise" if again.recording.total_steps > first.step else
+                                    f"stopped before step {first.step}, where the first run raised"))
+    return again
 
 
 def _run_once(script: Script, args: list[str], opts: RunOptions, evaluation_caps: bool) -> tuple[RunResult, bool]:
