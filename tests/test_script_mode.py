@@ -805,3 +805,19 @@ def test_trace_mode_column_names_each_model_only_when_their_modes_differ():
     assert _mode({"modes": {"Enc": True, "Head": True}, "training": True}) == "train"
     assert _mode({"modes": {"Enc": True, "Head": False}, "training": False}) == "Enc:train, Head:eval"
     assert _mode({"modes": {}, "training": None}) == "-" and _mode({"modes": {"M": False}, "training": False}) == "eval"
+
+
+def test_a_capped_evaluation_loader_whose_predictions_meet_all_labels_runs_again_uncapped(tmp_path):
+    """sklearn-style accuracy over the whole validation set after a DataLoader pass: the cap made the crash."""
+    gathered = write(tmp_path, ("""    with torch.no_grad():
+        for x, y in loader:
+            total += crit(model(x), y).item()
+    model.train()
+    return total / len(loader)""", """    with torch.no_grad():
+        preds = torch.cat([model(x).argmax(1) for x, _ in loader])
+    model.train()
+    return (preds == Y).float().mean().item()   # all 256 labels: fails when the pass was capped"""))
+    target = record(gathered, max_steps=12, limit_batches=4)
+    assert target.recording.error is None and target.run.exit in ("finished", "stopped"), target.run.output
+    assert any("evaluation passes uncapped, did not raise" in n for n in target.recording.notes), target.recording.notes
+    assert len(target.recording.steps) == 12   # training passes stay capped: 3 epochs x 4 batches

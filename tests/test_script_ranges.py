@@ -177,7 +177,7 @@ def test_an_evaluation_whose_gathered_predictions_meet_all_labels_runs_again_unc
     return (torch.cat(preds) == val_labels).float().mean().item()   # fails on a capped pass: 200 vs 400"""))
     target = record(gathered, limit_batches=20)
     assert target.run.exit == "stopped" and target.recording.error is None, target.run.output
-    assert any("evaluation loops uncapped, did not raise" in n for n in target.recording.notes), target.recording.notes
+    assert any("evaluation passes uncapped, did not raise" in n for n in target.recording.notes), target.recording.notes
     assert len(target.recording.steps) == 60 and "epoch 2 val" in "\n".join(target.run.output)
 
 

@@ -636,6 +636,8 @@ class Recorder:
         self._cleared: set[int] = set()           # full mode: id() of optimizers whose zero_grad() ran since the last step
         self._trainable_n: dict[int, int] = {}    # full mode: id(optimizer) -> its trainable tensors at its last measured step
         self._site = None   # full mode: the frame that called torch's own loss module now running (see _model_called)
+        self.cap_evaluation = True       # limit_batches caps evaluation passes too (off: only training passes)
+        self.evaluation_capped = False   # an evaluation pass ended at the cap
 
     # -- install / remove -------------------------------------------------------------------------
     def __enter__(self) -> "Recorder":
@@ -2214,9 +2216,18 @@ class _LoaderIter:
         finally:
             rec._resume()
 
+    def _capped(self) -> bool:
+        """Does the batch cap end this pass? A training pass, always; an evaluation pass (no backward so
+        far) unless the recorder's ``cap_evaluation`` is off (a rerun after a crash that may be the cap's)."""
+        rec = self.rec
+        if self.info.backwards[-1]:
+            return True
+        rec.evaluation_capped = rec.evaluation_capped or rec.cap_evaluation
+        return rec.cap_evaluation
+
     def _next(self):
         rec = self.rec
-        if rec.limit_batches is not None and self.count >= rec.limit_batches:
+        if rec.limit_batches is not None and self.count >= rec.limit_batches and self._capped():
             self._close()
             raise StopIteration
         try:
