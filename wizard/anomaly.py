@@ -107,7 +107,8 @@ class Detector:
 
     def quick(self, step: int, loss: float | None, grad_norm: float | None) -> bool:
         """True when no trigger but ``stalled`` can fire at this step (the values are queued for the
-        next :meth:`check`); False: call :meth:`check` now. See the module docstring."""
+        next :meth:`check`); False: call :meth:`check` now. See the module docstring. (``Watch.on_step_pre``
+        runs the same comparison inline: a change here goes there too.)"""
         if loss is None or not self._lo < loss <= self._hi or (grad_norm is not None and not grad_norm <= self._nhi) \
                 or len(self._queue) >= self.gap - 1:
             return False
@@ -218,9 +219,9 @@ class Detector:
         if grad_norm is not None and len(self._first_norms) < 5:
             self._first_norms.append(grad_norm)
         if found is None and grad_norm is not None and len(self.norms) >= t.min_history:
-            med, hi = statistics.median(self.norms), max(self.norms)
-            if med > 0 and grad_norm > t.explode_factor * med and grad_norm > 2 * hi \
-                    and grad_norm > statistics.median(self._first_norms):
+            hi = max(self.norms)   # (twice the maximum first: the medians' sorts only for a norm above it, rarely)
+            med = statistics.median(self.norms) if grad_norm > 2 * hi else 0.0
+            if med > 0 and grad_norm > t.explode_factor * med and grad_norm > statistics.median(self._first_norms):
                 explode = True
                 if self._fire("grad-explosion"):
                     found = Anomaly("grad-explosion", step, f"gradient norm {grad_norm:.4g} at step {step} is "

@@ -227,6 +227,7 @@ def _cadence(groups: list[dict]) -> tuple[int, int]:
 
 
 _GRAD, _REQUIRES, _LR, _PARAMS = attrgetter("grad"), attrgetter("requires_grad"), itemgetter("lr"), itemgetter("params")
+_monotonic, _grad_enabled = time.monotonic, torch.is_grad_enabled   # (one lookup less: light mode runs them every step)
 _NONE = type(None)
 
 
@@ -550,6 +551,10 @@ class Recorder:
     """See the module docstring. ``files``: the user's source files (for file:line); ``max_steps``,
     ``time_limit_s``, ``limit_batches`` (per DataLoader iteration), ``max_forwards`` bound the run."""
 
+    _pre_listener: Callable | None = None    # light mode: the listeners' on_step_pre / on_step_post (_listener)
+    _post_listener: Callable | None = None
+    _step_info: OptimizerInfo | None = None  # light mode: the optimizer info the step pre hook looked up
+
     def __init__(self, mode: str = "full", *, files: list[Path] | None = None, max_steps: int | None = None,
                  time_limit_s: float | None = None, limit_batches: int | None = None, max_forwards: int | None = None,
                  replace_batch: Callable[[Any, int], Any] | None = None, listeners: list | None = None,
@@ -748,6 +753,7 @@ class Recorder:
                      for name in ("on_batch", "on_forward", "on_loss", "on_loss_args", "on_backward", "on_step_pre",
                                   "on_step_post", "on_scheduler")}
         self._listening = any(self._fns.values())
+        self._pre_listener, self._post_listener = self._listener("on_step_pre"), self._listener("on_step_post")  # (light)
         if self.full:
             self._patch(nn.Module, "__call__", self._call_patch)
         else:
@@ -1174,6 +1180,31 @@ class Recorder:
         on_loss, on_args = self._fns["on_loss"], self._fns["on_loss_args"]
         # on_loss_args alone (watch): one name-only call for every call of this loss function
         named = LossCall(name, [], "", None, None, None, "mean", True, None, 0, None, True, None)
+        if not on_loss:  # (watch) the same, in fewer steps: the one listener called directly
+            listen = self._listener("on_loss_args")
+            tensor = torch.Tensor
+
+            @functools.wraps(original)
+            def loss_args(*args, **kwargs):
+                if rec._in_loss:
+                    return original(*args, **kwargs)
+                rec._in_loss = 1
+                try:
+                    value = original(*args, **kwargs)
+                except Exception:
+                    rec._loss_failed(name, args, kwargs)
+                    raise
+                finally:
+                    rec._in_loss = 0
+                if listen is not None and isinstance(args[0] if args else kwargs.get("input"), tensor):
+                    try:
+                        listen(rec, named, args, kwargs, value)
+                    except StopRun:
+                        raise
+                    except Exception:  # noqa: BLE001 - a listener must never break the user's run
+                        rec.recording.listener_errors += 1
+                return value
+            return loss_args
 
         @functools.wraps(original)
         def loss(*args, **kwargs):
@@ -1311,9 +1342,13 @@ class Recorder:
 
     # -- backward ---------------------------------------------------------------------------------
     def _backward_light(self, original: Callable) -> Callable:
-        """Light mode's ``torch.autograd.backward`` wrapper (``Tensor.backward`` calls it): one frame,
-        :meth:`_before_backward_light` before the outermost backward only."""
+        """Light mode's ``torch.autograd.backward`` wrapper (``Tensor.backward`` calls it): one frame for the
+        common case, a CPU tensor, no GradScaler, no discovery and
+        no budget (:meth:`_before_backward_light`'s work inline, its listener called directly); anything
+        else goes through :meth:`_before_backward_light`. Before the outermost backward only."""
         rec = self
+        listen = self._listener("on_backward")
+        tensor = torch.Tensor
 
         @functools.wraps(original)
         def backward(tensors, *args, **kwargs):
@@ -1321,11 +1356,47 @@ class Recorder:
                 return original(tensors, *args, **kwargs)
             rec._in_backward = 1
             try:
-                rec._before_backward_light(tensors)
+                if rec._scales or rec._pending_forwards or rec.max_steps is not None \
+                        or not isinstance(tensors, tensor) or tensors.is_cuda:
+                    rec._before_backward_light(tensors)
+                else:
+                    step = rec._pending
+                    if step is None:
+                        step = rec._pending = _blank_step(rec.recording.total_steps + 1)
+                    rec.recording.backwards += 1
+                    rec._backward_since_step += 1
+                    step.backwards += 1
+                    rec._loss_t = (tensors, None, None)  # a CPU loss, no GradScaler: read as it is at the step
+                    if listen is not None:
+                        try:
+                            listen(rec, tensors)
+                        except StopRun:
+                            raise
+                        except Exception:  # noqa: BLE001 - a listener must never break the user's run
+                            rec.recording.listener_errors += 1
                 return original(tensors, *args, **kwargs)
             finally:
                 rec._in_backward = 0
         return backward
+
+    def _listener(self, name: str) -> Callable | None:
+        """Light mode: the listeners' ``name`` methods as one callable (None: none), called per step
+        without a loop (one listener, watch, is the common case); with several, each in turn, one
+        that fails (not with StopRun) counted and skipped as in :meth:`_notify`."""
+        fns = list(self._fns.get(name) or ())
+        if len(fns) < 2:
+            return fns[0] if fns else None
+        rec = self
+
+        def each(*args):
+            for fn in fns:
+                try:
+                    fn(*args)
+                except StopRun:
+                    raise
+                except Exception:  # noqa: BLE001 - a listener must never break the user's run
+                    rec.recording.listener_errors += 1
+        return each
 
     def _before_backward_light(self, tensors) -> None:
         """Light mode, before ``backward()`` (full mode: :meth:`_before_backward`): counted, and how
@@ -1776,42 +1847,55 @@ class Recorder:
             step = self._pending = _blank_step(self.recording.total_steps + 1)
         if closure:
             step.closure = True
-        step.optimizer, step.t = info.index, time.monotonic() - self._t0
-        step.zero_grad = self._zero_grad_since
-        step.zero_grad_after_backward = self._zero_after_backward
-        step.epoch, step.batch = self._epochs, self._batch_index
-        step.scheduler_steps = self._scheduler_count
+        self._step_info = info   # (the post hook's, unless another optimizer steps in between)
+        step.optimizer, step.t, step.zero_grad, step.zero_grad_after_backward, step.epoch, step.batch, \
+            step.scheduler_steps, step.grad_enabled = info.index, _monotonic() - self._t0, self._zero_grad_since, \
+            self._zero_after_backward, self._epochs, self._batch_index, self._scheduler_count, _grad_enabled()
         groups = optimizer.param_groups
-        step.lrs = list(map(float, map(_LR, groups)))
-        step.grad_enabled = torch.is_grad_enabled()
+        step.lrs = [float(groups[0]["lr"])] if len(groups) == 1 else list(map(float, map(_LR, groups)))
         reading = self._loss_t
         if reading is not None:
             loss, event, scaler = reading
             self._loss_t = None
-            if event is not None:  # CUDA: wait for the forward's loss copy only (see _loss_reading)
-                event.synchronize()
-                step.loss = float(loss)
-            else:
+            if event is None and scaler is None:  # a CPU loss (see _loss_reading)
                 try:
                     value = loss.item()  # (no detach, no warning; raises unless one value)
                 except RuntimeError:
                     value = float(loss.detach().float().mean()) if loss.numel() else None
-                scale = scaler.get_scale() if scaler is not None and value is not None else None
-                step.loss = value / scale if scale else value
-            if step.loss is not None:
-                step.losses.append(step.loss)
+                if value is not None:
+                    step.loss = value
+                    step.losses.append(value)
+            else:
+                self._read_loss(step, loss, event, scaler)
         self.grad_norms = None
         n = step.step
         if n <= NORM_FIRST or not n % self.recording.norm_interval and self._norm_due(n):
             self._grad_norm_light(step, groups)
-        for fn in self._fns["on_step_pre"]:  # (_notify, inline: this runs every step)
+        listen = self._pre_listener
+        if listen is not None:
             try:
-                fn(self, optimizer, step)
+                listen(self, optimizer, step)
             except StopRun:
                 raise
             except Exception:  # noqa: BLE001 - a listener must never break the user's run
                 self.recording.listener_errors += 1
         return None
+
+    def _read_loss(self, step: StepRecord, loss, event, scaler) -> None:
+        """Light mode, at the step: the loss of a CUDA backward (the pinned copy, waiting on its event) or of a
+        GradScaler's scaled one (see :meth:`_loss_reading`)."""
+        if event is not None:  # CUDA: wait for the forward's loss copy only (see _loss_reading)
+            event.synchronize()
+            step.loss = float(loss)
+        else:
+            try:
+                value = loss.item()  # (no detach, no warning; raises unless one value)
+            except RuntimeError:
+                value = float(loss.detach().float().mean()) if loss.numel() else None
+            scale = scaler.get_scale() if scaler is not None and value is not None else None
+            step.loss = value / scale if scale else value
+        if step.loss is not None:
+            step.losses.append(step.loss)
 
     def _grad_norm_light(self, step: StepRecord, groups: list[dict]) -> None:
         """Light mode, on the steps :meth:`_norm_due` picks: the trainable tensors' gradients counted
@@ -1845,35 +1929,38 @@ class Recorder:
         step = self._pending
         if step is None:
             step = _blank_step(self.recording.total_steps + 1)
-        self._pending = None
-        info = self._opt_ids.get(id(optimizer))
+        else:
+            self._pending = None
+        info = self._step_info
         if info is None or info.optimizer is not optimizer:
-            info = self._optimizer_info(optimizer)
+            info = self._opt_ids.get(id(optimizer))
+            if info is None or info.optimizer is not optimizer:
+                info = self._optimizer_info(optimizer)
         info.steps += 1
-        now = time.monotonic() - self._t0
+        now = _monotonic() - self._t0
         d = step.duration_s = now - self._last_step_t
-        self._last_step_t = now
         rec = self.recording
         rec.steps.append(step)
-        rec.total_steps += 1
-        self._zero_grad_since = self._zero_after_backward = False
-        self._backward_since_step = 0
-        if rec.total_steps > 1:  # the first step's time includes the program's start; outliers (an evaluation
+        rec.total_steps = total = rec.total_steps + 1
+        self._last_step_t, self._zero_grad_since, self._zero_after_backward, self._backward_since_step, \
+            self.grad_norms = now, False, False, 0, None
+        if total > 1:  # the first step's time includes the program's start; outliers (an evaluation
             # between epochs) move the estimate by at most 4x its size
-            self._step_s = d if not self._step_s else 0.9 * self._step_s + 0.1 * min(d, 4 * self._step_s)
-        self.grad_norms = None
-        if self._pending_forwards or self._pending_losses:
-            self._pending_forwards, self._pending_losses = [], []
-        if self._module_hooks and self._discovered():
-            self._unhook_modules()
-        for fn in self._fns["on_step_post"]:  # (_notify, inline: this runs every step)
+            s = self._step_s
+            self._step_s = 0.9 * s + 0.1 * (d if d < 4 * s else 4 * s) if s else d
+        if self._module_hooks:  # discovery: light mode has pending forwards only while its global module hooks are
+            self._pending_forwards, self._pending_losses = [], []   # on (_forward_pre), and no pending loss calls
+            if self._discovered():
+                self._unhook_modules()
+        listen = self._post_listener
+        if listen is not None:
             try:
-                fn(self, optimizer, step)
+                listen(self, optimizer, step)
             except StopRun:
                 raise
             except Exception:  # noqa: BLE001 - a listener must never break the user's run
                 rec.listener_errors += 1
-        if self.max_steps is not None and rec.total_steps >= self.max_steps:
+        if self.max_steps is not None and total >= self.max_steps:
             rec.stopped = f"the budget of {self.max_steps} optimizer steps was reached"
             raise StopRun(rec.stopped)
         if self.time_limit_s is not None:
