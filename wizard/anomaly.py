@@ -120,17 +120,31 @@ class Detector:
         could fire: finite, below the spike limit and the explosion bound; the starting levels are
         known, see _bounds)."""
         queue, self._queue = self._queue, []
-        last, still, zero_since, norms = self._last, self._still, self._zero_since, self.norms
-        for step, loss, grad_norm in queue:
-            still = still + 1 if last is not None and abs(loss - last) <= 1e-7 * max(abs(loss), abs(last), 1e-12) else 0
-            last = loss
-            if grad_norm is not None:
-                zero_since = (zero_since or step) if grad_norm == 0.0 else None
-                norms.append(grad_norm)
-        self._last, self._still, self._zero_since = last, still, zero_since
+        losses = [q[1] for q in queue]
+        # the stall count: the run of unchanged losses at the queue's end (continuing the count before when the
+        # whole queue is unchanged), found from the end: a moving loss stops the search at once
+        i, before = len(losses) - 1, self._last
+        while i >= 0:
+            loss, last = losses[i], losses[i - 1] if i else before
+            if last is None or abs(loss - last) > 1e-7 * max(abs(loss), abs(last), 1e-12):
+                break
+            i -= 1
+        run = len(losses) - 1 - i
+        self._still = self._still + run if i < 0 else run
+        self._last = losses[-1]
+        measured = [q for q in queue if q[2] is not None]
+        if measured:
+            if measured[-1][2] != 0.0:  # (the run of zero norms is over)
+                self._zero_since = None
+            else:
+                zero_since = self._zero_since
+                for step, _, grad_norm in measured:
+                    zero_since = (zero_since or step) if grad_norm == 0.0 else None
+                self._zero_since = zero_since
+            self.norms.extend([q[2] for q in measured])
         self._fed += len(queue)
         self._above = 0    # (a queued loss was below quick()'s bound, so below the divergence limit)
-        self.losses.extend([q[1] for q in queue])
+        self.losses.extend(losses)
         while len(self.losses) > self.triggers.window:
             self.losses.popleft()
         while len(self.norms) > self.triggers.window:

@@ -228,6 +228,7 @@ def _cadence(groups: list[dict]) -> tuple[int, int]:
 
 _GRAD, _REQUIRES, _LR, _PARAMS = attrgetter("grad"), attrgetter("requires_grad"), itemgetter("lr"), itemgetter("params")
 _monotonic, _grad_enabled = time.monotonic, torch.is_grad_enabled   # (one lookup less: light mode runs them every step)
+_FUSED = ("on_loss_args", "on_backward", "on_step_pre", "on_step_post")   # light mode: what a fused watch does inline
 _NONE = type(None)
 
 
@@ -554,6 +555,9 @@ class Recorder:
     _pre_listener: Callable | None = None    # light mode: the listeners' on_step_pre / on_step_post (_listener)
     _post_listener: Callable | None = None
     _step_info: OptimizerInfo | None = None  # light mode: the optimizer info the step pre hook looked up
+    # light mode: a watch (nnwizard.watcher.Watch) whose per-step work runs inside these hooks rather than as a
+    # listener (set before __enter__ by the watch that starts its own recorder; see _listener)
+    _fast: Any = None
 
     def __init__(self, mode: str = "full", *, files: list[Path] | None = None, max_steps: int | None = None,
                  time_limit_s: float | None = None, limit_batches: int | None = None, max_forwards: int | None = None,
@@ -1183,6 +1187,8 @@ class Recorder:
         if not on_loss:  # (watch) the same, in fewer steps: the one listener called directly
             listen = self._listener("on_loss_args")
             tensor = torch.Tensor
+            w = self._fast
+            cap = w.max_per_step if w is not None else 0
 
             @functools.wraps(original)
             def loss_args(*args, **kwargs):
@@ -1196,13 +1202,23 @@ class Recorder:
                     raise
                 finally:
                     rec._in_loss = 0
-                if listen is not None and isinstance(args[0] if args else kwargs.get("input"), tensor):
-                    try:
-                        listen(rec, named, args, kwargs, value)
-                    except StopRun:
-                        raise
-                    except Exception:  # noqa: BLE001 - a listener must never break the user's run
-                        rec.recording.listener_errors += 1
+                if isinstance(args[0] if args else kwargs.get("input"), tensor):
+                    if w is not None:  # Watch.on_loss_args, inline
+                        try:
+                            cur = w._current
+                            losses = cur["losses"]
+                            if _grad_enabled() and isinstance(value, tensor) and len(losses) < cap:
+                                losses.append((name, args, kwargs, value))
+                                cur["targets"].append(args[1] if len(args) > 1 else kwargs.get("target"))
+                        except Exception:  # noqa: BLE001 - a listener must never break the user's run
+                            rec.recording.listener_errors += 1
+                    if listen is not None:
+                        try:
+                            listen(rec, named, args, kwargs, value)
+                        except StopRun:
+                            raise
+                        except Exception:  # noqa: BLE001 - a listener must never break the user's run
+                            rec.recording.listener_errors += 1
                 return value
             return loss_args
 
@@ -1349,6 +1365,9 @@ class Recorder:
         rec = self
         listen = self._listener("on_backward")
         tensor = torch.Tensor
+        w = self._fast
+        cap = w.max_per_step if w is not None else 0
+        new, blank = object.__new__, _STEP_BLANK
 
         @functools.wraps(original)
         def backward(tensors, *args, **kwargs):
@@ -1361,12 +1380,27 @@ class Recorder:
                     rec._before_backward_light(tensors)
                 else:
                     step = rec._pending
-                    if step is None:
-                        step = rec._pending = _blank_step(rec.recording.total_steps + 1)
+                    if step is None:  # (_blank_step, inline: the step's first backward opens its record)
+                        step = rec._pending = new(StepRecord)
+                        step.__dict__ = d = blank.copy()
+                        d["step"], d["losses"], d["lrs"], d["none_names"], d["forwards"], d["training"] = \
+                            rec.recording.total_steps + 1, [], [], [], {}, {}
                     rec.recording.backwards += 1
                     rec._backward_since_step += 1
                     step.backwards += 1
                     rec._loss_t = (tensors, None, None)  # a CPU loss, no GradScaler: read as it is at the step
+                    if w is not None:  # Watch.on_backward, its common case inline: the last loss call itself
+                        try:
+                            cur = w._current
+                            backward, losses = cur["backward"], cur["losses"]
+                            if losses and tensors is losses[-1][3] and len(backward) < cap:
+                                backward.append({"kind": "loss-call", "loss": len(losses) - 1, "scale": 1.0})
+                            else:
+                                w.on_backward(rec, tensors)
+                        except StopRun:
+                            raise
+                        except Exception:  # noqa: BLE001 - a listener must never break the user's run
+                            rec.recording.listener_errors += 1
                     if listen is not None:
                         try:
                             listen(rec, tensors)
@@ -1382,8 +1416,11 @@ class Recorder:
     def _listener(self, name: str) -> Callable | None:
         """Light mode: the listeners' ``name`` methods as one callable (None: none), called per step
         without a loop (one listener, watch, is the common case); with several, each in turn, one
-        that fails (not with StopRun) counted and skipped as in :meth:`_notify`."""
+        that fails (not with StopRun) counted and skipped as in :meth:`_notify`. The events of
+        ``_FUSED`` leave out the fused watch's own methods (``_fast``): the hooks do its work inline."""
         fns = list(self._fns.get(name) or ())
+        if self._fast is not None and name in _FUSED:  # (the fused watch's work runs in the hooks themselves)
+            fns = [fn for fn in fns if getattr(fn, "__self__", None) is not self._fast]
         if len(fns) < 2:
             return fns[0] if fns else None
         rec = self
@@ -1871,6 +1908,32 @@ class Recorder:
         n = step.step
         if n <= NORM_FIRST or not n % self.recording.norm_interval and self._norm_due(n):
             self._grad_norm_light(step, groups)
+        w = self._fast
+        if w is not None and (w.optimizer is None or optimizer is w.optimizer):
+            try:  # Watch.on_step_pre, inline: its fast path (history, Detector.quick), else its full check
+                w.steps = n
+                norm = step.grad_norm if step.grads_total > step.grads_none else None
+                loss, lrs = step.loss, step.lrs
+                last = w._last_det
+                if last[0] is optimizer:
+                    index, detector = last[1], last[2]
+                else:
+                    index, detector = w._detector(optimizer)
+                h = (n, loss, norm, lrs, index, step.t)
+                w._history.append(h)
+                if w._first is None:
+                    w._first_step(h)
+                detector.seen = own = detector.seen + 1
+                queue = detector._queue
+                if own % w.log_every and own != 1 and loss is not None and detector._lo < loss <= detector._hi \
+                        and (norm is None or norm <= detector._nhi) and len(queue) < detector.gap - 1:
+                    queue.append((n, loss, norm))
+                else:
+                    w._step_full(optimizer, detector, h, own)
+            except StopRun:
+                raise
+            except Exception:  # noqa: BLE001 - a listener must never break the user's run
+                self.recording.listener_errors += 1
         listen = self._pre_listener
         if listen is not None:
             try:
@@ -1952,6 +2015,22 @@ class Recorder:
             self._pending_forwards, self._pending_losses = [], []   # on (_forward_pre), and no pending loss calls
             if self._discovered():
                 self._unhook_modules()
+        w = self._fast
+        if w is not None and (w.optimizer is None or optimizer is w.optimizer):
+            try:  # Watch.on_step_post, inline: a logged step's line finished, the step's calls into the ring
+                if w._sampled is not None:
+                    w._finish_line(optimizer)
+                cur = w._current
+                calls = cur["calls"]
+                if w.ring_size and (calls or cur["losses"]):
+                    for c in calls:
+                        c.pop("out", None)
+                    w._ring.append((w.steps, cur["rng"], calls, cur["targets"]))
+                w._current = {"calls": [], "losses": [], "targets": [], "backward": [], "rng": None}
+            except StopRun:
+                raise
+            except Exception:  # noqa: BLE001 - a listener must never break the user's run
+                rec.listener_errors += 1
         listen = self._post_listener
         if listen is not None:
             try:

@@ -208,6 +208,8 @@ class _Hook:
 class Watch:
     """See the module docstring; made by :func:`nnwizard.watch` (context manager) or the CLI."""
 
+    max_per_step = MAX_PER_STEP
+
     def __init__(self, model: nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None,
                  out: str | Path = DEFAULT_OUT, on_anomaly: str = "continue", *, every: int | None = None,
                  triggers: Triggers | None = None, ring: int = 4, tensorboard: bool | None = None,
@@ -281,6 +283,7 @@ class Watch:
             from nnwizard.recorder import Recorder
 
             recorder = Recorder("light", files=self.files, listeners=[self])
+            recorder._fast = self  # our per-step work inside its hooks (on_loss_args, on_backward, on_step_pre/post)
             recorder.__enter__()
             self._owns_recorder = True
         self._recorder = recorder
@@ -579,11 +582,8 @@ class Watch:
             index, detector = self._detector(optimizer)
         h = (n, loss, norm, lrs, index, step_rec.t)  # (the recorder's clock: no clock read of our own)
         self._history.append(h)
-        if self._first is None:  # the first step with a positive LR (a warmup may start at 0)
-            if lrs and lrs[0] > 0:
-                self._first = self._entry(h)
-            else:
-                self._first0 = h
+        if self._first is None:
+            self._first_step(h)
         detector.seen = own = detector.seen + 1   # this optimizer's own steps: lines by its own count, so
         if own % self.log_every and own != 1:     # alternating optimizers (D, G) all log
             # Detector.quick, inline (one frame less on most steps): inside the bounds, queued for the next check
@@ -592,6 +592,20 @@ class Watch:
                     and len(queue) < detector.gap - 1:
                 queue.append((n, loss, norm))
                 return
+        self._step_full(optimizer, detector, h, own)
+
+    def _first_step(self, h: tuple) -> None:
+        """Until the run's first step with a positive LR (a warmup may start at 0): keep it, or the latest."""
+        lrs = h[3]
+        if lrs and lrs[0] > 0:
+            self._first = self._entry(h)
+        else:
+            self._first0 = h
+
+    def _step_full(self, optimizer, detector: Detector, h: tuple, own: int) -> None:
+        """on_step_pre past its fast path: the full check, on a logged step the line (before the
+        update), at an anomaly the bundle and the stop."""
+        loss, norm = h[1], h[2]
         anomaly = detector.check(self.steps, loss, norm)
         if own % self.log_every == 0 or own == 1 or anomaly is not None:
             started = time.perf_counter()
