@@ -96,7 +96,7 @@ class Detector:
     _first_level: float = math.nan   # median of the first 5 losses (computed once they are in)
     _first_norms: list = field(default_factory=list)
     gap: int = 10                 # at most this many steps between two full checks (quick() says so then)
-    _queue: list = field(default_factory=list)   # (step, loss, norm) that passed quick(), not folded in yet
+    _queue: list = field(default_factory=list)   # (step, loss, norm, ...) that passed quick(), not folded in yet
     _lo: float = math.inf         # quick(): a loss passes when _lo < loss <= _hi (inf/-inf: nothing passes yet)
     _hi: float = -math.inf
     _nhi: float = -math.inf       # quick(): a measured gradient norm passes when norm <= _nhi
@@ -138,8 +138,8 @@ class Detector:
                 self._zero_since = None
             else:
                 zero_since = self._zero_since
-                for step, _, grad_norm in measured:
-                    zero_since = (zero_since or step) if grad_norm == 0.0 else None
+                for q in measured:
+                    zero_since = (zero_since or q[0]) if q[2] == 0.0 else None
                 self._zero_since = zero_since
             self.norms.extend([q[2] for q in measured])
         self._fed += len(queue)

@@ -1927,7 +1927,7 @@ class Recorder:
                 queue = detector._queue
                 if own % w.log_every and own != 1 and loss is not None and detector._lo < loss <= detector._hi \
                         and (norm is None or norm <= detector._nhi) and len(queue) < detector.gap - 1:
-                    queue.append((n, loss, norm))
+                    queue.append(h)   # (its first three: step, loss, norm)
                 else:
                     w._step_full(optimizer, detector, h, own)
             except StopRun:

@@ -590,7 +590,7 @@ class Watch:
             queue = detector._queue
             if loss is not None and detector._lo < loss <= detector._hi and (norm is None or norm <= detector._nhi) \
                     and len(queue) < detector.gap - 1:
-                queue.append((n, loss, norm))
+                queue.append(h)   # (its first three: step, loss, norm)
                 return
         self._step_full(optimizer, detector, h, own)
 
