@@ -43,27 +43,6 @@ def _fmt(v, spec=".4g") -> str:
     return format(v, spec)
 
 
-def trace_table(rec, limit: int = 14) -> Table:
-    """A compact per-step table of the recorded run (first steps, then the last few)."""
-    steps = rec.steps
-    chosen = steps if len(steps) <= limit else steps[: limit - 3] + steps[-3:]
-    rows, marked = [], []
-    names = {m.index: m.name for m in rec.models}
-    for s in chosen:
-        if rows and s.step > rows[-1][0] + 1:
-            rows.append(["…"] * 9)   # (steps left out)
-        modes = ", ".join(f"{names.get(k, k)}:{'train' if v else 'eval'}" for k, v in s.training.items()) or "-"
-        rows.append([s.step, f"{s.epoch}.{s.batch}" if s.batch >= 0 else "-", _fmt(s.loss), _fmt(s.grad_norm, ".3g"),
-                     ", ".join(_fmt(lr, ".3g") for lr in s.lrs[:3]), "yes" if s.zero_grad else "no",
-                     s.backwards, modes, _fmt(s.update, ".2g")])
-        bad = (s.loss is not None and not math.isfinite(s.loss)) or s.grads_nonfinite
-        if bad:
-            marked.append(len(rows) - 1)
-    return Table("trace", f"Per-step trace of the script ({len(steps)} optimizer steps)",
-                 ["step", "epoch.batch", "loss", "grad norm", "lr", "zero_grad", "backward", "mode", "max |Δθ|"],
-                 rows, marked=marked)
-
-
 def _train_calls(rec):
     return [c for c in rec.loss_calls if not c.eval]
 
@@ -120,14 +99,13 @@ def trace_run(ctx: ProbeContext, rec):
                                 val_steps=val_steps, seconds=rec.seconds, stopped=rec.stopped or "",
                                 models=len(rec.models), optimizers=len(rec.optimizers), reference=reference,
                                 reference_how=how, measured_step_s=getattr(target, "measured_step_s", None))
-    table = trace_table(rec)
     if rec.error is not None:
         err = rec.error
         info.update(error=f"{err.type}: {err.message}", where=err.where or "?", step=err.step, symptoms=["crash"],
                     shape="crashed")
         plots = [LinePlot("curves", f"The script's loss before it raised ({len(train)} steps)", {"train": train})] if train else []
         return failed("crashed", f"the script raised after {err.step} optimizer steps at {err.where or '?'}: "
-                      f"{err.type}: {err.message}", [table, *plots], **info)
+                      f"{err.type}: {err.message}", plots, **info)
     if len(train) < 4:
         if rec.stopped:  # the budget cut the run before its curve could be read: a measurement missing
             return cannot_run(f"only {len(train)} optimizer steps fit the budget ({rec.stopped}): too few to read a "
@@ -142,7 +120,7 @@ def trace_run(ctx: ProbeContext, rec):
                           {optimizer_label(rec, i): v_ for i, v_ in objs.series.items()})]
         if objs.adversarial:
             result = skipped(adversarial_reason(objs), "adversarial", **info)
-            result.artifacts = [table, *plots]   # what was observed, shown, not judged
+            result.artifacts = plots   # what was observed, shown, not judged
             return result
         if min(len(v_) for v_ in objs.series.values()) < 4:
             short = f"{objs.text}: fewer than 4 steps of one optimizer were recorded: too few to read its curve"
@@ -174,8 +152,8 @@ def trace_run(ctx: ProbeContext, rec):
         text = (f"{len(rec.steps)} optimizer steps of the script in {rec.seconds:.1f} s; {objs.text}; judged per optimizer: "
                 f"{optimizer_label(rec, judged)} ({len(train)} steps): {shape.title}: {shape.evidence}" + (f"; {others}" if others else ""))
     if shape.normal:
-        return passed(text, "ok", [table, plot], **info)
-    return failed(shape.shape, text, [table, plot], **info)
+        return passed(text, "ok", [plot], **info)
+    return failed(shape.shape, text, [plot], **info)
 
 
 # ------------------------------------------------------------------------------------ gradients

@@ -49,7 +49,7 @@ def test_scripts_are_plain_pytorch(name):
     tree = ast.parse(BY_NAME[name].path.read_text())
     imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     imported |= {(n.module or "").split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
-    assert imported <= {"argparse", "dataclasses", "random", "numpy", "torch", "sklearn"}, imported
+    assert imported <= {"argparse", "dataclasses", "math", "random", "numpy", "torch", "sklearn"}, imported
 
 
 def _run_in_process(path: Path, cwd: Path):

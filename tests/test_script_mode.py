@@ -797,7 +797,7 @@ def test_probes_get_the_eager_module_behind_a_torch_compile_wrapper():
 
 
 def test_per_step_trace_marks_left_out_steps_and_unmeasured_norms(tmp_path):
-    from nnwizard.probes.trace import trace_table
+    from nnwizard.probes.trace import trace_run
     from nnwizard.script_view import TRACE_COLUMNS, UNMEASURED, _trace_rows, markdown_lines, observed
 
     target = record(write(tmp_path), max_steps=30)   # 3 epochs of 8 batches: 24 steps, more than the table shows
@@ -808,8 +808,9 @@ def test_per_step_trace_marks_left_out_steps_and_unmeasured_norms(tmp_path):
     assert all(len(r) == len(TRACE_COLUMNS) for r in rows)
     assert any(s["grad_norm"] is None for s in obs["trace"])   # a step between the sampled ones
     assert UNMEASURED in "\n".join(markdown_lines(obs))
-    probe_rows = trace_table(target.recording).rows
-    assert [r[0] for r in probe_rows][11] == "…" and probe_rows[12][0] == 22
+    assert rows[0][-1] != "-" and rows[0][TRACE_COLUMNS.index("mode")] == "train"   # the first step's largest change
+    run = trace_run(ProbeContext(target))
+    assert not [a for a in run.artifacts if getattr(a, "rows", None)]   # the one per-step trace is the observed one
 
     short = observed(record(write(tmp_path, name="short.py"), max_steps=5))
     assert "…" not in [r[0] for r in _trace_rows(short["trace"])]
@@ -828,7 +829,7 @@ def test_an_evaluation_that_sums_its_loss_is_read_on_the_training_losss_scale(tm
         assert sum_val[0] > 10 * mean_val[0]
     else:
         assert sum_val == pytest.approx(mean_val, rel=1e-5)
-        plot = trace_run(ProbeContext(record(write(tmp_path, *edits, name="summed.py"), max_steps=20))).artifacts[1]
+        plot = trace_run(ProbeContext(record(write(tmp_path, *edits, name="summed.py"), max_steps=20))).artifacts[0]
         assert plot.xs["evaluation"] == [8, 16] and plot.x[0] == 1
 
 
@@ -928,3 +929,26 @@ def test_parameters_left_out_of_the_optimizer_count_when_forward_is_called_direc
     target = record(write(tmp_path, text=DIRECT_FORWARD))
     result = get("trace-optimizer")(ProbeContext(target))
     assert result.outcome == "missing" and result.data["missing_params"] == 16, result.summary
+
+
+def test_trace_mode_column_names_each_model_only_when_their_modes_differ():
+    from nnwizard.script_view import _mode
+    assert _mode({"modes": {"Enc": True, "Head": True}, "training": True}) == "train"
+    assert _mode({"modes": {"Enc": True, "Head": False}, "training": False}) == "Enc:train, Head:eval"
+    assert _mode({"modes": {}, "training": None}) == "-" and _mode({"modes": {"M": False}, "training": False}) == "eval"
+
+
+def test_a_capped_evaluation_loader_whose_predictions_meet_all_labels_runs_again_uncapped(tmp_path):
+    """sklearn-style accuracy over the whole validation set after a DataLoader pass: the cap made the crash."""
+    gathered = write(tmp_path, ("""    with torch.no_grad():
+        for x, y in loader:
+            total += crit(model(x), y).item()
+    model.train()
+    return total / len(loader)""", """    with torch.no_grad():
+        preds = torch.cat([model(x).argmax(1) for x, _ in loader])
+    model.train()
+    return (preds == Y).float().mean().item()   # all 256 labels: fails when the pass was capped"""))
+    target = record(gathered, max_steps=12, limit_batches=4)
+    assert target.recording.error is None and target.run.exit in ("finished", "stopped"), target.run.output
+    assert any("evaluation passes uncapped, did not raise" in n for n in target.recording.notes), target.recording.notes
+    assert len(target.recording.steps) == 12   # training passes stay capped: 3 epochs x 4 batches

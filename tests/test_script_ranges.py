@@ -16,6 +16,8 @@ from nnwizard.script_ranges import CappedRange, capped_range
 from nnwizard.script_run import RunOptions, load_script, run_script
 from nnwizard.script_target import ScriptTarget
 
+from test_script_mode import write   # (tests/ is on sys.path: pytest's rootdir-relative imports)
+
 # word_language_model style: the data is one long tensor cut into slices by range(); evaluate() slices too.
 SLICES = '''
 import torch
@@ -55,21 +57,12 @@ for epoch in range(1, 4):
 '''
 
 
-def write(tmp_path: Path, text: str, *edits: tuple[str, str], name: str = "train.py") -> Path:
-    for old, new in edits:
-        assert old in text, old
-        text = text.replace(old, new)
-    path = tmp_path / name
-    path.write_text(text)
-    return path
-
-
 def record(path: Path, **opts) -> ScriptTarget:
     return ScriptTarget(run_script(load_script(str(path)), [], RunOptions(**{"max_steps": 60, **opts})))
 
 
 def test_a_slice_loop_ends_after_the_cap_so_evaluation_and_the_next_epoch_are_seen(tmp_path):
-    target = record(write(tmp_path, SLICES), limit_batches=20)
+    target = record(write(tmp_path, text=SLICES), limit_batches=20)
     rec = target.recording
     assert len(rec.steps) == 60 and target.run.exit == "stopped"   # 3 epochs x 20 slices, not 60 of epoch 1's 400
     evals = [c for c in rec.loss_calls if c.eval]
@@ -79,14 +72,14 @@ def test_a_slice_loop_ends_after_the_cap_so_evaluation_and_the_next_epoch_are_se
 
 
 def test_train_mode_never_restored_is_found_in_a_slice_loop_script(tmp_path):
-    broken = record(write(tmp_path, SLICES, ("    model.train()\n    for batch", "    for batch")), limit_batches=20)
+    broken = record(write(tmp_path, ("    model.train()\n    for batch", "    for batch"), text=SLICES), limit_batches=20)
     assert get("trace-train-mode")(ProbeContext(broken)).outcome == "stays-eval"
-    healthy = record(write(tmp_path, SLICES, name="healthy.py"), limit_batches=20)
+    healthy = record(write(tmp_path, name="healthy.py", text=SLICES), limit_batches=20)
     assert get("trace-train-mode")(ProbeContext(healthy)).outcome == "ok"
 
 
 def test_without_a_cap_the_first_epoch_outlasts_the_run(tmp_path):
-    target = record(write(tmp_path, SLICES), limit_batches=None)
+    target = record(write(tmp_path, text=SLICES), limit_batches=None)
     assert len(target.recording.steps) == 60 and not any(c.eval for c in target.recording.loss_calls)
 
 
@@ -117,7 +110,7 @@ print("done", epoch)
 
 
 def test_outer_loops_data_loops_and_per_sample_loops_run_to_their_end(tmp_path):
-    target = record(write(tmp_path, FULL_BATCH), limit_batches=3)
+    target = record(write(tmp_path, text=FULL_BATCH), limit_batches=3)
     assert target.run.exit == "finished", target.run.output
     assert len(target.recording.steps) == 50 and "done 49" in target.run.output[-1]
     assert not any("range()" in n for n in target.recording.notes)
@@ -148,8 +141,8 @@ for epoch in range(3):
 
 
 def test_loops_in_the_scripts_own_modules_are_capped_too(tmp_path):
-    write(tmp_path, HELPER, name="helpers.py")
-    target = record(write(tmp_path, USES_HELPER), limit_batches=5)
+    write(tmp_path, name="helpers.py", text=HELPER)
+    target = record(write(tmp_path, text=USES_HELPER), limit_batches=5)
     assert target.run.exit == "finished" and len(target.recording.steps) == 15   # 3 epochs x 5 slices
     assert "helpers" not in __import__("sys").modules   # dropped with the run
 
@@ -170,29 +163,81 @@ def test_capped_range_behaves_as_range():
 
 
 def test_an_evaluation_whose_gathered_predictions_meet_all_labels_runs_again_uncapped(tmp_path):
-    gathered = write(tmp_path, SLICES, ("""        for i in range(0, val.size(0), BATCH):
+    gathered = write(tmp_path, ("""        for i in range(0, val.size(0), BATCH):
             total += crit(model(val[i:i + BATCH]), val_labels[i:i + BATCH]).item()
     return total""", """        preds = [model(val[i:i + BATCH]).argmax(1) for i in range(0, val.size(0), BATCH)]
     model.train()
-    return (torch.cat(preds) == val_labels).float().mean().item()   # fails on a capped pass: 200 vs 400"""))
+    return (torch.cat(preds) == val_labels).float().mean().item()   # fails on a capped pass: 200 vs 400"""), text=SLICES)
     target = record(gathered, limit_batches=20)
     assert target.run.exit == "stopped" and target.recording.error is None, target.run.output
-    assert any("run again with evaluation loops uncapped" in n for n in target.recording.notes)
+    assert any("evaluation passes uncapped, did not raise" in n for n in target.recording.notes), target.recording.notes
     assert len(target.recording.steps) == 60 and "epoch 2 val" in "\n".join(target.run.output)
 
 
 def test_hand_written_updates_lower_the_cap_when_steps_are_slow(tmp_path):
     """BatchCap and StepFit hear of hand-written updates too (word_language_model updates by hand)."""
-    slow = write(tmp_path, SLICES, ("""        opt.step()
+    slow = write(tmp_path, ("""        opt.step()
 """, """        import time
         time.sleep(0.3)
         with torch.no_grad():
             for p in model.parameters():
                 p -= 0.1 * p.grad
-"""))
+"""), text=SLICES)
     target = record(slow, limit_batches=20, time_limit_s=10.0)
     rec = target.recording
     assert rec.steps and all(s.manual for s in rec.steps)
     caps = [int(m) for n in rec.notes for m in re.findall(r"batches per pass .* capped at (\d+)", n)]
     assert caps and 4 <= caps[0] <= 13, rec.notes   # at most 10 s / (2.5 passes x 0.3 s), not the 20 given
     assert any(c.eval for c in rec.loss_calls)                      # the first evaluation was reached
+
+
+def test_steps_of_a_slice_loop_get_their_epoch_and_batch(tmp_path):
+    target = record(write(tmp_path, text=SLICES), limit_batches=20)
+    marks = [(s.epoch, s.batch) for s in target.recording.steps]
+    assert marks == [(e, b) for e in (1, 2, 3) for b in range(20)]
+
+
+def test_a_per_sample_loop_inside_a_slice_loop_keeps_the_batch_numbers(tmp_path):
+    per_sample = write(tmp_path, ("""        loss = crit(model(data[i:i + BATCH]), labels[i:i + BATCH])
+""", """        loss = sum(crit(model(data[j:j + 1]), labels[j:j + 1]) for j in range(i, i + BATCH)) / BATCH
+"""), text=SLICES)
+    target = record(per_sample, limit_batches=5, max_steps=15)
+    assert [(s.epoch, s.batch) for s in target.recording.steps] == [(e, b) for e in (1, 2, 3) for b in range(5)]
+
+
+def test_the_per_step_trace_shows_where_the_model_stayed_in_eval_mode(tmp_path):
+    from nnwizard.script_view import _trace_rows, observed
+    broken = record(write(tmp_path, ("    model.train()\n    for batch", "    for batch"), text=SLICES), limit_batches=20)
+    rows = _trace_rows(observed(broken)["trace"])
+    shown = {r[0]: r for r in rows if r[0] != "…"}
+    assert shown[20][1] == "1.19" and shown[20][7] == "train"   # the last step of epoch 1, in training mode
+    assert shown[21][1] == "2.0" and shown[21][7] == "eval"     # the first of epoch 2, after evaluate()
+    assert [r[0] for r in rows][-3:] == [58, 59, 60] and len(rows) <= 14
+
+
+def test_a_generator_that_slices_in_a_range_loop_is_capped_too(tmp_path):
+    generated = write(tmp_path, ("""def train():
+    model.train()
+    for batch, i in enumerate(range(0, data.size(0), BATCH)):
+        opt.zero_grad()
+        loss = crit(model(data[i:i + BATCH]), labels[i:i + BATCH])""", """def batches():
+    for i in range(0, data.size(0), BATCH):
+        yield data[i:i + BATCH], labels[i:i + BATCH]
+
+
+def train():
+    model.train()
+    for x, y in batches():
+        opt.zero_grad()
+        loss = crit(model(x), y)"""), text=SLICES)
+    target = record(generated, limit_batches=6, max_steps=60)
+    assert [(s.epoch, s.batch) for s in target.recording.steps] == [(e, b) for e in (1, 2, 3) for b in range(6)]
+
+
+def test_a_real_crash_after_a_capped_evaluation_stays_the_finding(tmp_path):
+    crashing = write(tmp_path, ("""    print(f"epoch {epoch} val {evaluate():.3f}")""", """    print(f"epoch {epoch} val {evaluate():.3f}")
+    if epoch == 2:
+        model(torch.randn(4, 9))   # a layer-shape bug of the script's own, after the second evaluation"""), text=SLICES)
+    target = record(crashing, limit_batches=20)
+    assert target.run.exit == "raised" and "mat1 and mat2" in target.recording.error.message
+    assert not any("run again" in n or "first run raised" in n for n in target.recording.notes)

@@ -356,3 +356,135 @@ def test_alternating_optimizers_each_get_their_logged_lines_and_no_divergence_ch
     by_opt = [sum(1 for l in lines if l.get("optimizer", 0) == k) for k in (0, 1)]
     assert by_opt == [5, 5]   # steps 1, 10, 20, 30, 40 of each optimizer's own 40
     assert all(not d.solo for d in w._detectors.values()) and len(w._detectors) == 2
+
+
+# -- the watch folded into its own light recorder's hooks (Recorder._fast) ------------------------------------
+
+def _fold_run(tmp_path, fused: bool, extra=None, steps: int = 60):
+    """The same seeded run (a spike at step 31, a NaN input at step 47) watched by a watch that starts its own
+    (fused) recorder, or as a plain listener of a separate light recorder (the CLI's way)."""
+    from nnwizard.watcher import Watch
+
+    torch.manual_seed(3)
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    crit = nn.CrossEntropyLoss()
+    w = Watch(model, opt, out=tmp_path, every=5, tensorboard=False, quiet=True)
+    if fused:
+        w.start()
+        rec = w._recorder
+        assert rec._fast is w and rec._pre_listener is None and rec._post_listener is None
+    else:
+        rec = Recorder("light", files=w.files, listeners=[w, *(extra or [])]).__enter__()
+        w.start(recorder=rec)
+        assert rec._fast is None
+    try:
+        for i in range(1, steps + 1):
+            x, y = torch.randn(8, 6), torch.randint(0, 3, (8,))
+            if i == 47:
+                x[2, 1] = float("nan")  # (its backward: the loss call itself, watch's common case)
+            loss = crit(model(x), y)
+            if i == 31:
+                loss = loss * 40.0  # (a scaled loss: watch relates it to the call through the graph)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    finally:
+        if not fused:
+            rec.__exit__(None, None, None)
+        w.close()
+    return w, rec
+
+
+def test_a_watch_folded_into_its_recorder_sees_and_writes_what_a_listening_watch_does(tmp_path, monkeypatch):
+    from nnwizard import watcher
+
+    monkeypatch.setattr(Recorder, "_norm_due", lambda self, n: n % 3 == 0)  # (not timing-dependent)
+    monkeypatch.setattr(watcher, "UPDATE_SHARE", 1e9)
+    fused, frec = _fold_run(tmp_path / "fused", True)
+    plain, prec = _fold_run(tmp_path / "plain", False)
+
+    def lines(folder):
+        out = []
+        for l in map(json.loads, (folder / "watch.jsonl").read_text().splitlines()):
+            for k in ("t", "step_s", "bundle_s", "bundle"):
+                l.pop(k, None)
+            out.append(l)
+        return out
+
+    assert lines(tmp_path / "fused") == lines(tmp_path / "plain") and len(lines(tmp_path / "fused")) >= 12
+    assert [(a.kind, a.step, a.reason) for a in fused.anomalies] == [(a.kind, a.step, a.reason) for a in plain.anomalies]
+    assert [(a.kind, a.step) for a in fused.anomalies][:2] == [("loss-spike", 31), ("nonfinite", 47)]
+    assert [b.name for b in fused.bundles] == [b.name for b in plain.bundles] == ["anomaly-step31", "anomaly-step47"]
+    for name in ("anomaly-step31", "anomaly-step47"):
+        (a, ra), (b, rb) = ((torch.load(tmp_path / side / name / "batch.pt", weights_only=False),
+                             torch.load(tmp_path / side / name / "rng.pt", weights_only=False)) for side in ("fused", "plain"))
+        sa, sb = a["step"], b["step"]
+        assert sa["backward"] == sb["backward"] and sa["replayable"] == sb["replayable"]
+        assert [l["fn"] for l in sa["losses"]] == [l["fn"] for l in sb["losses"]] == ["cross_entropy"]
+        assert len(sa["calls"]) == len(sb["calls"]) == 1 \
+            and torch.allclose(sa["calls"][0]["args"][0], sb["calls"][0]["args"][0], rtol=0, atol=0, equal_nan=True)
+        assert [r["step"] for r in a["ring"]] == [r["step"] for r in b["ring"]] == [int(name[12:]) - k for k in (4, 3, 2, 1)]
+        assert torch.equal(ra["torch"], rb["torch"])  # the RNG state at the step's first forward, both ways
+    # the recorders' own step records: the same values, one per step (no listener call doubled or lost)
+    fields = ("step", "optimizer", "loss", "losses", "backwards", "grad_norm", "grads_total", "grads_none", "lrs",
+              "zero_grad", "zero_grad_after_backward", "closure")
+    assert repr([[getattr(s, f) for f in fields] for s in frec.recording.steps]) == \
+        repr([[getattr(s, f) for f in fields] for s in prec.recording.steps])  # (repr: NaN == NaN)
+    assert frec.recording.total_steps == prec.recording.total_steps == 60
+    assert frec.recording.backwards == prec.recording.backwards == 60
+    assert frec.recording.listener_errors == prec.recording.listener_errors == 0
+    assert repr([h[:4] for h in fused._history]) == repr([h[:4] for h in plain._history])
+
+
+def test_a_fused_recorder_still_tells_its_other_listeners_each_event_once(tmp_path):
+    from nnwizard.watcher import Watch
+
+    seen = {"on_loss_args": 0, "on_backward": 0, "on_step_pre": 0, "on_step_post": 0}
+
+    class Spy:
+        def __getattr__(self, name):
+            if name not in seen:
+                raise AttributeError(name)
+            return lambda *a: seen.__setitem__(name, seen[name] + 1)
+
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    w = Watch(model, opt, out=tmp_path, every=5, tensorboard=False, quiet=True)
+    rec = Recorder("light", listeners=[w, Spy()])
+    rec._fast = w
+    with rec:
+        w.start(recorder=rec)
+        _steps(model, opt, 12)
+        assert [r[0] for r in w._ring] == [9, 10, 11, 12]
+    w.close()
+    assert seen == dict.fromkeys(seen, 12)
+    assert [h[0] for h in w._history] == list(range(1, 13))
+
+
+def test_an_error_in_a_fused_watch_is_counted_and_the_run_goes_on(tmp_path, monkeypatch):
+    from nnwizard import watcher
+
+    def broken(self, *args):
+        raise ValueError("watch bug")
+
+    monkeypatch.setattr(watcher.Watch, "_step_full", broken)  # every logged step (and the first 5) fails
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with nnwizard.watch(model, opt, out=tmp_path, every=5, tensorboard=False, quiet=True) as w:
+        rec = w._recorder
+        _steps(model, opt, 12)
+    assert rec.recording.total_steps == 12 and rec.recording.listener_errors >= 3
+
+
+def test_step_records_opened_by_a_backward_are_the_dataclass_defaults_with_their_own_lists():
+    from nnwizard.recorder import StepRecord
+
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with Recorder("light") as rec:
+        _steps(model, opt, 3)
+    a, b = rec.recording.steps[-2], rec.recording.steps[-1]
+    assert set(vars(a)) == {f.name for f in __import__("dataclasses").fields(StepRecord)}
+    assert a.losses is not b.losses and a.lrs is not b.lrs and a.forwards is not b.forwards
+    assert (a.step, b.step, a.backwards, b.loss is not None) == (2, 3, 1, True)

@@ -96,7 +96,7 @@ class Detector:
     _first_level: float = math.nan   # median of the first 5 losses (computed once they are in)
     _first_norms: list = field(default_factory=list)
     gap: int = 10                 # at most this many steps between two full checks (quick() says so then)
-    _queue: list = field(default_factory=list)   # (step, loss, norm) that passed quick(), not folded in yet
+    _queue: list = field(default_factory=list)   # (step, loss, norm, ...) that passed quick(), not folded in yet
     _lo: float = math.inf         # quick(): a loss passes when _lo < loss <= _hi (inf/-inf: nothing passes yet)
     _hi: float = -math.inf
     _nhi: float = -math.inf       # quick(): a measured gradient norm passes when norm <= _nhi
@@ -107,7 +107,8 @@ class Detector:
 
     def quick(self, step: int, loss: float | None, grad_norm: float | None) -> bool:
         """True when no trigger but ``stalled`` can fire at this step (the values are queued for the
-        next :meth:`check`); False: call :meth:`check` now. See the module docstring."""
+        next :meth:`check`); False: call :meth:`check` now. See the module docstring. (``Watch.on_step_pre``
+        runs the same comparison inline: a change here goes there too.)"""
         if loss is None or not self._lo < loss <= self._hi or (grad_norm is not None and not grad_norm <= self._nhi) \
                 or len(self._queue) >= self.gap - 1:
             return False
@@ -119,17 +120,31 @@ class Detector:
         could fire: finite, below the spike limit and the explosion bound; the starting levels are
         known, see _bounds)."""
         queue, self._queue = self._queue, []
-        last, still, zero_since, norms = self._last, self._still, self._zero_since, self.norms
-        for step, loss, grad_norm in queue:
-            still = still + 1 if last is not None and abs(loss - last) <= 1e-7 * max(abs(loss), abs(last), 1e-12) else 0
-            last = loss
-            if grad_norm is not None:
-                zero_since = (zero_since or step) if grad_norm == 0.0 else None
-                norms.append(grad_norm)
-        self._last, self._still, self._zero_since = last, still, zero_since
+        losses = [q[1] for q in queue]
+        # the stall count: the run of unchanged losses at the queue's end (continuing the count before when the
+        # whole queue is unchanged), found from the end: a moving loss stops the search at once
+        i, before = len(losses) - 1, self._last
+        while i >= 0:
+            loss, last = losses[i], losses[i - 1] if i else before
+            if last is None or abs(loss - last) > 1e-7 * max(abs(loss), abs(last), 1e-12):
+                break
+            i -= 1
+        run = len(losses) - 1 - i
+        self._still = self._still + run if i < 0 else run
+        self._last = losses[-1]
+        measured = [q for q in queue if q[2] is not None]
+        if measured:
+            if measured[-1][2] != 0.0:  # (the run of zero norms is over)
+                self._zero_since = None
+            else:
+                zero_since = self._zero_since
+                for q in measured:
+                    zero_since = (zero_since or q[0]) if q[2] == 0.0 else None
+                self._zero_since = zero_since
+            self.norms.extend([q[2] for q in measured])
         self._fed += len(queue)
         self._above = 0    # (a queued loss was below quick()'s bound, so below the divergence limit)
-        self.losses.extend([q[1] for q in queue])
+        self.losses.extend(losses)
         while len(self.losses) > self.triggers.window:
             self.losses.popleft()
         while len(self.norms) > self.triggers.window:
@@ -218,9 +233,9 @@ class Detector:
         if grad_norm is not None and len(self._first_norms) < 5:
             self._first_norms.append(grad_norm)
         if found is None and grad_norm is not None and len(self.norms) >= t.min_history:
-            med, hi = statistics.median(self.norms), max(self.norms)
-            if med > 0 and grad_norm > t.explode_factor * med and grad_norm > 2 * hi \
-                    and grad_norm > statistics.median(self._first_norms):
+            hi = max(self.norms)   # (twice the maximum first: the medians' sorts only for a norm above it, rarely)
+            med = statistics.median(self.norms) if grad_norm > 2 * hi else 0.0
+            if med > 0 and grad_norm > t.explode_factor * med and grad_norm > statistics.median(self._first_norms):
                 explode = True
                 if self._fire("grad-explosion"):
                     found = Anomaly("grad-explosion", step, f"gradient norm {grad_norm:.4g} at step {step} is "

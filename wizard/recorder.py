@@ -228,6 +228,8 @@ def _cadence(groups: list[dict]) -> tuple[int, int]:
 
 
 _GRAD, _REQUIRES, _LR, _PARAMS = attrgetter("grad"), attrgetter("requires_grad"), itemgetter("lr"), itemgetter("params")
+_monotonic, _grad_enabled = time.monotonic, torch.is_grad_enabled   # (one lookup less: light mode runs them every step)
+_FUSED = ("on_loss_args", "on_backward", "on_step_pre", "on_step_post")   # light mode: what a fused watch does inline
 _NONE = type(None)
 
 
@@ -552,6 +554,13 @@ class Recorder:
     """See the module docstring. ``files``: the user's source files (for file:line); ``max_steps``,
     ``time_limit_s``, ``limit_batches`` (per DataLoader iteration), ``max_forwards`` bound the run."""
 
+    _pre_listener: Callable | None = None    # light mode: the listeners' on_step_pre / on_step_post (_listener)
+    _post_listener: Callable | None = None
+    _step_info: OptimizerInfo | None = None  # light mode: the optimizer info the step pre hook looked up
+    # light mode: a watch (nnwizard.watcher.Watch) whose per-step work runs inside these hooks rather than as a
+    # listener (set before __enter__ by the watch that starts its own recorder; see _listener)
+    _fast: Any = None
+
     def __init__(self, mode: str = "full", *, files: list[Path] | None = None, max_steps: int | None = None,
                  time_limit_s: float | None = None, limit_batches: int | None = None, max_forwards: int | None = None,
                  replace_batch: Callable[[Any, int], Any] | None = None, listeners: list | None = None,
@@ -638,6 +647,8 @@ class Recorder:
         self._cleared: set[int] = set()           # full mode: id() of optimizers whose zero_grad() ran since the last step
         self._trainable_n: dict[int, int] = {}    # full mode: id(optimizer) -> its trainable tensors at its last measured step
         self._site = None   # full mode: the frame that called torch's own loss module now running (see _model_called)
+        self.cap_evaluation = True       # limit_batches caps evaluation passes too (off: only training passes)
+        self.evaluation_capped = False   # an evaluation pass ended at the cap
 
     # -- install / remove -------------------------------------------------------------------------
     def __enter__(self) -> "Recorder":
@@ -751,6 +762,7 @@ class Recorder:
                      for name in ("on_batch", "on_forward", "on_loss", "on_loss_args", "on_backward", "on_step_pre",
                                   "on_step_post", "on_scheduler")}
         self._listening = any(self._fns.values())
+        self._pre_listener, self._post_listener = self._listener("on_step_pre"), self._listener("on_step_post")  # (light)
         if self.full:
             self._patch(nn.Module, "__call__", self._call_patch)
         else:
@@ -1184,6 +1196,43 @@ class Recorder:
         on_loss, on_args = self._fns["on_loss"], self._fns["on_loss_args"]
         # on_loss_args alone (watch): one name-only call for every call of this loss function
         named = LossCall(name, [], "", None, None, None, "mean", True, None, 0, None, True, None)
+        if not on_loss:  # (watch) the same, in fewer steps: the one listener called directly
+            listen = self._listener("on_loss_args")
+            tensor = torch.Tensor
+            w = self._fast
+            cap = w.max_per_step if w is not None else 0
+
+            @functools.wraps(original)
+            def loss_args(*args, **kwargs):
+                if rec._in_loss:
+                    return original(*args, **kwargs)
+                rec._in_loss = 1
+                try:
+                    value = original(*args, **kwargs)
+                except Exception:
+                    rec._loss_failed(name, args, kwargs)
+                    raise
+                finally:
+                    rec._in_loss = 0
+                if isinstance(args[0] if args else kwargs.get("input"), tensor):
+                    if w is not None:  # Watch.on_loss_args, inline
+                        try:
+                            cur = w._current
+                            losses = cur["losses"]
+                            if _grad_enabled() and isinstance(value, tensor) and len(losses) < cap:
+                                losses.append((name, args, kwargs, value))
+                                cur["targets"].append(args[1] if len(args) > 1 else kwargs.get("target"))
+                        except Exception:  # noqa: BLE001 - a listener must never break the user's run
+                            rec.recording.listener_errors += 1
+                    if listen is not None:
+                        try:
+                            listen(rec, named, args, kwargs, value)
+                        except StopRun:
+                            raise
+                        except Exception:  # noqa: BLE001 - a listener must never break the user's run
+                            rec.recording.listener_errors += 1
+                return value
+            return loss_args
 
         @functools.wraps(original)
         def loss(*args, **kwargs):
@@ -1321,9 +1370,16 @@ class Recorder:
 
     # -- backward ---------------------------------------------------------------------------------
     def _backward_light(self, original: Callable) -> Callable:
-        """Light mode's ``torch.autograd.backward`` wrapper (``Tensor.backward`` calls it): one frame,
-        :meth:`_before_backward_light` before the outermost backward only."""
+        """Light mode's ``torch.autograd.backward`` wrapper (``Tensor.backward`` calls it): one frame for the
+        common case, a CPU tensor, no GradScaler, no discovery and
+        no budget (:meth:`_before_backward_light`'s work inline, its listener called directly); anything
+        else goes through :meth:`_before_backward_light`. Before the outermost backward only."""
         rec = self
+        listen = self._listener("on_backward")
+        tensor = torch.Tensor
+        w = self._fast
+        cap = w.max_per_step if w is not None else 0
+        new, blank = object.__new__, _STEP_BLANK
 
         @functools.wraps(original)
         def backward(tensors, *args, **kwargs):
@@ -1331,11 +1387,65 @@ class Recorder:
                 return original(tensors, *args, **kwargs)
             rec._in_backward = 1
             try:
-                rec._before_backward_light(tensors)
+                if rec._scales or rec._pending_forwards or rec.max_steps is not None \
+                        or not isinstance(tensors, tensor) or tensors.is_cuda:
+                    rec._before_backward_light(tensors)
+                else:
+                    step = rec._pending
+                    if step is None:  # (_blank_step, inline: the step's first backward opens its record)
+                        step = rec._pending = new(StepRecord)
+                        step.__dict__ = d = blank.copy()
+                        d["step"], d["losses"], d["lrs"], d["none_names"], d["forwards"], d["training"] = \
+                            rec.recording.total_steps + 1, [], [], [], {}, {}
+                    rec.recording.backwards += 1
+                    rec._backward_since_step += 1
+                    step.backwards += 1
+                    rec._loss_t = (tensors, None, None)  # a CPU loss, no GradScaler: read as it is at the step
+                    if w is not None:  # Watch.on_backward, its common case inline: the last loss call itself
+                        try:
+                            cur = w._current
+                            backward, losses = cur["backward"], cur["losses"]
+                            if losses and tensors is losses[-1][3] and len(backward) < cap:
+                                backward.append({"kind": "loss-call", "loss": len(losses) - 1, "scale": 1.0})
+                            else:
+                                w.on_backward(rec, tensors)
+                        except StopRun:
+                            raise
+                        except Exception:  # noqa: BLE001 - a listener must never break the user's run
+                            rec.recording.listener_errors += 1
+                    if listen is not None:
+                        try:
+                            listen(rec, tensors)
+                        except StopRun:
+                            raise
+                        except Exception:  # noqa: BLE001 - a listener must never break the user's run
+                            rec.recording.listener_errors += 1
                 return original(tensors, *args, **kwargs)
             finally:
                 rec._in_backward = 0
         return backward
+
+    def _listener(self, name: str) -> Callable | None:
+        """Light mode: the listeners' ``name`` methods as one callable (None: none), called per step
+        without a loop (one listener, watch, is the common case); with several, each in turn, one
+        that fails (not with StopRun) counted and skipped as in :meth:`_notify`. The events of
+        ``_FUSED`` leave out the fused watch's own methods (``_fast``): the hooks do its work inline."""
+        fns = list(self._fns.get(name) or ())
+        if self._fast is not None and name in _FUSED:  # (the fused watch's work runs in the hooks themselves)
+            fns = [fn for fn in fns if getattr(fn, "__self__", None) is not self._fast]
+        if len(fns) < 2:
+            return fns[0] if fns else None
+        rec = self
+
+        def each(*args):
+            for fn in fns:
+                try:
+                    fn(*args)
+                except StopRun:
+                    raise
+                except Exception:  # noqa: BLE001 - a listener must never break the user's run
+                    rec.recording.listener_errors += 1
+        return each
 
     def _before_backward_light(self, tensors) -> None:
         """Light mode, before ``backward()`` (full mode: :meth:`_before_backward`): counted, and how
@@ -1806,42 +1916,81 @@ class Recorder:
             step = self._pending = _blank_step(self.recording.total_steps + 1)
         if closure:
             step.closure = True
-        step.optimizer, step.t = info.index, time.monotonic() - self._t0
-        step.zero_grad = self._zero_grad_since
-        step.zero_grad_after_backward = self._zero_after_backward
-        step.epoch, step.batch = self._epochs, self._batch_index
-        step.scheduler_steps = self._scheduler_count
+        self._step_info = info   # (the post hook's, unless another optimizer steps in between)
+        step.optimizer, step.t, step.zero_grad, step.zero_grad_after_backward, step.epoch, step.batch, \
+            step.scheduler_steps, step.grad_enabled = info.index, _monotonic() - self._t0, self._zero_grad_since, \
+            self._zero_after_backward, self._epochs, self._batch_index, self._scheduler_count, _grad_enabled()
         groups = optimizer.param_groups
-        step.lrs = list(map(float, map(_LR, groups)))
-        step.grad_enabled = torch.is_grad_enabled()
+        step.lrs = [float(groups[0]["lr"])] if len(groups) == 1 else list(map(float, map(_LR, groups)))
         reading = self._loss_t
         if reading is not None:
             loss, event, scaler = reading
             self._loss_t = None
-            if event is not None:  # CUDA: wait for the forward's loss copy only (see _loss_reading)
-                event.synchronize()
-                step.loss = float(loss)
-            else:
+            if event is None and scaler is None:  # a CPU loss (see _loss_reading)
                 try:
                     value = loss.item()  # (no detach, no warning; raises unless one value)
                 except RuntimeError:
                     value = float(loss.detach().float().mean()) if loss.numel() else None
-                scale = scaler.get_scale() if scaler is not None and value is not None else None
-                step.loss = value / scale if scale else value
-            if step.loss is not None:
-                step.losses.append(step.loss)
+                if value is not None:
+                    step.loss = value
+                    step.losses.append(value)
+            else:
+                self._read_loss(step, loss, event, scaler)
         self.grad_norms = None
         n = step.step
         if n <= NORM_FIRST or not n % self.recording.norm_interval and self._norm_due(n):
             self._grad_norm_light(step, groups)
-        for fn in self._fns["on_step_pre"]:  # (_notify, inline: this runs every step)
+        w = self._fast
+        if w is not None and (w.optimizer is None or optimizer is w.optimizer):
+            try:  # Watch.on_step_pre, inline: its fast path (history, Detector.quick), else its full check
+                w.steps = n
+                norm = step.grad_norm if step.grads_total > step.grads_none else None
+                loss, lrs = step.loss, step.lrs
+                last = w._last_det
+                if last[0] is optimizer:
+                    index, detector = last[1], last[2]
+                else:
+                    index, detector = w._detector(optimizer)
+                h = (n, loss, norm, lrs, index, step.t)
+                w._history.append(h)
+                if w._first is None:
+                    w._first_step(h)
+                detector.seen = own = detector.seen + 1
+                queue = detector._queue
+                if own % w.log_every and own != 1 and loss is not None and detector._lo < loss <= detector._hi \
+                        and (norm is None or norm <= detector._nhi) and len(queue) < detector.gap - 1:
+                    queue.append(h)   # (its first three: step, loss, norm)
+                else:
+                    w._step_full(optimizer, detector, h, own)
+            except StopRun:
+                raise
+            except Exception:  # noqa: BLE001 - a listener must never break the user's run
+                self.recording.listener_errors += 1
+        listen = self._pre_listener
+        if listen is not None:
             try:
-                fn(self, optimizer, step)
+                listen(self, optimizer, step)
             except StopRun:
                 raise
             except Exception:  # noqa: BLE001 - a listener must never break the user's run
                 self.recording.listener_errors += 1
         return None
+
+    def _read_loss(self, step: StepRecord, loss, event, scaler) -> None:
+        """Light mode, at the step: the loss of a CUDA backward (the pinned copy, waiting on its event) or of a
+        GradScaler's scaled one (see :meth:`_loss_reading`)."""
+        if event is not None:  # CUDA: wait for the forward's loss copy only (see _loss_reading)
+            event.synchronize()
+            step.loss = float(loss)
+        else:
+            try:
+                value = loss.item()  # (no detach, no warning; raises unless one value)
+            except RuntimeError:
+                value = float(loss.detach().float().mean()) if loss.numel() else None
+            scale = scaler.get_scale() if scaler is not None and value is not None else None
+            step.loss = value / scale if scale else value
+        if step.loss is not None:
+            step.losses.append(step.loss)
 
     def _grad_norm_light(self, step: StepRecord, groups: list[dict]) -> None:
         """Light mode, on the steps :meth:`_norm_due` picks: the trainable tensors' gradients counted
@@ -1875,35 +2024,54 @@ class Recorder:
         step = self._pending
         if step is None:
             step = _blank_step(self.recording.total_steps + 1)
-        self._pending = None
-        info = self._opt_ids.get(id(optimizer))
+        else:
+            self._pending = None
+        info = self._step_info
         if info is None or info.optimizer is not optimizer:
-            info = self._optimizer_info(optimizer)
+            info = self._opt_ids.get(id(optimizer))
+            if info is None or info.optimizer is not optimizer:
+                info = self._optimizer_info(optimizer)
         info.steps += 1
-        now = time.monotonic() - self._t0
+        now = _monotonic() - self._t0
         d = step.duration_s = now - self._last_step_t
-        self._last_step_t = now
         rec = self.recording
         rec.steps.append(step)
-        rec.total_steps += 1
-        self._zero_grad_since = self._zero_after_backward = False
-        self._backward_since_step = 0
-        if rec.total_steps > 1:  # the first step's time includes the program's start; outliers (an evaluation
+        rec.total_steps = total = rec.total_steps + 1
+        self._last_step_t, self._zero_grad_since, self._zero_after_backward, self._backward_since_step, \
+            self.grad_norms = now, False, False, 0, None
+        if total > 1:  # the first step's time includes the program's start; outliers (an evaluation
             # between epochs) move the estimate by at most 4x its size
-            self._step_s = d if not self._step_s else 0.9 * self._step_s + 0.1 * min(d, 4 * self._step_s)
-        self.grad_norms = None
-        if self._pending_forwards or self._pending_losses:
-            self._pending_forwards, self._pending_losses = [], []
-        if self._module_hooks and self._discovered():
-            self._unhook_modules()
-        for fn in self._fns["on_step_post"]:  # (_notify, inline: this runs every step)
-            try:
-                fn(self, optimizer, step)
+            s = self._step_s
+            self._step_s = 0.9 * s + 0.1 * (d if d < 4 * s else 4 * s) if s else d
+        if self._module_hooks:  # discovery: light mode has pending forwards only while its global module hooks are
+            self._pending_forwards, self._pending_losses = [], []   # on (_forward_pre), and no pending loss calls
+            if self._discovered():
+                self._unhook_modules()
+        w = self._fast
+        if w is not None and (w.optimizer is None or optimizer is w.optimizer):
+            try:  # Watch.on_step_post, inline: a logged step's line finished, the step's calls into the ring
+                if w._sampled is not None:
+                    w._finish_line(optimizer)
+                cur = w._current
+                calls = cur["calls"]
+                if w.ring_size and (calls or cur["losses"]):
+                    for c in calls:
+                        c.pop("out", None)
+                    w._ring.append((w.steps, cur["rng"], calls, cur["targets"]))
+                w._current = {"calls": [], "losses": [], "targets": [], "backward": [], "rng": None}
             except StopRun:
                 raise
             except Exception:  # noqa: BLE001 - a listener must never break the user's run
                 rec.listener_errors += 1
-        if self.max_steps is not None and rec.total_steps >= self.max_steps:
+        listen = self._post_listener
+        if listen is not None:
+            try:
+                listen(self, optimizer, step)
+            except StopRun:
+                raise
+            except Exception:  # noqa: BLE001 - a listener must never break the user's run
+                rec.listener_errors += 1
+        if self.max_steps is not None and total >= self.max_steps:
             rec.stopped = f"the budget of {self.max_steps} optimizer steps was reached"
             raise StopRun(rec.stopped)
         if self.time_limit_s is not None:
@@ -2243,9 +2411,18 @@ class _LoaderIter:
         finally:
             rec._resume()
 
+    def _capped(self) -> bool:
+        """Does the batch cap end this pass? A training pass, always; an evaluation pass (no backward so
+        far) unless the recorder's ``cap_evaluation`` is off (a rerun after a crash that may be the cap's)."""
+        rec = self.rec
+        if self.info.backwards[-1]:
+            return True
+        rec.evaluation_capped = rec.evaluation_capped or rec.cap_evaluation
+        return rec.cap_evaluation
+
     def _next(self):
         rec = self.rec
-        if rec.limit_batches is not None and self.count >= rec.limit_batches:
+        if rec.limit_batches is not None and self.count >= rec.limit_batches and self._capped():
             self._close()
             raise StopIteration
         try:

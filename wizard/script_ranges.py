@@ -29,6 +29,7 @@ with the modules when the run ends (script_run drops the script's modules after 
 from __future__ import annotations
 
 import builtins
+import sys
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -108,11 +109,13 @@ Sequence.register(CappedRange)
 class _Loop:
     """The iterator of one loop over a capped range."""
 
-    __slots__ = ("control", "it", "nested", "n", "done", "s0", "f0", "b0", "last_s", "last_f", "max_s", "max_f",
-                 "trained", "__weakref__")
+    __slots__ = ("control", "it", "nested", "site", "epoch", "marks", "n", "done", "s0", "f0", "b0", "last_s", "last_f",
+                 "max_s", "max_f", "trained", "__weakref__")
 
-    def __init__(self, control: "_Control", it, nested: bool):
-        self.control, self.it, self.nested = control, it, nested
+    def __init__(self, control: "_Control", it, nested: bool, site):
+        self.control, self.it, self.nested, self.site = control, it, nested, site
+        self.epoch: int | None = None   # its pass number at its site, once it is known to be a training pass
+        self.marks: list[int] | None = []   # steps taken before each iteration, until then (None: not a training pass)
         self.n, self.done, self.trained = 0, False, False
         self.s0 = self.f0 = self.b0 = self.last_s = self.last_f = self.max_s = self.max_f = 0
 
@@ -121,13 +124,7 @@ class _Loop:
 
     def __next__(self):
         if not self.nested:
-            try:
-                value = next(self.it)
-            except StopIteration:
-                self.done = True
-                raise
-            self.n += 1
-            return value
+            return self._advance()
         rec = self.control.recorder
         recording = rec.recording
         steps, forwards = recording.total_steps, len(recording.forwards)
@@ -141,11 +138,18 @@ class _Loop:
                 if event is not None and event.training and event.grad_enabled:
                     self.trained = True
         self.last_s, self.last_f = steps, forwards
+        if self.epoch is None and not rec._loader_stack:
+            self._number(rec, steps)
+        if self.epoch is not None and not rec._loader_stack:   # the steps of the next iteration: epoch.batch
+            rec._epochs, rec._batch_index = self.epoch, self.n
         cap = rec.limit_batches
         if cap is not None and self.n >= cap and self._batch_loop(steps, forwards, recording.backwards):
             self.done = True
             self.control.capped(cap)
             raise StopIteration
+        return self._advance()
+
+    def _advance(self):
         try:
             value = next(self.it)
         except StopIteration:
@@ -153,6 +157,30 @@ class _Loop:
             raise
         self.n += 1
         return value
+
+    def _number(self, rec, steps: int) -> None:
+        """A training pass gets the next epoch number of its site (the loop statement), like a DataLoader
+        pass: at once when an earlier pass there trained, else as soon as one of its iterations stepped;
+        the steps already taken in it get their epoch.batch afterwards."""
+        passes = self.control.passes
+        if self.n == 0 and self.site in passes:
+            passes[self.site] += 1
+            self.epoch = passes[self.site]
+            return
+        if self.marks is None:
+            return
+        self.marks.append(steps)
+        if steps == self.s0 or self.max_s > MAX_STEPS_PER_ITERATION:
+            if len(self.marks) > 64 or self.max_s > MAX_STEPS_PER_ITERATION:
+                self.marks = None   # not a training pass (data, samples, evaluation, whole epochs): stop looking
+            return
+        passes[self.site] = self.epoch = passes.get(self.site, 0) + 1
+        taken = rec.recording.steps
+        for batch, (start, end) in enumerate(zip(self.marks, self.marks[1:])):
+            for record in taken[len(taken) - (steps - start):len(taken) - (steps - end)] if end > start else ():
+                if record.batch < 0:
+                    record.epoch, record.batch = self.epoch, batch
+        self.marks = []
 
     def _batch_loop(self, steps: int, forwards: int, backwards: int) -> bool:
         took = steps - self.s0
@@ -171,12 +199,14 @@ class _Control:
     def __init__(self, recorder, evaluation: bool):
         self.recorder, self.evaluation = recorder, evaluation
         self.live: weakref.WeakSet = weakref.WeakSet()
+        self.passes: dict[tuple, int] = {}   # loop site (code, line) -> training passes there so far
         self.noted = False
         self.evaluation_capped = False   # an evaluation pass ended early (its results may be shorter than its data)
 
     def loop(self, r) -> _Loop:
         nested = any(loop.n and not loop.done for loop in self.live)
-        loop = _Loop(self, iter(r), nested)
+        frame = sys._getframe(2)   # the script's frame whose for statement (or enumerate()) asked for the iterator
+        loop = _Loop(self, iter(r), nested, (frame.f_code, frame.f_lineno))   # (f_lasti moves as 3.11 specialises the call)
         self.live.add(loop)
         return loop
 

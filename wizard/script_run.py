@@ -577,17 +577,26 @@ class ScriptInterrupted(KeyboardInterrupt):
 
 def run_script(script: Script, args: list[str] | None = None, options: RunOptions | None = None) -> RunResult:
     """Run the script once; never raises for what the script does (KeyboardInterrupt excepted). A run
-    that raised after one of its evaluation loops over ``range`` was capped runs again with those
-    uncapped (gathered predictions shorter than the labels are the cap's doing, not the script's)."""
+    that raised after one of its evaluation passes (a DataLoader's, or a loop over ``range``) was capped
+    runs again with those uncapped: predictions gathered over a capped evaluation and compared with all the labels fail
+    because of the cap, not the script. The first run stands when the rerun raises the same error
+    (the script's own); otherwise the rerun does, with a note."""
     args = list(args or [])
     opts = options or RunOptions()
     result, evaluation_capped = _run_once(script, args, opts, evaluation_caps=True)
-    if result.exit == "raised" and evaluation_capped:
-        again, _ = _run_once(script, args, opts, evaluation_caps=False)
-        again.recording.notes.append(f"a first run raised ({result.recording.error.type if result.recording.error else 'an error'}) "
-                                     "after an evaluation loop over range() was capped: run again with evaluation loops uncapped")
-        return again
-    return result
+    first = result.recording.error
+    if result.exit != "raised" or not evaluation_capped or first is None:
+        return result
+    again, _ = _run_once(script, args, opts, evaluation_caps=False)
+    second = again.recording.error
+    if second is not None and (second.type, second.where) == (first.type, first.where):
+        return result
+    again.recording.notes.append(f"a first run raised {first.type} at {first.where or '?'} after an evaluation pass was "
+                                 f"capped; this run, with evaluation passes uncapped, "
+                                 + ("raised elsewhere" if second is not None else
+                                    "did not raise" if again.recording.total_steps > first.step else
+                                    f"stopped before step {first.step}, where the first run raised"))
+    return again
 
 
 def _run_once(script: Script, args: list[str], opts: RunOptions, evaluation_caps: bool) -> tuple[RunResult, bool]:
@@ -608,6 +617,7 @@ def _run_once(script: Script, args: list[str], opts: RunOptions, evaluation_caps
     exit_kind, code = "finished", None
     sandbox = Sandbox(scratch) if scratch is not None else None
     # loops over range() in the script's own modules are capped like DataLoader passes (script_ranges)
+    recorder.cap_evaluation = evaluation_caps
     ranges = capped_range(recorder, evaluation_caps) if opts.limit_batches and recorder.full else None
     own = None if ranges is None else {"range": ranges}
 
@@ -661,7 +671,7 @@ def _run_once(script: Script, args: list[str], opts: RunOptions, evaluation_caps
                        round(imports[0], 3))
     if exit_kind == "interrupted":
         raise ScriptInterrupted(result)
-    return result, ranges is not None and ranges._control.evaluation_capped
+    return result, recorder.evaluation_capped or (ranges is not None and ranges._control.evaluation_capped)
 
 
 @contextmanager

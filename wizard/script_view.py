@@ -29,10 +29,13 @@ def observed(target) -> dict[str, Any]:
                    "groups": [{"lr": g["lr"], "tensors": g["tensors"], "values": g["values"]} for g in o.groups]}
                   for o in rec.optimizers]
     steps = rec.steps
-    chosen = steps if len(steps) <= TRACE_ROWS else steps[: TRACE_ROWS - 3] + steps[-3:]
+    chosen = _trace_steps(steps)
+    names = {m.index: m.name for m in rec.models}
     trace = [{"step": s.step, "epoch": s.epoch, "batch": s.batch, "loss": _num(s.loss), "grad_norm": _num(s.grad_norm),
               "lr": s.lrs[0] if s.lrs else None, "zero_grad": s.zero_grad, "backwards": s.backwards,
-              "training": all(s.training.values()) if s.training else None} for s in chosen]
+              "training": all(s.training.values()) if s.training else None,
+              "modes": {names.get(k, str(k)): v for k, v in s.training.items()}, "update": _num(s.update)}
+             for s in chosen]
     evals = sum(1 for c in rec.loss_calls if c.eval)
     note = script_problem(target) or untrained_note(target)
     objs = objectives(rec)
@@ -154,7 +157,7 @@ def print_observed(console, obs: dict) -> None:
     c.print(f"  loss: {obs['loss'] or 'no loss call recorded'}; {_steps_text(obs)}, {obs['backwards']} "
             f"backward calls, {obs['eval_loss_calls']} evaluation loss calls", highlight=False)
     if obs["trace"]:
-        table = Table(*TRACE_COLUMNS[:6], "bwd", "mode", box=None, padding=(0, 1))
+        table = Table(*TRACE_COLUMNS[:6], "bwd", *TRACE_COLUMNS[7:], box=None, padding=(0, 1))
         for row in _trace_rows(obs["trace"]):
             table.add_row(*map(str, row))
         c.print(table)
@@ -186,7 +189,26 @@ def _steps_text(obs: dict) -> str:
     return f"{obs['steps']} optimizer steps" + (f" ({manual} of them hand-written updates)" if manual else "")
 
 
-TRACE_COLUMNS = ["step", "epoch.batch", "loss", "grad norm", "lr", "zero_grad", "backward", "mode"]
+def _trace_steps(steps: list) -> list:
+    """The steps the per-step trace shows (TRACE_ROWS of them): the last 3, the step before and the step
+    of the first change of a model's mode (training after an evaluation left it in eval mode) and of the
+    first non-finite loss, and the first steps in the rows left."""
+    if len(steps) <= TRACE_ROWS:
+        return steps
+    events = set()
+    change = next((i for i in range(1, len(steps)) if steps[i].training and steps[i - 1].training
+                   and steps[i].training != steps[i - 1].training), None)
+    bad = next((i for i, s in enumerate(steps) if s.loss is not None and not math.isfinite(s.loss)), None)
+    for i in (change, bad):
+        if i is not None:
+            events |= {i - 1, i}
+    tail = set(range(len(steps) - 3, len(steps)))
+    extra = events - tail
+    head = max(TRACE_ROWS - 3 - len(extra), 4)
+    return [steps[i] for i in sorted(set(range(head)) | extra | tail)]
+
+
+TRACE_COLUMNS = ["step", "epoch.batch", "loss", "grad norm", "lr", "zero_grad", "backward", "mode", "max |Δθ|"]
 UNMEASURED = ("grad norm `-`: not measured on that step (the recorder measures it on the first steps, then on sampled "
               "ones, the last ones and any step with a non-finite loss)")
 
@@ -200,20 +222,29 @@ def _trace_rows(trace: list[dict]) -> list[list]:
         last = s["step"]
         rows.append([s["step"], f"{s['epoch']}.{s['batch']}" if s["batch"] >= 0 else "-", _short(s["loss"]),
                      _short(s["grad_norm"]), _short(s["lr"]), "yes" if s["zero_grad"] else "no", s["backwards"],
-                     "-" if s["training"] is None else ("train" if s["training"] else "eval")])
+                     _mode(s), _short(s["update"], ".2g")])
     return rows
+
+
+def _mode(s: dict) -> str:
+    """train / eval at the step's forwards; each model's own when several ran in different modes
+    (``Encoder:train, Head:eval``)."""
+    modes = s.get("modes") or {}
+    if len(set(modes.values())) > 1:
+        return ", ".join(f"{name}:{'train' if on else 'eval'}" for name, on in modes.items())
+    return "-" if s["training"] is None else ("train" if s["training"] else "eval")
 
 
 def _unmeasured(trace: list[dict]) -> bool:
     return any(s["grad_norm"] is None and s["loss"] is not None for s in trace)
 
 
-def _short(v) -> str:
+def _short(v, spec: str = ".4g") -> str:
     if v is None:
         return "-"
     if isinstance(v, str):
         return v
-    return f"{v:.4g}"
+    return format(v, spec)
 
 
 def markdown_lines(obs: dict) -> list[str]:

@@ -146,6 +146,7 @@ def _loss_parts(loss: tuple) -> dict:
 
 _cpu_rng = torch.default_generator.get_state  # torch.random.get_rng_state without its Python frame
 _grad_enabled = torch.is_grad_enabled          # (one lookup less per call: these run every step)
+_Tensor = torch.Tensor
 
 
 def _total_norm(tensors: list[torch.Tensor]) -> float:
@@ -206,6 +207,8 @@ class _Hook:
 
 class Watch:
     """See the module docstring; made by :func:`nnwizard.watch` (context manager) or the CLI."""
+
+    max_per_step = MAX_PER_STEP
 
     def __init__(self, model: nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None,
                  out: str | Path = DEFAULT_OUT, on_anomaly: str = "continue", *, every: int | None = None,
@@ -280,6 +283,7 @@ class Watch:
             from nnwizard.recorder import Recorder
 
             recorder = Recorder("light", files=self.files, listeners=[self])
+            recorder._fast = self  # our per-step work inside its hooks (on_loss_args, on_backward, on_step_pre/post)
             recorder.__enter__()
             self._owns_recorder = True
         self._recorder = recorder
@@ -406,18 +410,19 @@ class Watch:
                 return original(this, *args, **kwargs)
             cur = watch._current
             calls = cur["calls"]
-            if not calls:
+            if not calls:  # the step's first call (the common case: one a step)
                 cur["rng"] = _cpu_rng()  # the RNG state at the step's first forward
-                call = None
-            else:  # (a first call on_forward already took, when the recorder's hooks ran before this lookup)
-                call = calls[-1] if calls[-1]["module"] is this and "out" not in calls[-1] else None
-                if call is None and len(calls) >= MAX_PER_STEP:
-                    return original(this, *args, **kwargs)
-            if call is None:
                 call = {"module": this, "args": args, "kwargs": kwargs}
                 calls.append(call)
-            else:
-                call.update(args=args, kwargs=kwargs)
+            else:  # (a first call on_forward already took, when the recorder's hooks ran before this lookup)
+                call = calls[-1] if calls[-1]["module"] is this and "out" not in calls[-1] else None
+                if call is None:
+                    if len(calls) >= MAX_PER_STEP:
+                        return original(this, *args, **kwargs)
+                    call = {"module": this, "args": args, "kwargs": kwargs}
+                    calls.append(call)
+                else:
+                    call.update(args=args, kwargs=kwargs)
             watch._inside = True
             try:
                 call["out"] = out = original(this, *args, **kwargs)
@@ -449,21 +454,25 @@ class Watch:
 
     def on_loss_args(self, rec, call, args, kwargs, value) -> None:
         cur = self._current
-        if not _grad_enabled() or not isinstance(value, torch.Tensor) or len(cur["losses"]) >= MAX_PER_STEP:
+        losses = cur["losses"]
+        if not _grad_enabled() or not isinstance(value, _Tensor) or len(losses) >= MAX_PER_STEP:
             return
-        cur["losses"].append((call.fn, args, kwargs, value))  # references only: see _loss_parts
+        losses.append((call.fn, args, kwargs, value))  # references only: see _loss_parts
         # the target alone goes into the ring (the input is a model output: it and its graph are not kept)
         cur["targets"].append(args[1] if len(args) > 1 else kwargs.get("target"))
 
     def on_backward(self, rec, loss) -> None:
-        backward, losses = self._current["backward"], self._current["losses"]
-        if losses and loss is losses[-1][3] and len(backward) < MAX_PER_STEP:  # the common case: the last loss call itself
+        cur = self._current
+        backward, losses = cur["backward"], cur["losses"]
+        if len(backward) >= MAX_PER_STEP:
+            return
+        if losses and loss is losses[-1][3]:  # the common case: the last loss call itself
             backward.append({"kind": "loss-call", "loss": len(losses) - 1, "scale": 1.0})
-        elif isinstance(loss, torch.Tensor) and len(backward) < MAX_PER_STEP:
+        elif isinstance(loss, _Tensor):
             try:
-                self._current["backward"].append(self._relate(loss))
+                backward.append(self._relate(loss))
             except Exception:  # noqa: BLE001 - an odd graph: this step just cannot be re-executed
-                self._current["backward"].append(None)
+                backward.append(None)
 
     def _relate(self, t: torch.Tensor) -> dict | None:
         """How the tensor backward() runs on was made from this step's calls: a loss call (times a
@@ -494,10 +503,11 @@ class Watch:
         if self._sampled is not None:
             self._finish_line(optimizer)
         cur = self._current
-        if self.ring_size and (cur["calls"] or cur["losses"]):
-            for c in cur["calls"]:
+        calls = cur["calls"]
+        if self.ring_size and (calls or cur["losses"]):
+            for c in calls:
                 c.pop("out", None)  # the output (and its graph) is not kept past its step
-            self._ring.append((self.steps, cur["rng"], cur["calls"], cur["targets"]))
+            self._ring.append((self.steps, cur["rng"], calls, cur["targets"]))
         self._current = {"calls": [], "losses": [], "targets": [], "backward": [], "rng": None}  # (_fresh, inline)
 
     def _finish_line(self, optimizer) -> None:
@@ -566,17 +576,36 @@ class Watch:
         norm = step_rec.grad_norm if step_rec.grads_total > step_rec.grads_none else None
         loss, lrs = step_rec.loss, step_rec.lrs
         last = self._last_det
-        index, detector = (last[1], last[2]) if last[0] is optimizer else self._detector(optimizer)
+        if last[0] is optimizer:
+            index, detector = last[1], last[2]
+        else:
+            index, detector = self._detector(optimizer)
         h = (n, loss, norm, lrs, index, step_rec.t)  # (the recorder's clock: no clock read of our own)
         self._history.append(h)
-        if self._first is None:  # the first step with a positive LR (a warmup may start at 0)
-            if lrs and lrs[0] > 0:
-                self._first = self._entry(h)
-            else:
-                self._first0 = h
+        if self._first is None:
+            self._first_step(h)
         detector.seen = own = detector.seen + 1   # this optimizer's own steps: lines by its own count, so
-        if own % self.log_every and own != 1 and detector.quick(n, loss, norm):   # alternating optimizers (D, G) all log
-            return
+        if own % self.log_every and own != 1:     # alternating optimizers (D, G) all log
+            # Detector.quick, inline (one frame less on most steps): inside the bounds, queued for the next check
+            queue = detector._queue
+            if loss is not None and detector._lo < loss <= detector._hi and (norm is None or norm <= detector._nhi) \
+                    and len(queue) < detector.gap - 1:
+                queue.append(h)   # (its first three: step, loss, norm)
+                return
+        self._step_full(optimizer, detector, h, own)
+
+    def _first_step(self, h: tuple) -> None:
+        """Until the run's first step with a positive LR (a warmup may start at 0): keep it, or the latest."""
+        lrs = h[3]
+        if lrs and lrs[0] > 0:
+            self._first = self._entry(h)
+        else:
+            self._first0 = h
+
+    def _step_full(self, optimizer, detector: Detector, h: tuple, own: int) -> None:
+        """on_step_pre past its fast path: the full check, on a logged step the line (before the
+        update), at an anomaly the bundle and the stop."""
+        loss, norm = h[1], h[2]
         anomaly = detector.check(self.steps, loss, norm)
         if own % self.log_every == 0 or own == 1 or anomaly is not None:
             started = time.perf_counter()
