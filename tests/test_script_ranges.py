@@ -241,3 +241,29 @@ def test_a_real_crash_after_a_capped_evaluation_stays_the_finding(tmp_path):
     target = record(crashing, limit_batches=20)
     assert target.run.exit == "raised" and "mat1 and mat2" in target.recording.error.message
     assert not any("run again" in n or "first run raised" in n for n in target.recording.notes)
+
+
+EPISODES = '''
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+policy = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Dropout(0.1), nn.Linear(16, 2))
+opt = torch.optim.SGD(policy.parameters(), lr=0.01)
+policy.eval()
+for run in range(2):
+    for episode in range(3):
+        logps = []
+        for t in range(50):        # an episode: policy calls with gradients, one backward after it
+            logps.append(policy(torch.randn(1, 4)).log_softmax(-1)[0, 0])
+        opt.zero_grad()
+        (-torch.stack(logps).sum()).backward()
+        opt.step()
+        print("episode", len(logps))
+'''
+
+
+def test_an_episode_of_policy_calls_with_gradients_is_not_an_evaluation_pass(tmp_path):
+    target = record(write(tmp_path, text=EPISODES), limit_batches=5)
+    assert target.run.exit == "finished" and len(target.recording.steps) == 6
+    assert all(line == "episode 50" for line in target.run.output), target.run.output

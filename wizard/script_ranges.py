@@ -13,8 +13,9 @@ iterations when it is a batch loop:
 
 - it runs inside another loop over a ``range`` of the script's (an epoch loop) that has begun, and
 - it is a training pass (it took an optimizer step, at most 2 in any one iteration), or an evaluation
-  pass (no step and no backward, at least one model forward per iteration, none of them in training
-  mode with gradients on).
+  pass (no step and no backward, at least one model forward per iteration, none of them with gradients
+  on: an evaluation that forgot ``torch.no_grad()`` runs uncapped, as does an episode of policy calls
+  whose graph a backward after the loop uses).
 
 An evaluation pass whose results are gathered and then compared with all of its data
 (``torch.cat(predictions) == labels``) fails when it ends early: script_run then runs the script again
@@ -110,13 +111,13 @@ class _Loop:
     """The iterator of one loop over a capped range."""
 
     __slots__ = ("control", "it", "nested", "site", "epoch", "marks", "n", "done", "s0", "f0", "b0", "last_s", "last_f",
-                 "max_s", "max_f", "trained", "__weakref__")
+                 "max_s", "max_f", "with_grad", "__weakref__")
 
     def __init__(self, control: "_Control", it, nested: bool, site):
         self.control, self.it, self.nested, self.site = control, it, nested, site
         self.epoch: int | None = None   # its pass number at its site, once it is known to be a training pass
         self.marks: list[int] | None = []   # steps taken before each iteration, until then (None: not a training pass)
-        self.n, self.done, self.trained = 0, False, False
+        self.n, self.done, self.with_grad = 0, False, False
         self.s0 = self.f0 = self.b0 = self.last_s = self.last_f = self.max_s = self.max_f = 0
 
     def __iter__(self):
@@ -135,8 +136,8 @@ class _Loop:
             if forwards > self.last_f:
                 self.max_f = max(self.max_f, forwards - self.last_f)
                 event = rec._last_event
-                if event is not None and event.training and event.grad_enabled:
-                    self.trained = True
+                if event is not None and event.grad_enabled:   # (an RL episode in eval mode keeps its graph for
+                    self.with_grad = True                          # the backward after it: not an evaluation)
         self.last_s, self.last_f = steps, forwards
         if self.epoch is None and not rec._loader_stack:
             self._number(rec, steps)
@@ -186,7 +187,7 @@ class _Loop:
         took = steps - self.s0
         if took:   # a training pass: one step per batch (two for a GAN)
             return self.max_s <= MAX_STEPS_PER_ITERATION
-        if backwards == self.b0 and forwards - self.f0 >= self.n and not self.trained \
+        if backwards == self.b0 and forwards - self.f0 >= self.n and not self.with_grad \
                 and self.max_f <= MAX_FORWARDS_PER_ITERATION and self.control.evaluation:   # an evaluation pass
             self.control.evaluation_capped = True
             return True
