@@ -373,7 +373,7 @@ def _fold_run(tmp_path, fused: bool, extra=None, steps: int = 60):
     if fused:
         w.start()
         rec = w._recorder
-        assert rec._fast is w and rec._pre_listener is None and rec._post_listener is None
+        assert rec._fast is w and rec._pre_listener == w.on_step_pre and rec._post_listener == w.on_step_post   # called directly
     else:
         rec = Recorder("light", files=w.files, listeners=[w, *(extra or [])]).__enter__()
         w.start(recorder=rec)

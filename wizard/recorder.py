@@ -229,7 +229,7 @@ def _cadence(groups: list[dict]) -> tuple[int, int]:
 
 _GRAD, _REQUIRES, _LR, _PARAMS = attrgetter("grad"), attrgetter("requires_grad"), itemgetter("lr"), itemgetter("params")
 _monotonic, _grad_enabled = time.monotonic, torch.is_grad_enabled   # (one lookup less: light mode runs them every step)
-_FUSED = ("on_loss_args", "on_backward", "on_step_pre", "on_step_post")   # light mode: what a fused watch does inline
+_FUSED = ("on_loss_args", "on_backward")   # light mode: what a fused watch does inline (its step methods are called directly)
 _NONE = type(None)
 
 
@@ -557,8 +557,9 @@ class Recorder:
     _pre_listener: Callable | None = None    # light mode: the listeners' on_step_pre / on_step_post (_listener)
     _post_listener: Callable | None = None
     _step_info: OptimizerInfo | None = None  # light mode: the optimizer info the step pre hook looked up
-    # light mode: a watch (nnwizard.watcher.Watch) whose per-step work runs inside these hooks rather than as a
-    # listener (set before __enter__ by the watch that starts its own recorder; see _listener)
+    # light mode: a watch (nnwizard.watcher.Watch) whose loss-call and backward work runs inside these hooks rather
+    # than as a listener; its step methods are the step hooks' direct listener calls (set before __enter__ by the
+    # watch that starts its own recorder; see _listener)
     _fast: Any = None
 
     def __init__(self, mode: str = "full", *, files: list[Path] | None = None, max_steps: int | None = None,
@@ -1940,32 +1941,6 @@ class Recorder:
         n = step.step
         if n <= NORM_FIRST or not n % self.recording.norm_interval and self._norm_due(n):
             self._grad_norm_light(step, groups)
-        w = self._fast
-        if w is not None and (w.optimizer is None or optimizer is w.optimizer):
-            try:  # Watch.on_step_pre, inline: its fast path (history, Detector.quick), else its full check
-                w.steps = n
-                norm = step.grad_norm if step.grads_total > step.grads_none else None
-                loss, lrs = step.loss, step.lrs
-                last = w._last_det
-                if last[0] is optimizer:
-                    index, detector = last[1], last[2]
-                else:
-                    index, detector = w._detector(optimizer)
-                h = (n, loss, norm, lrs, index, step.t)
-                w._history.append(h)
-                if w._first is None:
-                    w._first_step(h)
-                detector.seen = own = detector.seen + 1
-                queue = detector._queue
-                if own % w.log_every and own != 1 and loss is not None and detector._lo < loss <= detector._hi \
-                        and (norm is None or norm <= detector._nhi) and len(queue) < detector.gap - 1:
-                    queue.append(h)   # (its first three: step, loss, norm)
-                else:
-                    w._step_full(optimizer, detector, h, own)
-            except StopRun:
-                raise
-            except Exception:  # noqa: BLE001 - a listener must never break the user's run
-                self.recording.listener_errors += 1
         listen = self._pre_listener
         if listen is not None:
             try:
@@ -2047,22 +2022,6 @@ class Recorder:
             self._pending_forwards, self._pending_losses = [], []   # on (_forward_pre), and no pending loss calls
             if self._discovered():
                 self._unhook_modules()
-        w = self._fast
-        if w is not None and (w.optimizer is None or optimizer is w.optimizer):
-            try:  # Watch.on_step_post, inline: a logged step's line finished, the step's calls into the ring
-                if w._sampled is not None:
-                    w._finish_line(optimizer)
-                cur = w._current
-                calls = cur["calls"]
-                if w.ring_size and (calls or cur["losses"]):
-                    for c in calls:
-                        c.pop("out", None)
-                    w._ring.append((w.steps, cur["rng"], calls, cur["targets"]))
-                w._current = {"calls": [], "losses": [], "targets": [], "backward": [], "rng": None}
-            except StopRun:
-                raise
-            except Exception:  # noqa: BLE001 - a listener must never break the user's run
-                rec.listener_errors += 1
         listen = self._post_listener
         if listen is not None:
             try:

@@ -283,7 +283,7 @@ class Watch:
             from nnwizard.recorder import Recorder
 
             recorder = Recorder("light", files=self.files, listeners=[self])
-            recorder._fast = self  # our per-step work inside its hooks (on_loss_args, on_backward, on_step_pre/post)
+            recorder._fast = self  # our loss-call and backward work inside its hooks (on_loss_args, on_backward)
             recorder.__enter__()
             self._owns_recorder = True
         self._recorder = recorder
