@@ -752,6 +752,61 @@ def trace_graph(ctx: ProbeContext, rec):
     return passed(f"no backpropagated loss outlived its step over {len(rec.steps)} steps", **data)
 
 
+# ------------------------------------------------------------------------------------ fresh data
+STALE_MIN = 8   # training forwards (and optimizer steps) recorded before one repeated input counts
+
+
+def _arg_text(fp: tuple) -> str:
+    shape, dtype, _ = fp[0]
+    return f"argument 0, shape {list(shape)} {dtype.replace('torch.', '')}"
+
+
+@probe(
+    "trace-stale-batch",
+    title="Does each training step get new data, or the same batch again?",
+    outcomes={"ok": "the training forwards took different inputs",
+              "full-batch": "one input at every step, and no other batch of its shape was seen: full-batch training",
+              "same-batch": "every training step took the same input while the data source yields other batches"},
+    timeout_s=10,
+)
+@_on_recording
+def trace_stale_batch(ctx: ProbeContext, rec):
+    from nnwizard.recorder import fingerprint
+
+    if rec.mode != "full" or len(rec.steps) < STALE_MIN:
+        return skipped(f"needs a full recording of at least {STALE_MIN} optimizer steps")
+    trained = {m for s in rec.steps for m in s.forwards}
+    loader = {fp for fp in map(fingerprint, rec.batches) if fp is not None}
+    judged = []
+    for info in rec.models:
+        if info.index not in trained:
+            continue
+        seen = [fingerprint(a) for i, a in rec.model_inputs if i == info.index]
+        if len(seen) < STALE_MIN or None in seen:
+            continue
+        judged.append(info.name)
+        if len(set(seen)) > 1:
+            continue
+        first = seen[0]
+        shape = first[0][0]
+        other = {fp for i, fp in rec.eval_inputs if i == info.index and fp is not None and fp[0][0] == shape and fp != first}
+        data = dict(model=info.name, forwards=len(seen), steps=len(rec.steps), eval_batches=len(other),
+                    loader_batches=len(loader), argument=_arg_text(first))
+        if len(other) >= 2 or len(loader) >= 2:
+            source = (f"the script's evaluation forwards of {info.name} took {len(other)} other inputs of that shape"
+                      if len(other) >= 2 else f"its DataLoader yielded {len(loader)} different batches")
+            return failed("same-batch", f"all {len(seen)} recorded training forwards of {info.name} took one identical input "
+                          f"({data['argument']}) over {len(rec.steps)} optimizer steps, while {source}: the loop trains "
+                          f"on one batch, fetched once, at every step", **data)
+        return passed(f"all {len(seen)} recorded training forwards of {info.name} took one identical input "
+                      f"({data['argument']}), and no other batch of that shape was seen: full-batch training",
+                      "full-batch", **data)
+    if not judged:
+        return skipped(f"fewer than {STALE_MIN} training forwards of a trained model were recorded")
+    return passed(f"the recorded training forwards of {', '.join(judged)} took different inputs from step to step",
+                  models=judged)
+
+
 # ------------------------------------------------------------------------------------ failures
 @probe(
     "trace-nan",

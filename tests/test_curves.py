@@ -139,3 +139,21 @@ def test_a_finite_divergence_is_not_measured_as_nan():
     assert finite.shape == "diverged" and finite.symptoms == ["oscillating"]  # every value is finite
     blown = classify(Curves(decay + [30.0, 900.0, float("inf")]))
     assert blown.shape == "diverged" and blown.symptoms == ["nan"]
+
+
+def test_a_blow_up_at_the_start_that_the_run_only_undid_is_oscillation_not_progress():
+    """nanoGPT at lr 0.5: 4.56 before any update, 37 two steps later, back to ~5 after 60 steps. The
+    median of the first three points (12.4) made it read as 'still falling'."""
+    r = random.Random(0)
+    blown = [4.558, 12.38, 37.25, 30.02, 25.48, 16.69, 18.91, 31.53, 30.44] + \
+        [4.6 + 25 * math.exp(-i / 8) + r.gauss(0, 0.3) for i in range(51)]
+    shape = classify(Curves(blown))
+    assert shape.shape == "oscillating" and shape.symptoms == ["oscillating"], shape.evidence
+    assert shape.data["first"] == 4.558 and shape.data["peak"] == 37.25 and shape.step == 2
+    assert "4.558" in shape.evidence and "37.25" in shape.evidence
+    # the same blow-up in a run that goes on to learn well below where it began: not this shape
+    learns = [4.558, 12.38, 37.25] + [0.5 + 30 * math.exp(-i / 5) + r.gauss(0, 0.05) for i in range(57)]
+    assert classify(Curves(learns)).shape != "oscillating"
+    # a first step or two above the first value (minibatch noise, under 2x) is an ordinary start
+    noisy = [2.30, 3.1, 2.9] + [2.3 * math.exp(-i / 30) + 0.2 + r.gauss(0, 0.03) for i in range(57)]
+    assert classify(Curves(noisy)).normal

@@ -182,6 +182,8 @@ def _make(shape: str, evidence: str, step: float | None = None, **data: Any) -> 
 #                of R of each other (a learning curve moves by more than that within a few dozen steps).
 #   oscillating  less than 25% of R progress (first to last quarter), and the typical step-to-step
 #                jump is over 25% of R (minibatch noise of a healthy run is ~5-10% of R).
+#   oscillating  also: within the first third the loss rises to 2x its first value (and by half of R),
+#                and the run ends less than 10% of R below that first value (a blow-up it only undid).
 #   diverged     after real, smooth progress (>= 10% of R, step-to-step jumps under 30% of the level),
 #                the loss leaves its best level and ends above the starting level (or turns non-finite).
 #   overfitting  validation ends at least 5% of R (and 10% of its best value) above its best point,
@@ -194,6 +196,7 @@ DIVERGE_PROGRESS = 0.10
 OVERFIT_RISE, OVERFIT_REL = 0.05, 0.10
 STALL_GAIN, STALL_LEVEL = 0.03, 0.40
 PLATEAU_GAIN = 0.03
+EARLY_BLOWUP = 2.0
 
 
 def classify(curves: Curves, reference: float | None = None) -> Shape:
@@ -248,6 +251,21 @@ def classify(curves: Curves, reference: float | None = None) -> Shape:
                           _at(xs, raw), diverge_step=_at(xs, raw), **base)
             found.symptoms = ["oscillating"]  # every value is finite: the symptom the numbers show is not "nan"
             return found
+
+    # blown up at once, then back at (or above) where it began: the first updates threw the model far off its
+    # starting level (a learning rate far too high for the optimizer, which the median start above hides) and
+    # the rest of the run only undid that
+    first = train[0]
+    early = train[: max(n // 3, 3)]
+    peak_i = max(range(len(early)), key=lambda i: early[i])
+    peak = early[peak_i]
+    if n >= 8 and first > 0 and peak >= EARLY_BLOWUP * first and (peak - first) / scale >= 0.5 \
+            and (first - end) / scale < DIVERGE_PROGRESS:
+        found = _make("oscillating", f"the loss rose from {_fmt(first)} at step {_at(xs, 0)} (before any update had an "
+                      f"effect) to {_fmt(peak)} by step {_at(xs, peak_i)}, {peak / first:.1f}x its first value, and ended at "
+                      f"{_fmt(end)}: no progress below where it began in {n} steps", _at(xs, peak_i),
+                      first=first, peak=peak, peak_step=_at(xs, peak_i), **base)
+        return found
 
     # flat: the start, every quarter of the run and the end all sit within FLAT_RANGE of each other
     # (quarter medians, so that minibatch noise does not count as movement)

@@ -337,6 +337,7 @@ class Recording:
     loaders: list[LoaderInfo] = field(default_factory=list)
     batches: list[Any] = field(default_factory=list)        # CPU copies of the first DataLoader batches
     model_inputs: list[tuple] = field(default_factory=list)  # (model index, args) of the first training forwards
+    eval_inputs: list[tuple] = field(default_factory=list)   # (model index, fingerprint(args)) of the first no-grad forwards
     graph_kept: list[str] = field(default_factory=list)    # ops on a backwarded loss whose result outlived the step
     graph_spans: list[str] = field(default_factory=list)   # backwards whose graph reached a forward trained before the last step
     manual_updated: set = field(default_factory=set, repr=False)  # id() of parameters a hand-written update changed
@@ -383,6 +384,20 @@ def cpu_copy(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {k: cpu_copy(v) for k, v in obj.items()}
     return obj
+
+
+def fingerprint(obj: Any) -> tuple | None:
+    """What tells one batch from another, cheaply: each of the first 4 tensors' shape, dtype and a hash of
+    up to 4096 of its values (evenly spaced); None when a tensor cannot be read that way."""
+    out = []
+    try:
+        for t, _ in zip(_tensors(obj), range(4)):
+            flat = t.detach().reshape(-1)
+            sample = flat[:: max(flat.numel() // 4096, 1)][:4096]
+            out.append((tuple(t.shape), str(t.dtype), hash(sample.to("cpu", torch.float64).numpy().tobytes())))
+    except Exception:  # noqa: BLE001 - complex, quantized, sparse or meta tensors: not told apart
+        return None
+    return tuple(out) or None
 
 
 def total_norm(norms: list[torch.Tensor]) -> float:
@@ -630,6 +645,7 @@ class Recorder:
         self._loss_value: tuple | None = None   # (weakref, value) of the last loss call's result
         self._loss_link: tuple | None = None    # full mode: (weakref to a loss value, its LossCall, the ForwardEvent it comes from)
         self._scaled: set[int] = set()
+        self._lr_written: dict[int, list] = {}   # lr_scale: id(optimizer) -> its groups' learning rates as last written
         self._scales: dict[int, tuple] = {}   # GradScaler.scale outputs -> (weakref, scale)
         self._kept: dict[int, tuple[str, weakref.ref, int]] = {}   # id -> (where, ref, step made)
         self._derived: dict[int, weakref.ref] = {}   # tensors computed from a model output without a graph
@@ -1130,6 +1146,8 @@ class Recorder:
         rec.forwards.append(event)
         if event.grad_enabled and len(rec.model_inputs) < KEEP_PAIRS:
             rec.model_inputs.append((event.model, cpu_copy(tuple(args))))
+        elif not event.grad_enabled and len(rec.eval_inputs) < KEEP_PAIRS:
+            rec.eval_inputs.append((event.model, fingerprint(args)))
         if len(self._inputs) < 8:   # checked for NaN/Inf at the step, when its gradient norm is measured
             self._inputs.append(args)
         self._check_forwards()
@@ -1704,7 +1722,29 @@ class Recorder:
                 self._scaled.add(id(optimizer))
                 for g in optimizer.param_groups:
                     g["lr"] = g["lr"] * self.lr_scale
+                self._lr_written[id(optimizer)] = [g["lr"] for g in optimizer.param_groups]
         return info
+
+    def _rescale_lrs(self, optimizer) -> None:
+        """A scaled-LR intervention (``lr_scale``), before each step: a learning rate the script set by hand
+        since the last step (``param_group['lr'] = get_lr(it)``, a warm-up or cosine schedule written in the loop)
+        is scaled too, so the rerun runs the script's own schedule times the scale. A new value counts as set by
+        hand when it lies nearer (in ratio) to the unscaled counterpart of the value last written than to that
+        value itself: a rate derived from the current one (``g['lr'] *= 0.5``, an LRScheduler's step, both
+        already scaled) is left as it is."""
+        written = self._lr_written.get(id(optimizer))
+        groups = optimizer.param_groups
+        if written is None or len(written) != len(groups):
+            self._lr_written[id(optimizer)] = [g["lr"] for g in groups]
+            return
+        scale = self.lr_scale
+        for i, g in enumerate(groups):
+            lr, last = g["lr"], written[i]
+            if lr == last or isinstance(lr, torch.Tensor) or not lr:
+                continue
+            if not last or abs(math.log(lr / (last / scale))) < abs(math.log(lr / last)):
+                g["lr"] = lr * scale
+            written[i] = g["lr"]
 
     def _same_family(self, optimizer) -> OptimizerInfo | None:
         """An optimizer recorded before of the same class over exactly the same parameters: a new one
@@ -1812,6 +1852,8 @@ class Recorder:
         step.zero_grad_after_backward = self._zero_after_backward
         step.epoch, step.batch = self._epochs, self._batch_index
         step.scheduler_steps = self._scheduler_count
+        if self.lr_scale:
+            self._rescale_lrs(optimizer)
         groups = optimizer.param_groups
         step.lrs = list(map(float, map(_LR, groups)))
         step.grad_enabled = torch.is_grad_enabled()
@@ -1921,6 +1963,8 @@ class Recorder:
         step.optimizer, step.t, step.zero_grad, step.zero_grad_after_backward, step.epoch, step.batch, \
             step.scheduler_steps, step.grad_enabled = info.index, _monotonic() - self._t0, self._zero_grad_since, \
             self._zero_after_backward, self._epochs, self._batch_index, self._scheduler_count, _grad_enabled()
+        if self.lr_scale:
+            self._rescale_lrs(optimizer)
         groups = optimizer.param_groups
         step.lrs = [float(groups[0]["lr"])] if len(groups) == 1 else list(map(float, map(_LR, groups)))
         reading = self._loss_t
@@ -2222,6 +2266,8 @@ class Recorder:
         entry = self._scheduler_seen(scheduler)
         entry["steps"] += 1
         opt = getattr(scheduler, "optimizer", None)
+        if self.lr_scale and opt is not None and id(opt) in self._lr_written:  # (its rates derive from scaled ones)
+            self._lr_written[id(opt)] = [g["lr"] for g in opt.param_groups]
         lr = float(opt.param_groups[0]["lr"]) if opt is not None and opt.param_groups else None
         event = SchedulerEvent(entry["name"], entry["index"], self.steps_taken, self._epochs, lr)
         self.recording.scheduler_steps.append(event)
