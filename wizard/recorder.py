@@ -100,6 +100,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.parameter import is_lazy
 from torch.overrides import TorchFunctionMode
 from torch.utils.data import DataLoader
 
@@ -473,6 +474,11 @@ def _largest_change(after: list[torch.Tensor], before: torch.Tensor | list[torch
 _DTYPE_NAMES: dict = {}
 
 
+def _values(params) -> int:
+    """Values in these parameters; a lazy module's not yet initialised count 0 (their numel() raises)."""
+    return sum(0 if is_lazy(p) else p.numel() for p in params)
+
+
 def _dtype_name(dtype) -> str:
     name = _DTYPE_NAMES.get(dtype)
     if name is None:
@@ -648,6 +654,7 @@ class Recorder:
         self._label_watch = LABEL_FORWARDS if self.full else 0
         self._label_event: ForwardEvent | None = None   # the last forward called with labels in its input
         self._forced_workers: list = []
+        self._lazy: list[ModelInfo] = []   # models registered with lazy parameters not yet initialised
         self._window_values: list[float] = []   # training loss-call values since the last step
         self._kept_pairs = 0
         self._t0 = 0.0
@@ -1045,8 +1052,8 @@ class Recorder:
             index = len(self.recording.models)
             shadowed = [n for n in _NN_METHODS if n in type(module).__dict__ and not type(module).__module__.startswith("torch.")
                         and n not in ("__call__", "__setattr__", "__getattr__", "to", "state_dict", "load_state_dict")]
-            info = ModelInfo(index, type(module).__name__, module, sum(p.numel() for p in params),
-                             sum(p.numel() for p in params if p.requires_grad),
+            info = ModelInfo(index, type(module).__name__, module, _values(params),
+                             _values([p for p in params if p.requires_grad]),
                              sum(1 for m in module.modules() if isinstance(m, MODE_TYPES)
                                  and not (isinstance(m, nn.modules.dropout._DropoutNd) and m.p == 0)),
                              first_step=self.steps_taken, shadowed=shadowed)
@@ -1062,6 +1069,8 @@ class Recorder:
                 info.copy_of = next((m.index for m in self.recording.models if m.name == info.name
                                      and [tuple(p.shape) for p in m.module.parameters()] == shapes), None)
             self.recording.models.append(info)
+            if any(map(is_lazy, params)):   # counted again at the end, once its first forward made them
+                self._lazy.append(info)
             for opt in self.recording.optimizers:
                 self._link(opt)
         torch_loss = index is None and isinstance(module, nn.modules.loss._Loss) \
@@ -1770,7 +1779,7 @@ class Recorder:
             for g in optimizer.param_groups:
                 params = [p for p in g["params"]]
                 groups.append({"lr": float(g.get("lr", math.nan)) if not isinstance(g.get("lr"), torch.Tensor) else float(g["lr"]),
-                               "params": params, "tensors": len(params), "values": sum(p.numel() for p in params),
+                               "params": params, "tensors": len(params), "values": _values(params),
                                **{k: v for k, v in g.items() if k not in ("params", "lr") and isinstance(v, (int, float, bool, str, tuple))}})
             same = self._same_family(optimizer)
             if same is not None:  # built again over the same parameters (in the loop): the same optimizer, restarted
@@ -2350,6 +2359,9 @@ class Recorder:
     def finish(self) -> Recording:
         """Close what is still open (called on exit): pending forwards with no backward are evaluation."""
         rec = self.recording
+        for info in self._lazy:
+            params = list(info.module.parameters())
+            info.params, info.trainable = _values(params), _values([p for p in params if p.requires_grad])
         if self._manual_open is not None:
             self._close_manual(budget=False)
         self._manual_candidates = {}
