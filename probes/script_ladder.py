@@ -19,7 +19,10 @@ A rung learns by module mode's rule (``ladder.rung_learns``) on what the rerun m
 its first pass over the subset against its last, and the training accuracy of its last pass; the
 outcome is module mode's (``ladder.ladder_outcome``). A rung that cannot run on this script (tokens
 or several inputs to the model, hand-written parameter updates, batches without a DataLoader) says
-why and adds no evidence; rungs cut by the budget make the result inconclusive.
+why and adds no evidence; rungs cut by the budget make the result inconclusive. A script whose batch
+labels go into its model's input (``Recording.label_inputs``: forward-forward overlays them on the
+image) pairs no output with them: with no loss function called at all, its objective has no target
+to judge a rung against, and the ladder is skipped, saying why.
 """
 
 from __future__ import annotations
@@ -170,6 +173,14 @@ def script_ladder(ctx: ProbeContext, target):
         return cannot_run("the script feeds its model without a DataLoader and with inputs that change from step to "
                           "step: no fixed subset for the rungs to share", reason="precondition")
     observed = [s for s in rec.steps if s.loss is not None]
+    fed = info.index in rec.label_inputs   # the batch's labels went into the model's input: no target to pair with
+    if fed and observed and not any(s.loss_calls for s in observed):
+        where = rec.label_inputs[info.index]
+        return skipped(f"the script's objective has no target: no training step calls a loss function, and the "
+                       f"batch's labels go into {info.name}'s input{f' ({where})' if where else ''}, as in "
+                       f"forward-forward training or a model conditioned on its label; the ladder would judge each "
+                       f"rung by accuracy against those labels and swap the loss for a standard one against them, "
+                       f"which measures nothing here", labels_in_input=where or True)
     wanted = int(ctx.param("steps", 40))
     if target.run.exit == "finished" and len(observed) < wanted:
         wanted = len(observed)   # the script ends by itself after this many
@@ -190,7 +201,7 @@ def script_ladder(ctx: ProbeContext, target):
         if ctx.time_left() < 2 + target.rerun_cost(steps) * (target.measured_step_s or 0.05):
             rows.append([name, replaces, "not run (time)", "", ""])
             return
-        meter = meter or Meter(info.index, info.name, task)
+        meter = meter or Meter(info.index, info.name, task, labels_fed=fed)
         subset = Subset(SUBSET, task, seed, synthetic=synthetic) if rec.loaders else None
         run = _rerun(ctx, target, steps, replace_batch=subset, listeners=[*listeners, meter],
                      patches=[*patches, meter], limit_batches=max(2 * steps, 20), what=f"simplify-ladder: {name}")
@@ -234,7 +245,7 @@ def script_ladder(ctx: ProbeContext, target):
     if _already_standard(target):
         rows.append(["standard loss", "the loss", "not run", f"the script's loss is already a plain {target.loss_call.fn}", ""])
     else:
-        meter = Meter(info.index, info.name, task)
+        meter = Meter(info.index, info.name, task, labels_fed=fed)
         swap_loss = SwapLoss(meter)
         rung("loss", "standard loss", "the loss", "the model, data and loop: the loss is at fault", patches=[swap_loss], meter=meter,
              problem=lambda: (swap_loss.problem or "no backward reached") if not swap_loss.used else None)

@@ -57,6 +57,7 @@ def test_ladder_points_at_a_model_that_cannot_learn(tmp_path):
 
 def test_ladder_points_at_a_broken_hand_written_loss(tmp_path):
     target, result = ladder(tmp_path, BROKEN_LOSS)
+    assert target.recording.label_inputs == {}   # no loss function is called, but the labels never feed the model
     assert result.outcome == "loss", result.summary
     assert rungs(result)["cross-entropy loss"] == "learns"
     assert rungs(result)["your setup"] == "does not learn" and rungs(result)["one-hidden-layer MLP"] == "does not learn"
@@ -214,3 +215,106 @@ def test_cli_model_rung_is_weak_evidence_with_the_ladders_numbers(tmp_path):
     top = report["hypotheses"][0]
     assert top["id"] == "model-cannot-fit" and top["confidence"] < 0.5
     assert all("(?)" not in e for e in top["evidence"]) and "one-hidden-layer MLP: learns" in top["evidence"][0]
+
+
+# Forward-forward style (written for this test): no loss function at all. Each stage is trained on its own
+# objective (high "goodness" for the input carrying its true label, low for a wrong one), and the label
+# is part of the model's INPUT (written one-hot over the first K features), never a target. Stage 0 takes
+# 48 steps, so a 40-step recording sees one model and one optimizer.
+FORWARD_FORWARD = '''
+import torch
+from torch import nn
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+torch.manual_seed(0)
+K = 4
+centers = 2 * torch.randn(K, 24)
+labels = torch.randint(0, K, (512,))
+images = centers[labels] + 0.5 * torch.randn(512, 24)
+loader = DataLoader(TensorDataset(images, labels), batch_size=64, shuffle=True)
+
+
+def with_label(x, y):
+    out = x.clone()
+    out[:, :K] = 0.0
+    out[torch.arange(len(x)), y] = 3.0
+    return out
+
+
+class Stage(nn.Module):
+    def __init__(self, n_in, n_out):
+        super().__init__()
+        self.fc = nn.Linear(n_in, n_out)
+        self.opt = torch.optim.Adam(self.parameters(), lr=0.01)
+
+    def forward(self, x):
+        return torch.relu(self.fc(F.normalize(x, dim=1)))
+
+    def goodness(self, x):
+        return self(x).pow(2).mean(1)
+
+
+stages = [Stage(24, 64), Stage(64, 64)]
+for i, stage in enumerate(stages):
+    for epoch in range(6):
+        for x, y in loader:
+            wrong = (y + torch.randint(1, K, y.shape)) % K
+            pos, neg = with_label(x, y), with_label(x, wrong)
+            for earlier in stages[:i]:
+                pos, neg = earlier(pos).detach(), earlier(neg).detach()
+            objective = F.softplus(torch.cat([2.0 - stage.goodness(pos), stage.goodness(neg) - 2.0])).mean()
+            stage.opt.zero_grad()
+            objective.backward()
+            stage.opt.step()
+'''
+
+
+def test_ladder_skips_an_objective_whose_labels_are_the_models_input(tmp_path):
+    """Paired with the batch's labels, cross-entropy on the stage's 64 ReLU outputs "learns" where the script's
+    own objective does not look like it does: with Recording.label_inputs erased, this very recording gives
+    outcome "loss" (loss-output-mismatch on a healthy program). The labels went into the input: no target."""
+    target, result = ladder(tmp_path, FORWARD_FORWARD)
+    rec = target.recording
+    assert [m.name for m in rec.models] == ["Stage"] and not any(s.loss_calls for s in rec.steps)
+    line = FORWARD_FORWARD.splitlines().index("        return self(x).pow(2).mean(1)") + 1   # the model's call
+    assert rec.label_inputs == {0: f"train.py:{line} in goodness"}
+    assert result.status == "skipped" and result.outcome != "loss", result.summary
+    assert "no target" in result.summary and f"train.py:{line}" in result.summary
+    assert not target.reruns   # nothing was rerun to measure against the labels
+
+
+def test_the_meter_pairs_no_output_with_labels_that_fed_the_input():
+    from nnwizard.script_replace import Meter
+
+    for fed, paired in ((False, True), (True, False)):
+        meter = Meter(0, "Net", "classification", labels_fed=fed)
+        meter.output, meter.label = torch.randn(8, 4), torch.randint(0, 4, (8,))
+        assert (meter.pair() is not None) == paired
+        meter.call = (torch.randn(8, 4), torch.randint(0, 4, (8,)), "cross_entropy")
+        x, y = meter.pair()   # a loss call's target is paired either way
+        assert x is meter.call[0] and y is meter.call[1]
+
+
+@pytest.mark.parametrize("edits, fed", [
+    ([], []),   # the labels reach only the loss
+    # a label leaked into the features: concatenated one-hot
+    ([("nn.Linear(8, 64)", "nn.Linear(12, 64)"), ("out = model(xb)", "out = model(torch.cat([xb, F.one_hot(yb, 4).float()], 1))")],
+     ["Sequential"]),
+    # a model conditioned on its label through another model (an embedding): both are fed with it
+    ([("model = nn.Sequential(nn.Linear(8, 64)", "embed = nn.Embedding(4, 4)\nmodel = nn.Sequential(nn.Linear(12, 64)"),
+      ("out = model(xb)", "out = model(torch.cat([xb, embed(yb)], 1))")], ["Sequential", "Embedding"]),
+    # labels written in place into a copy of the input, through a reshape and a cast
+    ([("out = model(xb)", "xin = xb.clone()\n        xin[:, 0] += yb.view(-1).float()\n        out = model(xin)")],
+     ["Sequential"]),
+])
+def test_the_recording_follows_the_batchs_labels_into_a_models_input(tmp_path, edits, fed):
+    text = HEALTHY
+    for old, new in edits:
+        assert old in text, old
+        text = text.replace(old, new)
+    path = tmp_path / "train.py"
+    path.write_text(text, encoding="utf-8")
+    rec = target_of(path, 12).recording
+    assert sorted(rec.models[i].name for i in rec.label_inputs) == sorted(fed)
+    assert all(where.startswith("train.py:") for where in rec.label_inputs.values())

@@ -952,3 +952,66 @@ def test_a_capped_evaluation_loader_whose_predictions_meet_all_labels_runs_again
     assert target.recording.error is None and target.run.exit in ("finished", "stopped"), target.run.output
     assert any("evaluation passes uncapped, did not raise" in n for n in target.recording.notes), target.recording.notes
     assert len(target.recording.steps) == 12   # training passes stay capped: 3 epochs x 4 batches
+
+
+# a dataset whose __getitem__ applies a parameterless module of the user's own (a transform), an nn.Flatten
+# and an nn.Identity called on the batch by the loop, and a lazy model (its parameters uninitialised when
+# first called: still a model); "Net" has no parameters at all (its layers kept in a plain list) and is
+# called by the loop: a model, the broken one (no-parameters)
+TRANSFORMS = '''
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+
+class Jitter(nn.Module):
+    def forward(self, x):
+        return x + 0.01 * torch.randn_like(x)
+
+
+class Images(Dataset):
+    def __init__(self):
+        self.x, self.y, self.jitter = torch.randn(64, 2, 4), torch.randint(0, 2, (64,)), Jitter()
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        return self.jitter(self.x[i]), self.y[i]
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = [nn.Linear(8, 2)]   # a plain list: no registered parameters
+
+    def forward(self, x):
+        return self.layers[0](x)
+
+
+torch.manual_seed(0)
+flatten, identity = nn.Flatten(), nn.Identity()
+model = nn.Sequential(nn.LazyLinear(16), nn.ReLU(), nn.Linear(16, 2))
+net = Net()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for epoch in range(2):
+    for x, y in DataLoader(Images(), batch_size=16):
+        opt.zero_grad()
+        h = identity(flatten(x))
+        loss = nn.functional.cross_entropy(model(h), y) + 0.0 * net(h).sum()
+        loss.backward()
+        opt.step()
+'''
+
+
+@pytest.mark.parametrize("mode", ["full", "light"])
+def test_parameterless_transforms_are_not_models_but_lazy_and_the_users_own_are(tmp_path, mode):
+    """Normalize in a torchvision dataset, an nn.Flatten called on its own: no parameters to train, not models."""
+    from nnwizard.script_view import observed
+
+    run = run_script(load_script(str(write(tmp_path, text=TRANSFORMS))), [], RunOptions(max_steps=30, mode=mode))
+    rec = run.recording
+    assert rec.error is None and rec.total_steps == 8, rec.error
+    assert [(m.name, m.params) for m in rec.models] == [("Sequential", 16 * 8 + 16 + 16 * 2 + 2), ("Net", 0)]
+    if mode == "full":
+        assert [m["name"] for m in observed(ScriptTarget(run))["models"]] == ["Sequential", "Net"]

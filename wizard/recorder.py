@@ -100,6 +100,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.parameter import is_lazy
 from torch.overrides import TorchFunctionMode
 from torch.utils.data import DataLoader
 
@@ -112,6 +113,7 @@ LOSS_FUNCTIONS = (
 MODE_TYPES = (nn.modules.dropout._DropoutNd, nn.modules.batchnorm._BatchNorm)
 KEEP = 4        # DataLoader batches copied to CPU in full mode
 KEEP_PAIRS = 16  # training model inputs and loss inputs/targets copied to CPU in full mode
+LABEL_FORWARDS = 16  # full mode: the first training forwards whose arguments are checked for the batch's labels (label_inputs)
 LIGHT_KEEP = 256  # light mode: the last StepRecords / scheduler events kept (a watched run may be very long)
 DISCOVERY_STEPS = 20  # light mode: global module hooks stay at most this many steps once an optimizer stepped
 NORM_SHARE = 0.01  # light mode: the gradient-norm reduction may cost this share of a step (sets its interval)
@@ -354,6 +356,10 @@ class Recording:
     mode: str = "full"
     total_steps: int = 0         # optimizer steps so far (light mode keeps only the last LIGHT_KEEP records)
     norm_interval: int = 1       # light mode: steps between gradient-norm measurements (last value chosen)
+    # full mode: model index -> where it was first called, in grad mode, with a positional argument computed from
+    # the labels of a DataLoader batch (its second tensor of two): labels used as the model's input (forward-forward
+    # overlays them on the image), not only as a target. Watched over the first LABEL_FORWARDS training forwards.
+    label_inputs: dict[int, str | None] = field(default_factory=dict)
 
     @property
     def loss_curve(self) -> list[float]:
@@ -483,6 +489,11 @@ def _largest_change(after: list[torch.Tensor], before: torch.Tensor | list[torch
 _DTYPE_NAMES: dict = {}
 
 
+def _values(params) -> int:
+    """Values in these parameters; a lazy module's not yet initialised count 0 (their numel() raises)."""
+    return sum(0 if is_lazy(p) else p.numel() for p in params)
+
+
 def _dtype_name(dtype) -> str:
     name = _DTYPE_NAMES.get(dtype)
     if name is None:
@@ -503,6 +514,8 @@ _NN_METHODS = ("train", "eval", "parameters", "named_parameters", "zero_grad", "
 # a target; and ops that keep that provenance (reshape, cast)
 _FROM_OUTPUT = {"argmax", "max", "detach", "topk", "round", "__gt__", "__ge__", "gt", "ge", "sign", "clone"}
 _INPLACE_SETS = {"__set__", "__isub__", "__iadd__", "__imul__", "__itruediv__"}
+_INPLACE_DUNDERS = frozenset({"__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__imod__",
+                              "__ipow__", "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__", "__imatmul__"})
 _SCORES = {"argmax", "max", "topk", "round", "__gt__", "__ge__", "gt", "ge", "sign", "sigmoid", "softmax"}
 _KEEPS_PROVENANCE = {"view", "reshape", "flatten", "squeeze", "unsqueeze", "long", "float", "int", "to", "type",
                      "__getitem__", "contiguous", "clone", "view_as", "reshape_as", "double", "detach"}
@@ -541,6 +554,8 @@ class _GraphMode(TorchFunctionMode):
             if (name.endswith("_") and not name.startswith("__")) or name in _INPLACE_SETS:
                 rec._maybe_manual(name, args[0])
         out = func(*args, **(kwargs or {}))
+        if rec._labels:   # (empty once the first training forwards were checked)
+            rec._label_op(func, args, kwargs, out)
         spent = rec._spent
         if spent:
             for a in args[:2]:
@@ -649,7 +664,13 @@ class Recorder:
         self._scales: dict[int, tuple] = {}   # GradScaler.scale outputs -> (weakref, scale)
         self._kept: dict[int, tuple[str, weakref.ref, int]] = {}   # id -> (where, ref, step made)
         self._derived: dict[int, weakref.ref] = {}   # tensors computed from a model output without a graph
+        # full mode: tensors computed from a DataLoader batch's labels (id -> weakref), while the first training
+        # forwards are checked for them (_label_watch left of LABEL_FORWARDS; 0: no longer watched)
+        self._labels: dict[int, weakref.ref] = {}
+        self._label_watch = LABEL_FORWARDS if self.full else 0
+        self._label_event: ForwardEvent | None = None   # the last forward called with labels in its input
         self._forced_workers: list = []
+        self._lazy: list[ModelInfo] = []   # models registered with lazy parameters not yet initialised
         self._window_values: list[float] = []   # training loss-call values since the last step
         self._kept_pairs = 0
         self._t0 = 0.0
@@ -1041,13 +1062,14 @@ class Recorder:
             index = None
         elif any(any(m is module for m in info.module.modules()) for info in self.recording.models):
             index = None   # a submodule of a known model, called directly
+        elif not (params := list(module.parameters())) and _not_a_model(module, sys._getframe(1)):
+            index = None   # a transform (Normalize, an nn.Flatten called on its own): no parameters to train
         else:
             index = len(self.recording.models)
-            params = list(module.parameters())
             shadowed = [n for n in _NN_METHODS if n in type(module).__dict__ and not type(module).__module__.startswith("torch.")
                         and n not in ("__call__", "__setattr__", "__getattr__", "to", "state_dict", "load_state_dict")]
-            info = ModelInfo(index, type(module).__name__, module, sum(p.numel() for p in params),
-                             sum(p.numel() for p in params if p.requires_grad),
+            info = ModelInfo(index, type(module).__name__, module, _values(params),
+                             _values([p for p in params if p.requires_grad]),
                              sum(1 for m in module.modules() if isinstance(m, MODE_TYPES)
                                  and not (isinstance(m, nn.modules.dropout._DropoutNd) and m.p == 0)),
                              first_step=self.steps_taken, shadowed=shadowed)
@@ -1063,6 +1085,8 @@ class Recorder:
                 info.copy_of = next((m.index for m in self.recording.models if m.name == info.name
                                      and [tuple(p.shape) for p in m.module.parameters()] == shapes), None)
             self.recording.models.append(info)
+            if any(map(is_lazy, params)):   # counted again at the end, once its first forward made them
+                self._lazy.append(info)
             for opt in self.recording.optimizers:
                 self._link(opt)
         torch_loss = index is None and isinstance(module, nn.modules.loss._Loss) \
@@ -1144,6 +1168,8 @@ class Recorder:
         rec = self.recording
         self._last_event = event
         rec.forwards.append(event)
+        if self._labels:
+            self._label_check(event, args)
         if event.grad_enabled and len(rec.model_inputs) < KEEP_PAIRS:
             rec.model_inputs.append((event.model, cpu_copy(tuple(args))))
         elif not event.grad_enabled and len(rec.eval_inputs) < KEEP_PAIRS:
@@ -1158,6 +1184,10 @@ class Recorder:
     def _model_output(self, event: ForwardEvent, output) -> None:
         """Full mode, the model's forward returned ``output``: what its loss and a later backward
         are traced back to (the first output tensor; up to 4 outputs' graph nodes)."""
+        if self._label_event is event:   # a model fed with labels: its output carries them on (to a next model)
+            self._label_event = None
+            if self._labels:
+                self._label_all(output)
         if isinstance(output, torch.Tensor):
             out, node = output, output.grad_fn
             outs = [node] if node is not None else []
@@ -1171,6 +1201,73 @@ class Recorder:
         pending = self._pending_forwards
         if pending and pending[-1] is event:   # every output (an RNN's hidden state too): for graphs carried across steps
             event.node, event.outs = node, outs
+
+    # -- labels used as a model's input (full mode, the first LABEL_FORWARDS training forwards) -------
+    # A batch's labels are normally a target only. Some objectives put them into the model's input instead
+    # (forward-forward overlays the label on the image and trains each layer on its own "goodness"; a
+    # conditional model concatenates them): pairing the model's output with those labels as if they were its
+    # target (the simplify-ladder's meter does, when no loss function is called) measures nothing. The labels
+    # of each DataLoader batch are followed through the ops the graph mode sees (those outside model, loss,
+    # optimizer and DataLoader calls) until the first training forwards have been checked.
+    def _seed_labels(self, batch) -> None:
+        if isinstance(batch, (tuple, list)) and len(batch) == 2 and isinstance(batch[1], torch.Tensor) \
+                and isinstance(batch[0], torch.Tensor):   # (the ladder's pair_of: inputs, labels)
+            self._mark_label(batch[1])
+
+    def _mark_label(self, t: torch.Tensor) -> None:
+        labels = self._labels
+        if len(labels) > 1024:
+            self._labels = labels = {k: r for k, r in labels.items() if r() is not None}
+        try:
+            labels[id(t)] = weakref.ref(t)
+        except TypeError:  # pragma: no cover - a tensor subclass that cannot be weakly referenced
+            pass
+
+    def _is_label(self, a) -> bool:
+        labels = self._labels
+        if isinstance(a, torch.Tensor):
+            ref = labels.get(id(a))
+            return ref is not None and ref() is a
+        if isinstance(a, (tuple, list)):   # an index tuple (x[rows, y] = ...), a list to cat
+            for b in a:
+                if isinstance(b, torch.Tensor):
+                    ref = labels.get(id(b))
+                    if ref is not None and ref() is b:
+                        return True
+        return False
+
+    def _label_all(self, out) -> None:
+        if isinstance(out, torch.Tensor):
+            self._mark_label(out)
+        elif isinstance(out, (tuple, list)):
+            for t in out:
+                if isinstance(t, torch.Tensor):
+                    self._mark_label(t)
+
+    def _label_op(self, func, args, kwargs, out) -> None:
+        """An op (seen by the graph mode) that takes a tensor computed from the labels: its results are, and
+        so is the tensor it changes in place (``x[rows, y] = 1``, ``x.add_(y)``, ``out=``)."""
+        is_label = self._is_label
+        if not (any(map(is_label, args)) or (kwargs and any(map(is_label, kwargs.values())))):
+            return
+        self._label_all(out)
+        if args and isinstance(args[0], torch.Tensor):
+            name = getattr(func, "__name__", "")
+            if name.endswith("_") and not name.startswith("__") or name in _INPLACE_DUNDERS:
+                self._mark_label(args[0])
+        if kwargs and isinstance(kwargs.get("out"), torch.Tensor):
+            self._mark_label(kwargs["out"])
+
+    def _label_check(self, event: ForwardEvent, args) -> None:
+        """A model's forward while labels are watched: is a positional argument computed from them?"""
+        if event.grad_enabled:
+            self._label_watch -= 1
+            if any(map(self._is_label, args)):
+                self._label_event = event
+                if event.model not in self.recording.label_inputs:
+                    self.recording.label_inputs[event.model] = self.where()
+        if self._label_watch <= 0:   # checked enough training forwards: watch no more
+            self._label_watch, self._labels = 0, {}
 
     # -- losses -----------------------------------------------------------------------------------
     def _loss_wrapper(self, name: str, original: Callable) -> Callable:
@@ -1700,7 +1797,7 @@ class Recorder:
             for g in optimizer.param_groups:
                 params = [p for p in g["params"]]
                 groups.append({"lr": float(g.get("lr", math.nan)) if not isinstance(g.get("lr"), torch.Tensor) else float(g["lr"]),
-                               "params": params, "tensors": len(params), "values": sum(p.numel() for p in params),
+                               "params": params, "tensors": len(params), "values": _values(params),
                                **{k: v for k, v in g.items() if k not in ("params", "lr") and isinstance(v, (int, float, bool, str, tuple))}})
             same = self._same_family(optimizer)
             if same is not None:  # built again over the same parameters (in the loop): the same optimizer, restarted
@@ -2308,6 +2405,9 @@ class Recorder:
     def finish(self) -> Recording:
         """Close what is still open (called on exit): pending forwards with no backward are evaluation."""
         rec = self.recording
+        for info in self._lazy:
+            params = list(info.module.parameters())
+            info.params, info.trainable = _values(params), _values([p for p in params if p.requires_grad])
         if self._manual_open is not None:
             self._close_manual(budget=False)
         self._manual_candidates = {}
@@ -2356,6 +2456,40 @@ def _owner(module: nn.Module, frame, depth: int = 12) -> nn.Module | None:
             return this if any(m is module for m in this.modules()) else None
         frame = frame.f_back
     return None
+
+
+_LIBRARIES = ("torch", "torchvision", "torchaudio", "torchtext")
+
+
+def _library_class(cls: type) -> bool:
+    """A class of torch's or of an installed package, not the user's own."""
+    name = getattr(cls, "__module__", None) or ""
+    if name.split(".")[0] in _LIBRARIES:
+        return True
+    path = getattr(sys.modules.get(name), "__file__", None) or ""
+    return "site-packages" in path or "dist-packages" in path
+
+
+def _fetching(frame, depth: int = 40) -> bool:
+    """Is a DataLoader fetching a batch further out (a transform in the dataset's ``__getitem__``)?"""
+    codes = _FETCH_CODES
+    while frame is not None and depth:
+        if frame.f_code in codes:
+            return True
+        frame, depth = frame.f_back, depth - 1
+    return False
+
+
+def _not_a_model(module: nn.Module, frame) -> bool:
+    """A module without parameters (a lazy module's are UninitializedParameter: it has some) called at the top
+    level is no model when it is a library's (torchvision's Normalize, an nn.Flatten) or runs while a DataLoader
+    fetches a batch, unless it is called directly by another module's method (forward-forward's ReLU, in a
+    ``Layer.forward`` called directly: that layer's model). A parameterless module of the user's own class
+    called by the training loop stays a model: a model whose layers were never registered (no-parameters)."""
+    owner = _owner(module, frame)
+    if owner is not None and next(owner.parameters(), None) is not None:
+        return False
+    return _library_class(type(module)) or _fetching(frame)
 
 
 def _reached(root, targets: set[int], limit: int = 4000) -> set[int]:
@@ -2447,7 +2581,14 @@ class _LoaderIter:
         self.info.batches[-1] = self.count
         if rec.full and len(rec.recording.batches) < KEEP:
             rec.recording.batches.append(cpu_copy(batch))
+        if rec._label_watch:
+            rec._seed_labels(batch)
         if rec._listening:
             rec._notify("on_batch", batch, self.count - 1)
         rec._check_time()
         return batch
+
+
+# frames of a DataLoader fetching a batch (_fetching)
+_FETCH_CODES = frozenset({_LoaderIter._next.__code__, _LoaderIter.__next__.__code__,
+                          torch.utils.data.dataloader._BaseDataLoaderIter.__next__.__code__})

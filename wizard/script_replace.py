@@ -103,13 +103,14 @@ class Subset:
 # ------------------------------------------------------------------------------------ measuring
 class Meter(_Hooks):
     """Listener: per backward, the loss value, the training accuracy (None for regression or shapes
-    it cannot read) and the labels (for the majority class)."""
+    it cannot read) and the labels (for the majority class). ``labels_fed``: the batch's labels went into
+    the model's input (``Recording.label_inputs``), so they are no target to pair its output with."""
 
     CLASSIFICATION = ("cross_entropy", "nll_loss", "multi_margin_loss")
 
-    def __init__(self, index: int, name: str, task: str):
+    def __init__(self, index: int, name: str, task: str, labels_fed: bool = False):
         super().__init__(index, name)
-        self.task = task
+        self.task, self.labels_fed = task, labels_fed
         self.losses: list[float] = []
         self.accuracies: list[float | None] = []
         self.labels: list[torch.Tensor] = []
@@ -140,10 +141,10 @@ class Meter(_Hooks):
 
     def pair(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """What reached the loss since the last backward: the loss call's input and target, else the
-        model's output and the batch's labels."""
+        model's output and the batch's labels (unless those labels were part of the model's input)."""
         if self.call is not None:
             return self.call[0], self.call[1]
-        if isinstance(self.output, torch.Tensor) and isinstance(self.label, torch.Tensor):
+        if not self.labels_fed and isinstance(self.output, torch.Tensor) and isinstance(self.label, torch.Tensor):
             return self.output, self.label
         return None
 
