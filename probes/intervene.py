@@ -156,6 +156,11 @@ def _broadcast(call) -> list | None:
 
 
 # ------------------------------------------------------------------------------------ overfit
+# script-overfit: a loss on one repeated batch that ends above this multiple of its start rose (the tree reads
+# the same ratio: trees/script_interventions.yaml, overfit-stuck)
+OVERFIT_ROSE = 1.5
+
+
 @probe(
     "script-overfit",
     title="Overfit one batch through the script itself (its first batch at every step)",
@@ -256,7 +261,10 @@ def script_overfit(ctx: ProbeContext, target):
         return failed("diverged", f"{text}: non-finite from step {data['nan_step']}", [plot], **data)
     if outcome == "unchanged":
         return failed("unchanged", f"{text}: no parameter changed over {len(losses)} steps", [plot], **data)
-    if len(losses) + len(kept) < wanted and broadcast is None:   # the kept slices ran too
+    # a loss that rose on its one repeated batch says so after any number of steps (steps too small leave it
+    # where it was): only a loss still falling, or flat, needs the full run to be called slow or stuck
+    rose = first > 0 and math.isfinite(last) and last > OVERFIT_ROSE * first
+    if len(losses) + len(kept) < wanted and broadcast is None and not rose:   # the kept slices ran too
         why = f"the budget fits (of {wanted})" if steps < wanted else f"the script ran (of {steps} planned)"
         return cannot_run(f"{text}: not learnt within the {len(losses)} steps {why}, too few to call it {outcome}",
                           reason="budget" if steps < wanted else "precondition", **data)

@@ -274,3 +274,15 @@ def test_lr_sweep_says_why_it_cannot_scale_a_hand_written_update(tmp_path):
         "        optimizer.step()\n", "        for p in model.parameters():\n            p.data.add_(p.grad, alpha=-0.1)\n")
     result = run(target_of(script(tmp_path, text=text), steps=20), "script-lr-sweep")
     assert result.status == "skipped" and "by hand" in result.summary, result.summary
+
+
+def test_a_loss_that_rose_on_one_batch_is_stuck_even_when_the_rerun_ends_early(tmp_path):
+    # three epochs: the rerun ends after 24 of the 40 steps it wants. A loss still falling then is too short a
+    # run to judge; one that rose far above its start is not (too small a step never raises it)
+    short = CLIPPED_HIGH.replace("range(8)", "range(3)")
+    rose = run(target_of(script(tmp_path, text=short), steps=24), "script-overfit")
+    assert rose.outcome == "stuck" and rose.data["steps"] < 40 and rose.data["ratio"] > 1.5, rose.summary
+    slow = BASE.format(LR="1e-4", OPT="SGD", SEED="torch.manual_seed(0)", LOSS="F.cross_entropy(out, yb)").replace(
+        "range(8)", "range(3)")
+    result = run(target_of(script(tmp_path, "slow.py", text=slow), steps=24), "script-overfit")
+    assert could_not_run(result) and result.data["ratio"] <= 1.5, result.summary
