@@ -83,11 +83,20 @@ class FirstForwards:
 
 
 # ------------------------------------------------------------------------------------ relation
-def shift_axis(x: torch.Tensor, y: Any) -> tuple[int, float, tuple] | None:
+def _share(equal: torch.Tensor, counted: torch.Tensor | None) -> float:
+    """The share of ``equal`` positions among the ``counted`` ones (all, when None; 0 when none is counted)."""
+    if counted is None:
+        return float(equal.float().mean())
+    n = int(counted.sum())
+    return float((equal & counted).sum()) / n if n else 0.0
+
+
+def shift_axis(x: torch.Tensor, y: Any, ignore: int | None = None) -> tuple[int, float, tuple] | None:
     """The axis along which ``y`` is ``x`` shifted by one, the share of positions where it holds, and the
     order ``perm`` of x's axes in which ``y``'s values are laid out (``y`` flat is x's positions in that
     order: the identity for ``y = x_next.view(-1)``, reversed for ``y = x_next.t().reshape(-1)``); None when
-    there is none (or ``y`` is a copy of ``x``, or ``x`` repeats itself along the axis)."""
+    there is none (or ``y`` is a copy of ``x``, or ``x`` repeats itself along the axis). Targets equal to
+    ``ignore`` (the loss's ``ignore_index``: padding past a word's end) are not counted."""
     if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor) or x.numel() != y.numel():
         return None
     if x.dim() == 0 or x.dim() > 3 or x.is_floating_point() != y.is_floating_point() or x.is_complex():
@@ -95,17 +104,30 @@ def shift_axis(x: torch.Tensor, y: Any) -> tuple[int, float, tuple] | None:
     best = None
     for perm in itertools.permutations(range(x.dim())):
         laid = y.reshape([x.shape[p] for p in perm]).permute(*_inverse(perm)).to(x.dtype)
+        counted_all = laid != ignore if ignore is not None else None
         for axis in range(x.dim()):
             n = x.shape[axis]
             if n < MIN_LENGTH:
                 continue
             nxt = x.narrow(axis, 1, n - 1)
-            share = float((laid.narrow(axis, 0, n - 1) == nxt).float().mean())
-            repeats = float((x.narrow(axis, 0, n - 1) == nxt).float().mean())
-            copied = float((laid == x).float().mean())
+            counted = counted_all.narrow(axis, 0, n - 1) if counted_all is not None else None
+            if counted is not None and int(counted.sum()) < 2 * MIN_LENGTH:
+                continue
+            share = _share(laid.narrow(axis, 0, n - 1) == nxt, counted)
+            repeats = _share(x.narrow(axis, 0, n - 1) == nxt, counted)   # (padding repeats itself: not counted)
+            copied = _share(laid == x, counted_all)
             if share >= MIN_SHARE and repeats < 0.5 and copied < 0.5 and (best is None or share > best[1]):
                 best = (axis, share, perm)
     return best
+
+
+def ignored_target(call) -> int | None:
+    """The class id a classification loss call leaves out (its ``ignore_index``, -100 unless given)."""
+    if call.fn not in ("cross_entropy", "nll_loss"):
+        return None
+    kwargs = call.replay[2] if call.replay else {}
+    value = kwargs.get("ignore_index", -100)
+    return int(value) if isinstance(value, int) else None
 
 
 def _inverse(perm: tuple) -> list[int]:
@@ -142,6 +164,16 @@ def _slots(args: tuple, kwargs: dict) -> list[tuple]:
     return list(enumerate(args)) + list(kwargs.items())
 
 
+def _given_targets(call, args: tuple, kwargs: dict) -> int | None:
+    """The argument that is the loss target itself, given to a model that computes its own loss beside its
+    input (nanoGPT's and makemore's ``model(X, Y)``): it is no input to compare the target with. None when
+    that argument is the model's only tensor input (``model(x)`` with ``x`` also the target is the copy bug)."""
+    slot = call.target_arg
+    if slot is None or not any(isinstance(v, torch.Tensor) for k, v in _slots(args, kwargs) if k != slot):
+        return None
+    return slot
+
+
 def _slot_name(slot) -> str:
     return f"argument {slot}" if isinstance(slot, int) else f"{slot}="
 
@@ -154,11 +186,17 @@ def next_token_pair(rec) -> dict | None:
     if first is None:
         return None
     info, call, args, kwargs = first
+    ignore = ignored_target(call)
+    given = _given_targets(call, args, kwargs)
     for slot, value in _slots(args, kwargs):
-        found = shift_axis(value, call.targets)
+        if slot == given:
+            continue
+        found = shift_axis(value, call.targets, ignore)
         if found is not None:
+            masked = ignore is not None and bool((call.targets == ignore).any())
             return {"info": info, "call": call, "args": args, "kwargs": kwargs, "slot": slot, "axis": found[0],
-                    "share": found[1], "perm": found[2], "x": value, "target": call.targets}
+                    "share": found[1], "perm": found[2], "x": value, "target": call.targets,
+                    "ignore": ignore if masked else None}
     return None
 
 
@@ -173,11 +211,17 @@ def copied_input(rec) -> dict | None:
         return None
     info, call, args, kwargs = first
     y = call.targets
+    ignore = ignored_target(call)
+    given = _given_targets(call, args, kwargs)
     for slot, value in _slots(args, kwargs):
+        if slot == given:
+            continue
         if isinstance(value, torch.Tensor) and not value.is_floating_point() and value.numel() == y.numel() >= 8 \
-                and value.dim() >= 2 and not y.is_floating_point() and len(torch.unique(value)) > 1 \
-                and torch.equal(value.reshape(-1), y.reshape(-1).to(value.dtype)):
-            return {"info": info, "slot": slot, "x": value}
+                and value.dim() >= 2 and not y.is_floating_point() and len(torch.unique(value)) > 1:
+            flat, target = value.reshape(-1), y.reshape(-1).to(value.dtype)
+            counted = target != ignore if ignore is not None else torch.ones_like(target, dtype=torch.bool)
+            if int(counted.sum()) >= 8 and torch.equal(flat[counted], target[counted]):
+                return {"info": info, "slot": slot, "x": value}
     return None
 
 
@@ -252,8 +296,9 @@ def future_dependence(model: torch.nn.Module, args: tuple, kwargs: dict, slot, a
 def _relation_text(pair: dict) -> str:
     name = _slot_name(pair["slot"])
     order = "" if list(pair["perm"]) == sorted(pair["perm"]) else f", flattened with its axes in the order {list(pair['perm'])}"
+    counted = f" the loss counts (ignore_index {pair['ignore']} left out)" if pair.get("ignore") is not None else ""
     return (f"the loss targets are {pair['info'].name}'s input ({name}, shape {list(pair['x'].shape)}) shifted by one "
-            f"along axis {pair['axis']} at {pair['share']:.0%} of positions{order}")
+            f"along axis {pair['axis']} at {pair['share']:.0%} of positions{counted}{order}")
 
 
 # --------------------------------------------------------------------------------------- probes

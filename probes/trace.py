@@ -771,12 +771,15 @@ def _arg_text(fp: tuple) -> str:
 )
 @_on_recording
 def trace_stale_batch(ctx: ProbeContext, rec):
-    from nnwizard.recorder import fingerprint
+    from nnwizard.recorder import _tensors, fingerprint
 
     if rec.mode != "full" or len(rec.steps) < STALE_MIN:
         return skipped(f"needs a full recording of at least {STALE_MIN} optimizer steps")
     trained = {m for s in rec.steps for m in s.forwards}
     loader = {fp for fp in map(fingerprint, rec.batches) if fp is not None}
+    # DataLoaders of two batches or more that served one batch in the whole run, and that batch's first tensor
+    once = [info for info in rec.loaders if sum(info.batches) == 1 and (info.length is None or info.length >= 2)]
+    drawn = {fingerprint(next(_tensors(b), None)) for b in rec.batches} if once else set()
     judged = []
     for info in rec.models:
         if info.index not in trained:
@@ -792,9 +795,17 @@ def trace_stale_batch(ctx: ProbeContext, rec):
         other = {fp for i, fp in rec.eval_inputs if i == info.index and fp is not None and fp[0][0] == shape and fp != first}
         data = dict(model=info.name, forwards=len(seen), steps=len(rec.steps), eval_batches=len(other),
                     loader_batches=len(loader), argument=_arg_text(first))
-        if len(other) >= 2 or len(loader) >= 2:
-            source = (f"the script's evaluation forwards of {info.name} took {len(other)} other inputs of that shape"
-                      if len(other) >= 2 else f"its DataLoader yielded {len(loader)} different batches")
+        inputs = next((a for i, a in rec.model_inputs if i == info.index), ())
+        from_once = bool(drawn) and fingerprint(next(_tensors(inputs), None)) in drawn
+        if len(other) >= 2 or len(loader) >= 2 or from_once:
+            if len(other) >= 2:
+                source = f"the script's evaluation forwards of {info.name} took {len(other)} other inputs of that shape"
+            elif len(loader) >= 2:
+                source = f"its DataLoader yielded {len(loader)} different batches"
+            else:
+                sizes = ", ".join(f"{l.length:,}" if l.length is not None else "unknown" for l in once)
+                source = f"it is the one batch the script drew from a DataLoader of {sizes} batches in the whole run"
+                data["drawn_once"] = True
             return failed("same-batch", f"all {len(seen)} recorded training forwards of {info.name} took one identical input "
                           f"({data['argument']}) over {len(rec.steps)} optimizer steps, while {source}: the loop trains "
                           f"on one batch, fetched once, at every step", **data)

@@ -272,3 +272,67 @@ def test_a_denoising_target_is_not_a_copy(tmp_path):
     corrupted = "model(xb.masked_fill(torch.rand(xb.shape) < 0.05, 0))"    # the input differs at some positions
     source = LM_SCRIPT.replace("{CALL}", "").replace("model(xb)", corrupted).replace("yb.view(-1)", "xb.view(-1)")
     assert _probe("trace-future-leak", _recorded(tmp_path, source)).outcome != "copies-input"
+
+
+# words padded to one length: the model takes its targets and computes its own loss, padding left out with
+# ignore_index=-1 (makemore's layout: x = [start, w...], y = [w..., end, -1, -1, ...])
+WORDS_SCRIPT = '''
+import random
+import torch
+from torch import nn
+import torch.nn.functional as F
+random.seed(0)
+torch.manual_seed(0)
+letters = "abcdefghij"
+words = ["".join(random.choice(letters) for _ in range(random.randint(2, 6))) for _ in range(300)]
+T = 8
+
+def encode(word):
+    ix = torch.tensor([letters.index(c) + 1 for c in word])
+    x = torch.zeros(T, dtype=torch.long)
+    y = torch.zeros(T, dtype=torch.long)
+    x[1:1 + len(ix)] = ix
+    {TARGETS}
+    y[len(ix) + 1:] = -1
+    return x, y
+
+class Lm(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(11, 32)
+        self.att = nn.MultiheadAttention(32, 2, batch_first=True)
+        self.out = nn.Linear(32, 11)
+
+    def forward(self, idx, targets=None):
+        h = self.emb(idx)
+        mask = torch.ones(T, T).triu(1).bool() if {CAUSAL} else None
+        a, _ = self.att(h, h, h, attn_mask=mask, need_weights=False)
+        logits = self.out(h + a)
+        loss = F.cross_entropy(logits.view(-1, 11), targets.view(-1), ignore_index=-1)
+        return logits, loss
+
+model = Lm()
+opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+for step in range(6):
+    X, Y = map(torch.stack, zip(*(encode(random.choice(words)) for _ in range(16))))
+    logits, loss = model(X, Y)
+    model.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+'''
+
+
+@pytest.mark.parametrize("targets,causal,outcome", [
+    ("y[:len(ix)] = ix", "True", "ok"),               # next-letter targets, masked attention
+    ("y[:len(ix)] = ix", "False", "sees-future"),     # the mask forgotten
+    ("y[1:1 + len(ix)] = ix", "True", "copies-input"),   # targets laid out as the input itself
+    ("y[1:1 + len(ix)] = ix % 3 + 1", "True", "skipped"),  # a tag per letter: no relation (the model's own
+])                                                         # second argument, the tags, is no input to copy)
+def test_padded_targets_given_to_the_model_are_judged_on_the_positions_the_loss_counts(tmp_path, targets, causal, outcome):
+    source = WORDS_SCRIPT.replace("{TARGETS}", targets).replace("{CAUSAL}", causal)
+    target = _recorded(tmp_path, source)
+    assert target.recording.loss_calls[0].target_arg == 1   # the model's second argument is the target itself
+    result = _probe("trace-future-leak", target)
+    assert result.outcome == outcome, result.summary
+    if outcome in ("ok", "sees-future"):
+        assert "argument 0" in result.summary and "ignore_index -1 left out" in result.summary

@@ -125,3 +125,37 @@ def test_a_loop_body_that_ignores_the_loaders_batches_is_found(tmp_path):
     assert result.outcome == "same-batch" and result.data["loader_batches"] >= 2, result.summary
     fixed = stale(record(write(tmp_path, ("model(xb), yb)", "model(x), y)"), text=LOADER, name="fixed.py"), max_steps=30))
     assert fixed.outcome == "ok", fixed.summary
+
+
+# makemore's layout: an endless DataLoader (a sampler with replacement), one batch drawn per iteration of a
+# `while` loop, evaluation only every few hundred steps (never reached in a short run)
+ENDLESS = '''
+import torch
+from torch import nn
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, RandomSampler, TensorDataset
+
+torch.manual_seed(0)
+data = TensorDataset(torch.randn(512, 8), torch.randint(0, 3, (512,)))
+loader = DataLoader(data, batch_size=16, sampler=RandomSampler(data, replacement=True, num_samples=10 ** 6))
+batches = iter(loader)
+model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 3))
+opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+x, y = next(batches)
+step = 0
+while step < 40:
+    x, y = next(batches)
+    loss = F.cross_entropy(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    step += 1
+'''
+
+
+def test_one_batch_drawn_from_an_endless_loader_for_every_step_is_found(tmp_path):
+    broken = stale(record(write(tmp_path, ("    x, y = next(batches)\n    loss", "    loss"), text=ENDLESS), max_steps=30))
+    assert broken.outcome == "same-batch" and broken.data.get("drawn_once"), broken.summary
+    assert "62,500 batches" in broken.summary
+    healthy = stale(record(write(tmp_path, text=ENDLESS, name="ok.py"), max_steps=30))
+    assert healthy.outcome == "ok", healthy.summary

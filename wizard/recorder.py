@@ -266,6 +266,9 @@ class LossCall:
     eval: bool = True            # until a backward reaches its value
     replay: Any = field(default=None, repr=False)  # (function, extra args, kwargs) to call it again
     node: Any = field(default=None, repr=False)
+    # the positional argument of the latest model forward that holds the target itself (same storage): a model
+    # given its targets to compute its own loss (nanoGPT's model(X, Y)); recorded with the copies above
+    target_arg: int | None = None
 
 
 @dataclass
@@ -404,6 +407,18 @@ def fingerprint(obj: Any) -> tuple | None:
     except Exception:  # noqa: BLE001 - complex, quantized, sparse or meta tensors: not told apart
         return None
     return tuple(out) or None
+
+
+def _same_storage(t: torch.Tensor, args: tuple) -> int | None:
+    """The index of the first tensor in ``args`` that shares ``t``'s storage (``t`` is it, a view or a slice of it)."""
+    try:
+        ptr = t.untyped_storage().data_ptr()
+        for i, a in enumerate(args):
+            if isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() == ptr and ptr:
+                return i
+    except (RuntimeError, NotImplementedError):  # tensors without storage
+        pass
+    return None
 
 
 def total_norm(norms: list[torch.Tensor]) -> float:
@@ -1457,6 +1472,8 @@ class Recorder:
             self._kept_pairs += 1
             call.inputs, call.targets = cpu_copy(x), cpu_copy(y)
             call.replay = (original, tuple(args[2:]), {k: v for k, v in kwargs.items() if k not in ("input", "target")})
+            if y_tensor and self._inputs:
+                call.target_arg = _same_storage(y, self._inputs[-1])
         if is_tensor:
             call.node = value.grad_fn
         self.recording.loss_calls.append(call)
