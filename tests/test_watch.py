@@ -333,3 +333,41 @@ def test_script_definitions_load_without_the_values_only_the_run_computes(tmp_pa
     module = load_script_defs(script)
     assert module.WIDTH == 16 and not hasattr(module, "lr") and not hasattr(module, "args")
     assert module.Net().fc.in_features == 16
+
+
+def _clipped(out, boost_step=None, max_norm=0.05, triggers=None):
+    """_loop's model and data, clipping every gradient to max_norm; at boost_step the loss backpropagated is
+    scaled up 1e4 (the gradient explodes; clipping hides it from anything that reads the gradient after it)."""
+    torch.manual_seed(0)
+    model, crit = Net(), nn.CrossEntropyLoss()
+    opt = torch.optim.Adam(model.parameters(), 1e-2)
+    X = torch.randn(1200, 8)
+    Y = (X[:, 0] > 0).long() + (X[:, 1] > 0).long()
+    returned = {}
+    with nnwizard.watch(model, opt, out=out, every=10, tensorboard=False, quiet=True, triggers=triggers) as w:
+        for i in range(120):
+            loss = crit(model(X[i * 10:(i + 1) * 10]), Y[i * 10:(i + 1) * 10])
+            opt.zero_grad()
+            (loss * (1e4 if i + 1 == boost_step else 1.0)).backward()
+            returned[i + 1] = float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
+            opt.step()
+    return w, returned
+
+
+def test_watch_logs_the_gradient_norm_before_the_scripts_clipping(tmp_path):
+    w, returned = _clipped(tmp_path / "w")
+    lines = [json.loads(l) for l in (tmp_path / "w" / "watch.jsonl").read_text().splitlines()]
+    assert [l["step"] for l in lines][:3] == [1, 10, 20]
+    for line in lines:   # what clip_grad_norm_ returned, not the clipped norm (never above 0.05)
+        assert line["grad_norm"] == pytest.approx(returned[line["step"]], rel=1e-5) and line["grad_norm"] > 0.05
+        assert line["grad_norm_clipped"] <= 0.05 + 1e-6
+    unclipped = [json.loads(l) for l in _loop(tmp_path / "u")[0].out.joinpath("watch.jsonl").read_text().splitlines()]
+    assert all("grad_norm_clipped" not in l for l in unclipped)
+
+
+def test_a_gradient_explosion_under_clipping_is_caught(tmp_path):
+    only = Triggers(enabled=("grad-explosion",))
+    w, _ = _clipped(tmp_path / "w", boost_step=100, triggers=only)
+    assert [(a.kind, a.step) for a in w.anomalies] == [("grad-explosion", 100)]
+    quiet, _ = _clipped(tmp_path / "q", triggers=only)
+    assert quiet.anomalies == []

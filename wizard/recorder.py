@@ -184,6 +184,7 @@ class StepRecord:
     training: dict[int, bool] = field(default_factory=dict)  # model index -> model.training at its forwards
     grad_enabled: bool = True
     grad_norm: float | None = None
+    grad_norm_clipped: float | None = None   # light mode: the norm after the script's clip_grad_norm_ (grad_norm: before it)
     grads_none: int = 0          # trainable tensors of the optimizer with .grad None
     grads_total: int = 0         # (light mode: both counted on the steps whose gradient norm is measured, 0 on the others)
     grads_nonfinite: bool = False
@@ -697,6 +698,7 @@ class Recorder:
         self._wrapped_steps: set = set()          # optimizer classes whose step is wrapped
         self._opt_ids: dict[int, OptimizerInfo] = {}
         self._inputs: list[tuple] = []            # full mode: arguments of the forwards since the last step (at most 8)
+        self._clip_norm: torch.Tensor | None = None   # light mode: what clip_grad_norm_ returned since the last step
         self._cleared: set[int] = set()           # full mode: id() of optimizers whose zero_grad() ran since the last step
         self._trainable_n: dict[int, int] = {}    # full mode: id(optimizer) -> its trainable tensors at its last measured step
         self._site = None   # full mode: the frame that called torch's own loss module now running (see _model_called)
@@ -767,10 +769,26 @@ class Recorder:
 
     def _patch_clipping(self) -> None:
         """Full mode: ``clip_grad_norm_`` / ``clip_grad_value_`` (``torch.nn.utils`` and its ``clip_grad``
-        module, where scripts import them from) record where they ran relative to backward and step."""
+        module, where scripts import them from) record where they ran relative to backward and step. Light
+        mode: ``clip_grad_norm_``'s result, the norm before clipping, is kept for the step's measured gradient
+        norm (after the clip every norm is at most max_norm: an explosion would never show)."""
         from torch.nn.utils import clip_grad as clip_mod
 
         rec = self
+        if not self.full:
+            def clip_light(original):
+                @functools.wraps(original)
+                def clip_grad_norm_(*args, **kwargs):
+                    result = original(*args, **kwargs)
+                    if isinstance(result, torch.Tensor):
+                        rec._clip_norm = result
+                    return result
+                return clip_grad_norm_
+
+            for owner in (torch.nn.utils, clip_mod):
+                if "clip_grad_norm_" in owner.__dict__:
+                    self._patch(owner, "clip_grad_norm_", clip_light)
+            return
 
         def clip_patch(original):
             @functools.wraps(original)
@@ -861,8 +879,7 @@ class Recorder:
 
         self._patch(torch.optim.Optimizer, "__init__", init_patch)
         self._patch(nn.Module, "zero_grad", zero_grad_patch)
-        if self.full:
-            self._patch_clipping()
+        self._patch_clipping()
 
         def backward_patch(original):  # full mode (light mode: _backward_light)
             @functools.wraps(original)
@@ -2144,6 +2161,9 @@ class Recorder:
             grads = [g.detach() for g in grads]
         norms = torch._foreach_norm(grads)
         total = total_norm(norms)
+        clipped = self._clip_norm
+        if clipped is not None and clipped.numel() == 1:   # the script clipped: its norm before the clip
+            step.grad_norm_clipped, total = total, float(clipped)
         step.grad_norm = total
         step.grads_nonfinite = not math.isfinite(total)
         self.grad_norms = (withgrad, norms)
@@ -2171,7 +2191,7 @@ class Recorder:
         rec.steps.append(step)
         rec.total_steps = total = rec.total_steps + 1
         self._last_step_t, self._zero_grad_since, self._zero_after_backward, self._backward_since_step, \
-            self.grad_norms = now, False, False, 0, None
+            self.grad_norms, self._clip_norm = now, False, False, 0, None, None
         if total > 1:  # the first step's time includes the program's start; outliers (an evaluation
             # between epochs) move the estimate by at most 4x its size
             s = self._step_s

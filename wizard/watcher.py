@@ -592,7 +592,7 @@ class Watch:
                     and len(queue) < detector.gap - 1:
                 queue.append(h)   # (its first three: step, loss, norm)
                 return
-        self._step_full(optimizer, detector, h, own)
+        self._step_full(optimizer, detector, h, own, step_rec.grad_norm_clipped)
 
     def _first_step(self, h: tuple) -> None:
         """Until the run's first step with a positive LR (a warmup may start at 0): keep it, or the latest."""
@@ -602,14 +602,17 @@ class Watch:
         else:
             self._first0 = h
 
-    def _step_full(self, optimizer, detector: Detector, h: tuple, own: int) -> None:
+    def _step_full(self, optimizer, detector: Detector, h: tuple, own: int, clipped: float | None = None) -> None:
         """on_step_pre past its fast path: the full check, on a logged step the line (before the
-        update), at an anomaly the bundle and the stop."""
+        update), at an anomaly the bundle and the stop. ``clipped``: the global norm after the script's
+        clip_grad_norm_ (the line's grad_norm is the norm before it; top_grads are after it)."""
         loss, norm = h[1], h[2]
         anomaly = detector.check(self.steps, loss, norm)
         if own % self.log_every == 0 or own == 1 or anomaly is not None:
             started = time.perf_counter()
             line = self._entry(h)
+            if clipped is not None:
+                line["grad_norm_clipped"] = clipped
             keyed, names = self._names(optimizer)
             measured = self._recorder.grad_norms if self._recorder is not None and norm is not None else None
             if measured is not None:  # the recorder's per-tensor norms of this very step
