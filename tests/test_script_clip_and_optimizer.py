@@ -103,3 +103,25 @@ def test_the_recording_keeps_one_optimizer_per_family_alive(tmp_path):
     target = ScriptTarget(run_script(load_script(str(path)), [], RunOptions(max_steps=30)))
     assert len(target.recording.optimizers) == 2          # the SGD built before the loop, and the Adam family
     assert target.recording.optimizers[1].built == 16 and adams() - before <= 1
+
+
+def test_the_recorded_gradient_norm_is_the_one_before_the_scripts_clip(tmp_path):
+    """The per-step trace's grad norm is what clip_grad_norm_ returned (after the clip every measured norm would be
+    0.1, so a growing or exploding gradient would never show), the clipped one kept beside it; without clipping
+    there is nothing beside it."""
+    from nnwizard.script_view import CLIPPED, markdown_lines, observed
+
+    text = LOOP.replace("REBUILD", "pass").replace("BEFORE", "pass").replace("AFTER", "pass").replace("BETWEEN", CLIP)
+    path = tmp_path / "train.py"
+    path.write_text(text)
+    target = ScriptTarget(run_script(load_script(str(path)), [], RunOptions(max_steps=12)))
+    measured = [s for s in target.recording.steps if s.grad_norm is not None]
+    assert measured and all(s.grad_norm > 0.1 and s.grad_norm_clipped <= 0.1 + 1e-6 for s in measured)
+    clips = [c.norm for c in target.recording.clips]   # the norms clip_grad_norm_ returned, as trace-clip keeps them
+    assert all(s.grad_norm == pytest.approx(clips[s.step - 1], rel=1e-5) for s in measured)
+    assert CLIPPED in "\n".join(markdown_lines(observed(target)))
+    plain = LOOP.replace("REBUILD", "pass").replace("BEFORE", "pass").replace("AFTER", "pass").replace("BETWEEN", "pass")
+    path.write_text(plain)
+    unclipped = ScriptTarget(run_script(load_script(str(path)), [], RunOptions(max_steps=12)))
+    assert all(s.grad_norm_clipped is None for s in unclipped.recording.steps)
+    assert CLIPPED not in "\n".join(markdown_lines(observed(unclipped)))

@@ -184,7 +184,7 @@ class StepRecord:
     training: dict[int, bool] = field(default_factory=dict)  # model index -> model.training at its forwards
     grad_enabled: bool = True
     grad_norm: float | None = None
-    grad_norm_clipped: float | None = None   # light mode: the norm after the script's clip_grad_norm_ (grad_norm: before it)
+    grad_norm_clipped: float | None = None   # the norm after the script's clip_grad_norm_ (grad_norm: before it)
     grads_none: int = 0          # trainable tensors of the optimizer with .grad None
     grads_total: int = 0         # (light mode: both counted on the steps whose gradient norm is measured, 0 on the others)
     grads_nonfinite: bool = False
@@ -698,7 +698,7 @@ class Recorder:
         self._wrapped_steps: set = set()          # optimizer classes whose step is wrapped
         self._opt_ids: dict[int, OptimizerInfo] = {}
         self._inputs: list[tuple] = []            # full mode: arguments of the forwards since the last step (at most 8)
-        self._clip_norm: torch.Tensor | None = None   # light mode: what clip_grad_norm_ returned since the last step
+        self._clip_norm: torch.Tensor | None = None   # what clip_grad_norm_ returned since the last step
         self._cleared: set[int] = set()           # full mode: id() of optimizers whose zero_grad() ran since the last step
         self._trainable_n: dict[int, int] = {}    # full mode: id(optimizer) -> its trainable tensors at its last measured step
         self._site = None   # full mode: the frame that called torch's own loss module now running (see _model_called)
@@ -799,6 +799,8 @@ class Recorder:
                     result = original(*args, **kwargs)
                 finally:
                     rec._resume()
+                if isinstance(result, torch.Tensor):   # (clip_grad_value_ returns None)
+                    rec._clip_norm = result
                 if len(rec.recording.clips) < CLIP_KEEP:
                     limit = args[1] if len(args) > 1 else kwargs.get("max_norm", kwargs.get("clip_value"))
                     norm = float(result) if isinstance(result, torch.Tensor) and result.numel() == 1 else None
@@ -2022,7 +2024,8 @@ class Recorder:
         if inputs:
             step.nonfinite_input = step.nonfinite_input or _nonfinite(inputs)
         if grads:
-            total = total_norm(torch._foreach_norm([g if not g.requires_grad else g.detach() for g in grads]))
+            total = self._before_clip(step, total_norm(torch._foreach_norm([g if not g.requires_grad else g.detach()
+                                                                            for g in grads])))
             step.grad_norm = total
             step.grads_nonfinite = not math.isfinite(total)
         else:
@@ -2034,6 +2037,16 @@ class Recorder:
         if trainable and step.step <= UPDATE_STEPS:
             views = self._views(optimizer, trainable)
             self._before_step = (trainable, views, _snapshot(views))
+
+    def _before_clip(self, step: StepRecord, total: float) -> float:
+        """The step's global gradient norm as the script's ``clip_grad_norm_`` found it before clipping, when it
+        clipped since the last step (``total``, measured after the clip, is kept as ``grad_norm_clipped``: a
+        clipped norm never exceeds max_norm, so neither a growth nor an explosion would show in it)."""
+        clipped = self._clip_norm
+        if clipped is None or clipped.numel() != 1:
+            return total
+        step.grad_norm_clipped = total
+        return float(clipped)
 
     def _views(self, optimizer, trainable: list[torch.Tensor]) -> list[torch.Tensor]:
         """``_update_views`` of the optimizer's trainable parameters, made again only when a parameter
@@ -2160,10 +2173,7 @@ class Recorder:
         if any(map(_REQUIRES, grads)):  # (a gradient with its own graph: create_graph=True)
             grads = [g.detach() for g in grads]
         norms = torch._foreach_norm(grads)
-        total = total_norm(norms)
-        clipped = self._clip_norm
-        if clipped is not None and clipped.numel() == 1:   # the script clipped: its norm before the clip
-            step.grad_norm_clipped, total = total, float(clipped)
+        total = self._before_clip(step, total_norm(norms))
         step.grad_norm = total
         step.grads_nonfinite = not math.isfinite(total)
         self.grad_norms = (withgrad, norms)
@@ -2263,6 +2273,7 @@ class Recorder:
         rec.total_steps += 1
         self._zero_grad_since = self._zero_after_backward = False
         self._backward_since_step = 0
+        self._clip_norm = None
         self._cleared = set()
         self._confirm_kept()
         self._window_values = []

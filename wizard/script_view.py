@@ -32,7 +32,7 @@ def observed(target) -> dict[str, Any]:
     chosen = _trace_steps(steps)
     names = {m.index: m.name for m in rec.models}
     trace = [{"step": s.step, "epoch": s.epoch, "batch": s.batch, "loss": _num(s.loss), "grad_norm": _num(s.grad_norm),
-              "lr": s.lrs[0] if s.lrs else None, "zero_grad": s.zero_grad, "backwards": s.backwards,
+              "clipped": s.grad_norm_clipped is not None, "lr": s.lrs[0] if s.lrs else None, "zero_grad": s.zero_grad, "backwards": s.backwards,
               "training": all(s.training.values()) if s.training else None,
               "modes": {names.get(k, str(k)): v for k, v in s.training.items()}, "update": _num(s.update)}
              for s in chosen]
@@ -161,8 +161,8 @@ def print_observed(console, obs: dict) -> None:
         for row in _trace_rows(obs["trace"]):
             table.add_row(*map(str, row))
         c.print(table)
-        if _unmeasured(obs["trace"]):
-            c.print(f"  [dim]{UNMEASURED}[/]", highlight=False)
+        for note in _notes(obs["trace"]):
+            c.print(f"  [dim]{note}[/]", highlight=False)
     if obs["written"]:
         c.print(f"  the script wrote {len(obs['written'])} file(s), kept in {obs['scratch']}: "
                 + ", ".join(w["path"] for w in obs["written"][:6]), highlight=False)
@@ -235,8 +235,17 @@ def _mode(s: dict) -> str:
     return "-" if s["training"] is None else ("train" if s["training"] else "eval")
 
 
+CLIPPED = ("grad norm: before the script's `clip_grad_norm_`, as it returned it (after the clip a norm is at most "
+           "max_norm)")
+
+
 def _unmeasured(trace: list[dict]) -> bool:
     return any(s["grad_norm"] is None and s["loss"] is not None for s in trace)
+
+
+def _notes(trace: list[dict]) -> list[str]:
+    """The sentences under the per-step table that say how to read its grad norm column."""
+    return ([UNMEASURED] if _unmeasured(trace) else []) + ([CLIPPED] if any(s.get("clipped") for s in trace) else [])
 
 
 def _short(v, spec: str = ".4g") -> str:
@@ -267,8 +276,8 @@ def markdown_lines(obs: dict) -> list[str]:
         out += ["### Per-step trace", ""]
         out += _table(TRACE_COLUMNS, _trace_rows(obs["trace"]))
         out.append("")
-        if _unmeasured(obs["trace"]):
-            out += [UNMEASURED, ""]
+        for note in _notes(obs["trace"]):
+            out += [note, ""]
     if obs.get("reruns"):
         out += ["### Reruns of the script (interventions)", ""]
         out += _table(["intervention", "optimizer steps (planned)", "seconds", "ended"],
