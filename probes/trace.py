@@ -197,7 +197,9 @@ def trace_zero_grad(ctx: ProbeContext, rec):
         n = len(by_opt[worst])
         return failed("carry-over", f"at the first backward after each of {n} optimizer steps, {share:.0%} of "
                       f"{whose} gradients still held the previous step's values (zero_grad called before "
-                      f"{calls} of {len(later)} steps); the gradient norm grew {growth:.1f}x", **data)
+                      f"{calls} of {len(later)} steps); "
+                      + (f"the gradient norm grew {growth:.1f}x" if growth >= 1 else
+                         f"the gradient norm ended at {growth:.2g}x its first measured value"), **data)
     return passed(f"gradients were cleared before the backward of {len(measured) - round(carried * len(measured))} of "
                   f"{len(measured)} steps (zero_grad before {calls} of {len(later)})", **data)
 
