@@ -801,7 +801,9 @@ def trace_stale_batch(ctx: ProbeContext, rec):
         from_once = bool(drawn) and fingerprint(next(_tensors(inputs), None)) in drawn
         if len(other) >= 2 or len(loader) >= 2 or from_once:
             if len(other) >= 2:
-                source = f"the script's evaluation forwards of {info.name} took {len(other)} other inputs of that shape"
+                recorded = sum(1 for i, _ in rec.eval_inputs if i == info.index)
+                source = (f"{len(other)} of the first {recorded} evaluation forwards of {info.name} the recording kept took "
+                          f"other inputs of that shape")
             elif len(loader) >= 2:
                 source = f"its DataLoader yielded {len(loader)} different batches"
             else:
