@@ -639,6 +639,7 @@ def _run_once(script: Script, args: list[str], opts: RunOptions, evaluation_caps
                 sys.stdout, sys.stderr = out, err
             try:
                 with (sandbox or _null()), _timed_imports(imports, fresh if ranges else None), recorder, _entered(opts.patches), \
+                        (_eager(recorder) if recorder.full else _null()), \
                         _alarm((opts.time_limit_s or 0) * 1.5 + 5 if opts.time_limit_s else None):
                     try:
                         if script.module is not None:
@@ -677,6 +678,42 @@ def _run_once(script: Script, args: list[str], opts: RunOptions, evaluation_caps
 @contextmanager
 def _null():
     yield None
+
+
+@contextmanager
+def _eager(recorder):
+    """While a diagnosis records the script, ``torch.compile`` hands back what it was given (a module, a
+    function, or as a decorator) and ``Module.compile()`` does nothing: the model runs eagerly, so the recorder
+    sees the ops and the loss call inside it (a compiled graph hides them: nanoGPT's loss, computed in its
+    forward, was not recorded) and no step pays the compilation (28 s for nanoGPT's first step on this CPU).
+    Compiled and eager code compute the same; the recording says it ran eagerly. A returned module also
+    answers ``_orig_mod`` (the compiled wrapper's name for it), without registering a submodule."""
+    import torch
+    from torch import nn
+
+    real_compile, real_method = torch.compile, nn.Module.compile
+
+    def noted() -> None:
+        note = "torch.compile ran eagerly while recorded (the ops inside the model are seen; no compilation time)"
+        if note not in recorder.recording.notes:
+            recorder.recording.notes.append(note)
+
+    def compile(model=None, *args, **kwargs):
+        noted()
+        if model is None:   # @torch.compile(mode=...): a decorator
+            return lambda fn: fn
+        if isinstance(model, nn.Module) and "_orig_mod" not in model.__dict__:
+            object.__setattr__(model, "_orig_mod", model)
+        return model
+
+    def module_compile(self, *args, **kwargs):
+        noted()
+
+    torch.compile, nn.Module.compile = compile, module_compile
+    try:
+        yield
+    finally:
+        torch.compile, nn.Module.compile = real_compile, real_method
 
 
 @contextmanager
