@@ -371,3 +371,37 @@ def test_a_gradient_explosion_under_clipping_is_caught(tmp_path):
     assert [(a.kind, a.step) for a in w.anomalies] == [("grad-explosion", 100)]
     quiet, _ = _clipped(tmp_path / "q", triggers=only)
     assert quiet.anomalies == []
+
+
+def test_a_compiled_model_is_watched_and_its_nan_step_replays(tmp_path):
+    """torch.compile(model): watch keeps the wrapper's calls (its instance hooks run outside the compiled graph)
+    as the model's own, nothing of ours is traced into the graph, and the NaN step's bundle is replayable."""
+    class OwnLoss(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(16, 32), nn.Linear(32, 4)
+
+        def forward(self, x, y):
+            logits = self.b(torch.relu(self.a(x)))
+            return logits, nn.functional.cross_entropy(logits, y)
+
+    torch.manual_seed(0)
+    raw = OwnLoss()
+    model = torch.compile(raw)
+    opt = torch.optim.Adam(model.parameters(), 1e-3)
+    X = torch.randn(1600, 16)
+    Y = (X[:, 0] > 0).long() + 2 * (X[:, 1] > 0).long()
+    with pytest.warns(UserWarning, match="global hooks"), \
+            nnwizard.watch(raw, opt, out=tmp_path / "w", tensorboard=False, quiet=True) as w:
+        for i in range(60):
+            x, y = X[i * 16:(i + 1) * 16].clone(), Y[i * 16:(i + 1) * 16]
+            if i == 40:
+                x[3, 0] = float("nan")
+            _, loss = model(x, y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    assert [(a.kind, a.step) for a in w.anomalies] == [("nonfinite", 41)]
+    meta = json.loads((w.bundles[0] / "meta.json").read_text())
+    assert meta["replayable"], meta.get("why_not")
+    assert meta["models"] == {"model": "OwnLoss"}   # the model itself, not torch's wrapper around it

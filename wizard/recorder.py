@@ -503,6 +503,7 @@ def _largest_change(after: list[torch.Tensor], before: torch.Tensor | list[torch
 
 
 _DTYPE_NAMES: dict = {}
+_compiling = torch.compiler.is_compiling   # light mode: True while torch.compile traces a graph
 
 
 def _values(params) -> int:
@@ -1354,7 +1355,7 @@ class Recorder:
 
             @functools.wraps(original)
             def loss_args(*args, **kwargs):
-                if rec._in_loss:
+                if rec._in_loss or _compiling():   # (inside a graph torch.compile traces: not recorded)
                     return original(*args, **kwargs)
                 rec._in_loss = 1
                 try:
@@ -1386,7 +1387,7 @@ class Recorder:
 
         @functools.wraps(original)
         def loss(*args, **kwargs):
-            if rec._in_loss:
+            if rec._in_loss or _compiling():
                 return original(*args, **kwargs)
             rec._in_loss += 1
             try:

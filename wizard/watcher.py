@@ -145,6 +145,13 @@ def _loss_parts(loss: tuple) -> dict:
 
 
 _cpu_rng = torch.default_generator.get_state  # torch.random.get_rng_state without its Python frame
+_compiling = torch.compiler.is_compiling       # True while torch.compile traces (our side effects stay out of its graph)
+
+
+def _unwrapped(module: nn.Module) -> nn.Module:
+    """The model a ``torch.compile`` wrapper (OptimizedModule) runs; any other module itself."""
+    inner = module.__dict__.get("_modules", {}).get("_orig_mod") if type(module).__name__ == "OptimizedModule" else None
+    return inner if isinstance(inner, nn.Module) else module
 _grad_enabled = torch.is_grad_enabled          # (one lookup less per call: these run every step)
 _Tensor = torch.Tensor
 
@@ -329,7 +336,10 @@ class Watch:
     def _models(self) -> list[nn.Module]:
         found = [self.model] if self.model is not None else []
         if self._recorder is not None:
-            found += [m.module for m in self._recorder.recording.models if all(m.module is not f for f in found)]
+            for m in self._recorder.recording.models:
+                inner = _unwrapped(m.module)
+                if all(inner is not f for f in found):
+                    found.append(inner)
         return found
 
     def _names(self, optimizer) -> tuple[dict[str, nn.Module], dict[int, str]]:
@@ -360,7 +370,8 @@ class Watch:
         """Is this top-level model call part of the watched model (itself, or a submodule called directly)?"""
         seen = self._seen.get(id(module))
         if seen is None:
-            seen = self.model is None or module is self.model or any(m is module for m in self.model.modules())
+            inner = _unwrapped(module)   # (a compiled model's wrapper is ours when the model it runs is)
+            seen = self.model is None or inner is self.model or any(m is inner for m in self.model.modules())
             self._seen[id(module)] = seen
         return seen
 
@@ -380,7 +391,7 @@ class Watch:
             def first(m, a, kw, out):  # its keyword arguments and output, once
                 box[0].remove()
                 calls = self._current["calls"]
-                if calls and calls[-1]["module"] is m and "out" not in calls[-1]:
+                if calls and calls[-1]["module"] is _unwrapped(m) and "out" not in calls[-1]:
                     calls[-1].update(kwargs=kw, out=out)
             box.append(module.register_forward_hook(first, with_kwargs=True, always_call=True))
 
@@ -406,7 +417,7 @@ class Watch:
 
         @functools.wraps(original)
         def forward(this, *args, **kwargs):
-            if watch._inside or id(this) not in watch._wrapped or not _grad_enabled():
+            if watch._inside or id(this) not in watch._wrapped or not _grad_enabled() or _compiling():
                 return original(this, *args, **kwargs)
             cur = watch._current
             calls = cur["calls"]
@@ -434,6 +445,7 @@ class Watch:
     def _model_pre(self, module, args, kwargs):
         if not torch.is_grad_enabled():
             return None
+        module = _unwrapped(module)   # a compiled model's call is kept as its model's (replayed eagerly)
         cur = self._current
         calls = cur["calls"]
         if not calls:
@@ -446,6 +458,7 @@ class Watch:
         return None
 
     def _model_post(self, module, args, *rest):
+        module = _unwrapped(module)
         output = rest[-1] if rest else None
         calls = self._current["calls"]
         if calls and calls[-1]["module"] is module and "out" not in calls[-1]:
