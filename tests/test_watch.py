@@ -405,3 +405,8 @@ def test_a_compiled_model_is_watched_and_its_nan_step_replays(tmp_path):
     meta = json.loads((w.bundles[0] / "meta.json").read_text())
     assert meta["replayable"], meta.get("why_not")
     assert meta["models"] == {"model": "OwnLoss"}   # the model itself, not torch's wrapper around it
+    from nnwizard.bundle import load_bundle
+
+    # backward ran on the model's second output, its loss; a compiled graph is one autograd node for both outputs,
+    # so the logits share the loss's grad_fn: the output number tells them apart
+    assert load_bundle(w.bundles[0]).batch["step"]["backward"] == [{"kind": "output", "call": 0, "path": [1], "scale": 1.0}]

@@ -78,14 +78,15 @@ def _path_to(container: Any, x: torch.Tensor, depth: int = 0) -> list | None:
     if isinstance(container, torch.Tensor):
         if container is x:
             return []
-        node, seen = x.grad_fn, 0
+        # (the output number too: a graph torch.compile made is one autograd node for all of its outputs)
+        node, nr, seen = x.grad_fn, x.output_nr, 0
         while node is not None and seen < 8 and container.grad_fn is not None:
-            if node is container.grad_fn:
+            if node is container.grad_fn and nr == container.output_nr:
                 return []
             if not type(node).__name__.startswith(_VIEWS):
                 break
-            nxt = [fn for fn, _ in node.next_functions if fn is not None]
-            node, seen = (nxt[0] if len(nxt) == 1 else None), seen + 1
+            nxt = [(fn, n) for fn, n in node.next_functions if fn is not None]
+            (node, nr), seen = (nxt[0] if len(nxt) == 1 else (None, 0)), seen + 1
         if container.numel() == x.numel() and container.numel() and \
                 container.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
             return []
