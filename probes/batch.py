@@ -197,6 +197,16 @@ def batch_independence(ctx: ProbeContext):
             return skipped(f"{who}{where}; but the model keeps samples apart along dim 1 and the script does not feed "
                            f"it a DataLoader batch as yielded, so dim 0 is taken for time, not the batch (the default "
                            f"layout of a recurrent layer without batch_first)", "time-first", **data)
+        lengths = getattr(target, "sequence_lengths", None)
+        shape = data.get("module_input")
+        ids = inputs.dim() == 1 and not inputs.is_floating_point() and not getattr(target, "inputs_batch_first", True)
+        if (lengths or ids) and isinstance(shape, list) and len(shape) == 3 and shape[1] == 1:
+            # one sequence per forward, laid out (time, 1, features) by the model itself: nothing to mix
+            seen = (f"dim 0 of its input is {_list(lengths)} long across the recorded forwards" if lengths else
+                    f"its input is one row of {len(inputs)} token ids")
+            data["input_lengths"] = (lengths or [len(inputs)])[:8]
+            return skipped(f"{who}{where}; but the script feeds its model one sequence per forward ({seen}) and the "
+                           f"layer sees a batch of 1, so dim 0 is time, not a batch of samples", "time-first", **data)
         return failed("sequence-axis", f"{who}{where}", [table], **data)
     return failed("mixes", f"{who}{where}", [table], **data)
 

@@ -74,6 +74,7 @@ def _capture(target, model, inputs, targets, files):
         "double-sigmoid": "BCEWithLogitsLoss gets probabilities (a sigmoid already applied)",
         "logprobs-to-logits": "BCEWithLogitsLoss gets log-probabilities (logsigmoid / log_softmax output)",
         "squashed-logits": "a Sigmoid/Tanh bounds the logits of CrossEntropyLoss",
+        "clamped-logits": "a ReLU (or clamp) after the last layer: no logit below 0 and many exactly 0",
         "other-dim": "outputs are normalised (softmax / log_softmax) over a dimension other than the classes",
         "softmax-size1": "a softmax / log_softmax over a dimension of size 1: every value is 1 (or 0)",
         "single-class": "a class loss gets one score per sample: its value is 0 whatever the model does",
@@ -118,6 +119,7 @@ def loss_output_audit(ctx: ProbeContext):
     in01 = bool(((o >= 0) & (o <= 1)).all())
     rows_sum_one = o.dim() >= 2 and o.shape[1] > 1 and in01 and bool(((o.sum(1) - 1).abs() < 1e-3).all())
     data["rows_sum_to_one"] = rows_sum_one
+    data["zero_share"] = round(float((o == 0).float().mean()), 4)
     spread = float(o.max() - o.min())
     # constants: a normalisation over a dimension of size 1, one class score, or one value everywhere
     if producer is not None and producer.op in ("softmax", "log_softmax") and producer.size == 1:
@@ -158,6 +160,11 @@ def loss_output_audit(ctx: ProbeContext):
             return failed("double-softmax", f"{where} and its outputs are probabilities (rows sum to 1, range "
                           f"[{data['out_min']:.3g}, {data['out_max']:.3g}]); {name} applies log_softmax again, so the loss "
                           f"cannot fall below ln(1 + {c - 1}/e) = {floor:.3f} even when every prediction is right{grad}", **data)
+        if _clamped(o, module):
+            return failed("clamped-logits", f"{where}: none of the {o.numel()} logits is below 0 and "
+                          f"{data['zero_share']:.0%} are exactly 0 (a ReLU or clamp after the last layer); {name} needs "
+                          f"unbounded logits: a class score can never go negative, so the model can only raise the right "
+                          f"class, and the scores held at 0 pass no gradient", **data)
         if normalised in ("sigmoid", "tanh") or isinstance(module, (nn.Sigmoid, nn.Tanh)):
             return failed("squashed-logits", f"{where}: the logits are squashed into [{data['out_min']:.3g}, "
                           f"{data['out_max']:.3g}] before {name}, which needs unbounded logits", **data)
@@ -188,11 +195,23 @@ def loss_output_audit(ctx: ProbeContext):
             return failed("logprobs-to-logits", f"{where}: log-probabilities in [{data['out_min']:.3g}, "
                           f"{data['out_max']:.3g}] go into BCEWithLogitsLoss, which reads them as logits: every "
                           f"prediction is below 0.5", **data)
+        if _clamped(o, module):
+            return failed("clamped-logits", f"{where}: none of the {o.numel()} logits is below 0 and "
+                          f"{data['zero_share']:.0%} are exactly 0 (a ReLU or clamp after the last layer): no prediction "
+                          f"of {name} can fall below probability 0.5, and the logits held at 0 pass no gradient", **data)
         if normalised in ("sigmoid", "softmax") or (in01 and o.numel() >= 16 and float(o.min()) > 0):
             return failed("double-sigmoid", f"{where}: outputs already in [{data['out_min']:.3g}, {data['out_max']:.3g}] "
                           f"go into BCEWithLogitsLoss, which applies sigmoid again (predictions stuck between 0.5 and 0.73)", **data)
         return passed(f"{where}; logits in [{data['out_min']:.3g}, {data['out_max']:.3g}] for BCEWithLogitsLoss", **data)
     return passed(f"{where}; {name}: no output convention to check", **data)
+
+
+def _clamped(o: torch.Tensor, module) -> bool:
+    """Logits clamped at 0 from below: none negative, and a ReLU is the model's last module or at least
+    a tenth of them (of 16 or more) are exactly 0."""
+    if float(o.min()) < 0:
+        return False
+    return isinstance(module, (nn.ReLU, nn.ReLU6)) or (o.numel() >= 16 and float((o == 0).float().mean()) >= 0.1)
 
 
 def _softmax_grad_ratio(probs: torch.Tensor, targets: torch.Tensor | None) -> float | None:

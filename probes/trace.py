@@ -751,6 +751,8 @@ def trace_graph(ctx: ProbeContext, rec):
         return failed("stored", f"{alive[peak_at]} loss tensors whose backward already ran were still referenced at step "
                       f"{peak_at + 1}, one more after every step for {best} steps: they are kept (e.g. appended to a list "
                       f"instead of loss.item()) with their graphs", **data)
+    if len(rec.steps) < 2:   # a graph carried into the next step shows at that step's backward
+        return skipped(f"one optimizer step recorded: a graph kept across steps shows from the second", **data)
     return passed(f"no backpropagated loss outlived its step over {len(rec.steps)} steps", **data)
 
 
@@ -940,7 +942,9 @@ def trace_crash(ctx: ProbeContext, rec):
               "double-softmax": "cross_entropy gets probabilities (rows in [0, 1] summing to 1): softmax applied twice",
               "probs-to-nll": "nll_loss gets probabilities instead of log-probabilities",
               "logits-to-nll": "nll_loss gets raw logits instead of log-probabilities",
-              "double-sigmoid": "binary_cross_entropy_with_logits gets values already squashed into [0, 1]"},
+              "double-sigmoid": "binary_cross_entropy_with_logits gets values already squashed into [0, 1]",
+              "clamped-logits": "a loss that wants logits gets values clamped at 0 from below (a ReLU after the last layer)",
+              "squashed-logits": "cross_entropy gets values bounded in [0, 1] that are not probabilities (a sigmoid on the logits)"},
     timeout_s=10,
 )
 @_on_recording
@@ -970,12 +974,46 @@ def trace_loss_input(ctx: ProbeContext, rec):
         if call.fn == "nll_loss" and (lse - 0).abs().mean() > 0.1:
             return failed("logits-to-nll", f"nll_loss received rows whose logsumexp is {float(lse.mean()):.3g}, not 0: raw "
                           f"logits where it needs log_softmax outputs", **data)
+        if call.fn == "cross_entropy" and not probs and x.numel() >= MIN_LOGITS:
+            clamped = _clamped(x, call.fn, data)
+            if clamped is not None:
+                return clamped
+            if data["min"] >= 0 and data["max"] <= 1:
+                c = x.shape[1]
+                floor = math.log(1 + (c - 1) / math.e)
+                data.update(classes=c, loss_floor=round(floor, 4))
+                return failed("squashed-logits", f"all {len(x)} rows cross_entropy received lie in [{data['min']:.3g}, "
+                              f"{data['max']:.3g}] without summing to 1: the logits are squashed (a sigmoid) before a loss "
+                              f"that applies its own softmax, so it cannot fall below ln(1 + {c - 1}/e) = {floor:.3f} even "
+                              f"when every prediction is right", **data)
+    if call.fn == "binary_cross_entropy_with_logits" and x.numel() >= MIN_LOGITS:
+        clamped = _clamped(x, call.fn, data)
+        if clamped is not None:
+            return clamped
     if call.fn == "binary_cross_entropy_with_logits" and bool((x >= 0).all() and (x <= 1).all()) and len(x) >= 8:
         return failed("double-sigmoid", f"binary_cross_entropy_with_logits received only values in [0, 1] (min "
                       f"{data['min']:.3g}, max {data['max']:.3g}): a sigmoid was applied before a loss that applies its own",
                       **data)
     return passed(f"{call.fn} receives inputs of the form it expects ({len(x)} rows, range {data['min']:.3g} .. {data['max']:.3g})",
                   **data)
+
+
+MIN_LOGITS = 64        # values a loss must have received before their range says what produced them
+CLAMPED_ZEROS = 0.1    # share of exact zeros, none below, that marks logits clamped by a ReLU
+
+
+def _clamped(x, fn: str, data: dict):
+    """Logits with no value below 0 and many exactly 0: a ReLU (or a clamp) after the last layer, so a
+    score can never go negative and every clamped one passes no gradient (None: not so)."""
+    zeros = float((x == 0).float().mean())
+    data["zero_share"] = round(zeros, 4)
+    if data["min"] < 0 or zeros < CLAMPED_ZEROS:
+        return None
+    cost = ("a class score can never fall below 0, so the model can only raise the right class, never lower the "
+            "others" if fn == "cross_entropy" else "no prediction can fall below probability 0.5")
+    return failed("clamped-logits", f"{fn} received {x.numel()} values, none below 0 and {zeros:.0%} exactly 0: the "
+                  f"logits pass through a ReLU (or a clamp) before a loss that wants them unbounded; {cost}, and the "
+                  f"scores held at 0 pass no gradient back", **data)
 
 
 _LAYER_FILES = ("conv.py", "linear.py", "pooling.py", "batchnorm.py", "normalization.py", "rnn.py", "sparse.py",

@@ -34,6 +34,17 @@ LOGSOFTMAX_NLL = """
     loss_fn = nn.NLLLoss()
 """
 
+RELU_LOGITS_CE = """
+    import torch
+    from torch import nn
+    from torch.utils.data import TensorDataset
+    x = torch.randn(200, 5)
+    y = (x[:, 0] > 0).long() + (x[:, 1] > 0).long()
+    def build_model(): return nn.Sequential(nn.Linear(5, 16), nn.ReLU(), nn.Linear(16, 3), nn.ReLU())
+    def build_data(): return TensorDataset(x[:150], y[:150]), TensorDataset(x[150:], y[150:])
+    loss_fn = nn.CrossEntropyLoss()
+"""
+
 
 # ----------------------------------------------------------------------------- loss-output-audit
 @pytest.mark.parametrize("name,outcome", [
@@ -56,6 +67,13 @@ def test_double_softmax_measures_floor_and_gradient():
 def test_loss_output_audit_double_sigmoid(tmp_path):
     r = run_probe_on("loss-output-audit", module(tmp_path, "sig", SIGMOID_BCE_LOGITS))
     assert r.outcome == "double-sigmoid"
+
+
+def test_loss_output_audit_relu_after_logits(tmp_path):
+    r = run_probe_on("loss-output-audit", module(tmp_path, "relu", RELU_LOGITS_CE))
+    assert r.outcome == "clamped-logits", r.summary
+    quiet = run_probe_on("loss-output-audit", module(tmp_path, "plain", RELU_LOGITS_CE.replace(", nn.Linear(16, 3), nn.ReLU())", ", nn.Linear(16, 3))")))
+    assert quiet.status == "passed", quiet.summary
 
 
 def test_loss_output_audit_quiet_on_logsoftmax_nll(tmp_path):

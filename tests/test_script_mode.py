@@ -316,6 +316,9 @@ FAULTS = {
     "idle-optimizer": ([("opt = torch.optim.SGD(model.parameters(), lr=0.1)", "opt = torch.optim.SGD(model[3].parameters(), lr=0.1)\nenc = torch.optim.SGD(model[0].parameters(), lr=0.1)"),
                         ("opt.zero_grad()", "opt.zero_grad(); enc.zero_grad()")], "trace-backward-step", "optimizer-never-steps"),
     "double-softmax": ([("nn.Linear(16, 2))", "nn.Linear(16, 2), nn.Softmax(dim=1))")], "trace-loss-input", "double-softmax"),
+    # a ReLU after the logits layer (pytorch/tutorials' quickstart once shipped it) / a sigmoid there
+    "clamped-logits": ([("nn.Linear(16, 2))", "nn.Linear(16, 2), nn.ReLU())")], "trace-loss-input", "clamped-logits"),
+    "squashed-logits": ([("nn.Linear(16, 2))", "nn.Linear(16, 2), nn.Sigmoid())")], "trace-loss-input", "squashed-logits"),
     "crash-label-dtype": ([("loss = crit(out, y)", "loss = crit(out, y.float())")], "trace-crash", "labels-wrong-dtype"),
     "lr-spike": ([("opt = torch.optim.SGD(model.parameters(), lr=0.1)", "opt = torch.optim.Adam(model.parameters(), lr=5.0)")],
                  "trace-nan", "spike"),

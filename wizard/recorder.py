@@ -121,6 +121,7 @@ NORM_FIRST = 5  # light mode: steps that always measure it (the triggers' starti
 NORM_EVERY_MAX = 10  # light mode: the longest interval between two gradient-norm measurements
 CLIP_KEEP = 200  # full mode: gradient-clipping calls recorded
 SPAN_CHECKS = 4  # steps at whose first backward full mode looks for the graph of the step before
+SPAN_NODES = 2000  # graph nodes of each of those steps kept to check the next step's graph against
 FULL_DETAIL = 12  # full mode: the first steps whose gradient norm and parameter change are always measured (the trace table shows the first 11),
 FULL_EVERY = 8    # then every FULL_EVERY-th step's, the last 3 of the step budget's, and any step with a non-finite loss
 FULL_LARGE = 1_000_000  # full mode: an optimizer over more values than this has its gradient norm (one memory-bound pass over
@@ -655,7 +656,8 @@ class Recorder:
         self._carried_by: dict[int, float] = {}  # full mode: optimizer index -> its share of grads still set at the first backward after a step
         self._last_model: ModelInfo | None = None
         self._last_event: ForwardEvent | None = None
-        self._trained_nodes: list = []   # grad_fns of forward outputs a backward reached since the last step (full)
+        self._trained_nodes: list = []   # grad_fns of forward outputs a backward reached since the last step, and
+        # (the first SPAN_CHECKS steps) the nodes of the graphs it ran through (full)
         self._prev_nodes: list = []      # the same, of the steps before the last optimizer step
         self._manual_candidates: dict[int, tuple] = {}  # storage ptr / id -> (param, name): trainable parameters
         self._manual_key: tuple | None = None
@@ -1651,6 +1653,8 @@ class Recorder:
         step.backwards += 1
         if loss is not None and loss.numel():
             self._backward_loss(step, loss)
+            if len(rec.steps) < SPAN_CHECKS and loss.grad_fn is not None and len(self._trained_nodes) < SPAN_NODES:
+                self._trained_nodes += _step_nodes(loss.grad_fn)   # (for the next step's span check)
         link = self._linked(loss) if loss is not None else None
         if link is not None:   # the loss call's own value, its forward the only one pending: no graph search
             call, event = link
@@ -2539,6 +2543,22 @@ def _not_a_model(module: nn.Module, frame) -> bool:
     if owner is not None and next(owner.parameters(), None) is not None:
         return False
     return _library_class(type(module)) or _fetching(frame)
+
+
+def _step_nodes(root, limit: int = SPAN_NODES) -> list:
+    """The autograd nodes of one step's graph below ``root``, its parameters' AccumulateGrad nodes left
+    out (every step's graph shares those): a later step's graph that reaches one of them runs through
+    this step's graph (a hidden state or cached output carried over without detach())."""
+    nodes, queue, seen = [], collections.deque([root]), set()
+    while queue and len(seen) < limit:
+        node = queue.popleft()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if type(node).__name__ != "AccumulateGrad":
+            nodes.append(node)
+        queue.extend(fn for fn, _ in node.next_functions)
+    return nodes
 
 
 def _reached(root, targets: set[int], limit: int = 4000) -> set[int]:

@@ -19,6 +19,8 @@ more than one tensor), ``capture_problem`` says why and the model-level probes a
 
 from __future__ import annotations
 
+import collections
+
 import copy
 import statistics
 from dataclasses import dataclass
@@ -307,6 +309,22 @@ class ScriptTarget(Target):
         items = [t for b in batches for t in (b if isinstance(b, (tuple, list)) else
                                               b.values() if isinstance(b, dict) else [b]) if isinstance(t, torch.Tensor)]
         return any(t.shape == x.shape and t.dtype == x.dtype and torch.equal(t, x) for t in items)
+
+    @property
+    def sequence_lengths(self) -> list[int] | None:
+        """The dim-0 sizes of the model's recorded training inputs when they vary as sequence lengths do
+        (one sentence per forward, not a DataLoader batch as yielded): three or more sizes, or two that
+        each make up a quarter of the forwards (a batch loader's last short batch is one of many); None
+        otherwise."""
+        if self.inputs_batch_first:
+            return None
+        info = self.model_info
+        sizes = [a[0].shape[0] for i, a in self.recording.model_inputs
+                 if info is not None and i == info.index and a and isinstance(a[0], torch.Tensor) and a[0].dim()]
+        counts = sorted(collections.Counter(sizes).values())
+        if len(sizes) < 4 or len(counts) < 2 or (len(counts) == 2 and counts[0] < len(sizes) / 4):
+            return None
+        return sizes
 
     # -- what was observed ------------------------------------------------------------------------
     def observed(self) -> dict[str, Any]:

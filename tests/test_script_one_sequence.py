@@ -1,0 +1,120 @@
+"""Scripts in the style of pytorch/tutorials' NLP lessons: one sentence per forward as a 1-D tensor of
+token ids, laid out (time, 1, features) for a time-first LSTM by the model itself. Dim 0 is time there,
+not a batch (batch-independence must stay quiet), while the same layout over a DataLoader batch of
+independent samples still mixes them; a hidden state carried into the next step without being reset
+is a graph kept across steps even though it is not the model's output."""
+
+from __future__ import annotations
+
+import pytest
+
+from nnwizard.probes.api import ProbeContext, get
+from tests.test_script_mode import record, write
+
+TAGGER = '''
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+torch.manual_seed(1)
+data = [("the dog ate the apple".split(), [0, 1, 2, 0, 1]), ("everybody read that book".split(), [1, 2, 0, 1]),
+        ("a cat saw the dog".split(), [0, 1, 2, 0, 1])]
+vocab = {w: i for i, w in enumerate(sorted({w for s, _ in data for w in s}))}
+
+
+class Tagger(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(len(vocab), 6)
+        self.lstm = nn.LSTM(6, 6)
+        self.out = nn.Linear(6, 3)
+        self.hidden = self.init_hidden()
+
+    def init_hidden(self):
+        return (torch.zeros(1, 1, 6), torch.zeros(1, 1, 6))
+
+    def forward(self, sentence):
+        h, self.hidden = self.lstm(self.emb(sentence).view(len(sentence), 1, -1), self.hidden)
+        return F.log_softmax(self.out(h.view(len(sentence), -1)), dim=1)
+
+
+model = Tagger()
+opt = torch.optim.SGD(model.parameters(), lr=0.5)
+crit = nn.NLLLoss()
+for epoch in range(20):
+    for words, tags in data:
+        model.zero_grad()
+        model.hidden = model.init_hidden()
+        x = torch.tensor([vocab[w] for w in words])
+        loss = crit(model(x), torch.tensor(tags))
+        loss.backward()
+        opt.step()
+'''
+
+# a batch of independent samples laid out as one sequence: the samples really are mixed
+SAMPLES_AS_SEQUENCE = '''
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+torch.manual_seed(0)
+X = torch.randn(256, 8)
+Y = (X[:, 0] > 0).long()
+loader = DataLoader(TensorDataset(X, Y), batch_size=32, shuffle=True)
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lstm = nn.LSTM(8, 16)
+        self.out = nn.Linear(16, 2)
+
+    def forward(self, x):
+        h, _ = self.lstm(x.view(len(x), 1, -1))
+        return self.out(h.view(len(x), -1))
+
+
+model = Net()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+crit = nn.CrossEntropyLoss()
+for epoch in range(3):
+    for x, y in loader:
+        opt.zero_grad()
+        loss = crit(model(x), y)
+        loss.backward()
+        opt.step()
+'''
+
+
+def _run(target, probe_id):
+    return get(probe_id)(ProbeContext(target))
+
+
+def test_one_sentence_per_forward_is_not_a_batch(tmp_path):
+    target = record(write(tmp_path, text=TAGGER))
+    assert target.sequence_lengths is not None     # 5, 4, 5, ... tokens a forward
+    result = _run(target, "batch-independence")
+    assert (result.status, result.outcome) == ("skipped", "time-first"), result.summary
+    assert _run(target, "trace-graph").status == "passed"
+
+
+def test_samples_laid_out_as_one_sequence_still_mix(tmp_path):
+    target = record(write(tmp_path, text=SAMPLES_AS_SEQUENCE))
+    assert target.sequence_lengths is None          # a DataLoader batch as yielded
+    result = _run(target, "batch-independence")
+    assert (result.status, result.outcome) == ("failed", "sequence-axis"), result.summary
+
+
+def test_hidden_state_not_reset_is_a_graph_across_steps(tmp_path):
+    path = write(tmp_path, ("        model.hidden = model.init_hidden()\n", ""), text=TAGGER)
+    target = record(path)
+    assert target.crashed                           # backward through the first sentence's freed graph
+    result = _run(target, "trace-graph")
+    assert (result.status, result.outcome) == ("failed", "spans"), result.summary
+    assert result.data["raised"] is True
+
+
+@pytest.mark.parametrize("steps", [1])
+def test_graph_audit_needs_two_steps(tmp_path, steps):
+    target = record(write(tmp_path, text=TAGGER), max_steps=steps)
+    assert _run(target, "trace-graph").status == "skipped"
