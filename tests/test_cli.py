@@ -181,9 +181,11 @@ def test_ctrl_c_before_anything_was_measured_is_one_line_and_130(capsys, monkeyp
 def test_a_script_that_raises_unexplained_says_so_in_the_verdict(capsys, tmp_path):
     path = tmp_path / "train.py"
     path.write_text("import torch\nraise RuntimeError('no data folder')\n")
-    js = tmp_path / "r.json"
-    code, _, err = cli(capsys, "diagnose", "--script", str(path), "--non-interactive", "--json", str(js))
+    js, md = tmp_path / "r.json", tmp_path / "r.md"
+    code, _, err = cli(capsys, "diagnose", "--script", str(path), "--non-interactive", "--json", str(js), "--report", str(md))
     report = json.loads(js.read_text())
     assert code == 0 and report["verdict"] == "inconclusive"
     assert [(n["probe"], n["why"]) for n in report["not_run"]] == [("trace-crash", "training-raised")]
     assert "no data folder" in err.split("Verdict:")[1]
+    verdict = next(line for line in md.read_text().splitlines() if line.startswith("Verdict:"))
+    assert "no data folder" in verdict and "Inconclusive" in verdict   # the crash leads the markdown verdict too

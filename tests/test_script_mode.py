@@ -348,6 +348,8 @@ HEALTHY_VARIANTS = {
                  ("            opt.zero_grad()\n            out = model(x)\n            loss = crit(out, y)\n            loss.backward()\n            opt.step()\n",
                   "            def closure():\n                opt.zero_grad()\n                l = crit(model(x), y)\n                l.backward()\n                return l\n            loss = opt.step(closure)\n")],
                 "trace-zero-grad trace-backward-step trace-loss-scale"),
+    # one prediction shown after training (pytorch/tutorials' CIFAR-10 lesson), beside a no_grad evaluation loop
+    "lone-prediction": ([('    main()\n', '    main()\n    model.eval()\n    print(model(X[:4]).argmax(1))\n')], "trace-eval-grad"),
     # a crash in the first forward is not an evaluation without no_grad
     "crash-first-forward": ([("nn.Linear(8, 16)", "nn.Linear(9, 16)")], "trace-eval-grad trace-eval-mode"),
 }

@@ -44,10 +44,12 @@ def render_markdown(report: Report, diagnosis: Diagnosis, path: str | Path) -> P
     if report.interrupted:
         out += ["> **Interrupted**: this is a partial report of what was measured before Ctrl-C.", ""]
     findings = [h for h in report.hypotheses if h.confidence >= FINDING]
+    raised = next((n.reason for n in report.not_run if n.why == "training-raised"), None)
     verdict_line = {
         "problems-found": f"**{len(findings)} problem{'s' if len(findings) != 1 else ''} found**",
         "healthy": "**Healthy**: no hypothesis reached 0.5 confidence",
-        "inconclusive": (f"**Inconclusive**: no finding, but {len(report.not_run)} check{'s' if len(report.not_run) != 1 else ''} "
+        "inconclusive": (f"**Inconclusive**: {raised}, and no hypothesis explains it (a crash is never healthy)" if raised
+                         else f"**Inconclusive**: no finding, but {len(report.not_run)} check{'s' if len(report.not_run) != 1 else ''} "
                          "could not run (see *Not run*), so this is not a clean bill of health" if report.not_run
                          else "**Inconclusive**: too little could be measured"),
     }[report.verdict]
