@@ -697,6 +697,62 @@ def trace_loss_scale(ctx: ProbeContext, rec):
                   f"reduction {first.reduction})", **data)
 
 
+NEGATED = -0.5       # median backward value over its loss call's below this: the step climbs that loss
+UNBOUNDED_MIN = 12   # recorded losses a curve needs before its descent below zero can be called unbounded
+
+
+@probe(
+    "trace-loss-sign",
+    title="Does the script minimise its loss, or climb it (a flipped sign)?",
+    outcomes={"ok": "the backpropagated loss is the loss function's value, or a bounded objective",
+              "negated": "backward() gets the negative of a loss function's non-negative value: gradient ascent on it",
+              "unbounded": "a hand-written objective below zero falls faster and faster as the gradients grow: it has "
+                           "no lower bound (a log-likelihood maximised the wrong way, a score difference reversed)"},
+    timeout_s=10,
+)
+@_on_recording
+def trace_loss_sign(ctx: ProbeContext, rec):
+    if not rec.steps:
+        return skipped("no optimizer step was recorded")
+    objs = objectives(rec)
+    if objs.adversarial:
+        return skipped(adversarial_reason(objs))
+    calls = [c for c in rec.loss_calls if not c.eval and c.value is not None and math.isfinite(c.value)]
+    ratios = []
+    for st in rec.steps:
+        window = [c for c in calls if c.step == st.step - 1]
+        if st.closure or len(window) != 1 or len(st.losses) != 1 or window[0].value <= 1e-12:
+            continue
+        ratios.append(st.losses[0] / window[0].value)
+    if len(ratios) >= 3 and all(c.value >= 0 for c in calls):
+        ratio = sorted(ratios)[len(ratios) // 2]
+        first = calls[0]
+        data = dict(ratio=ratio, fn=first.fn, where=first.where or "?", steps=len(ratios))
+        if ratio < NEGATED:
+            return failed("negated", f"backward() gets {ratio:.2f}x the value of {first.fn} at {data['where']} (median over "
+                          f"{len(ratios)} steps): {first.fn} is never negative, so each step moves the model to make it "
+                          f"larger, not smaller (gradient ascent)", **data)
+    for key, losses in objs.series.items():
+        n = len(losses)
+        if n < UNBOUNDED_MIN or any(not math.isfinite(v) for v in losses):
+            continue
+        third = n // 3
+        a, b, c = (sorted(part)[len(part) // 2] for part in (losses[:third], losses[third:2 * third], losses[2 * third:]))
+        own = [x for x in rec.steps if (key is None or x.optimizer == key) and x.grad_norm is not None]
+        norms = [x.grad_norm for x in own]
+        grew = (sorted(norms[-max(len(norms) // 3, 1):])[max(len(norms) // 3, 1) // 2] /
+                max(sorted(norms[:max(len(norms) // 3, 1)])[max(len(norms) // 3, 1) // 2], 1e-30)) if len(norms) >= 6 else None
+        if c < 0 and b - c > a - b > 0 and c < a - abs(a) and (grew is None or grew >= 1.5):
+            whose = f"{optimizer_label(rec, key)}'s loss" if key is not None else "the loss"
+            growth = f", while the gradient norm grew {grew:.1f}x" if grew is not None else ""
+            return failed("unbounded", f"{whose} is below zero and falls faster and faster: medians {a:.4g}, {b:.4g}, "
+                          f"{c:.4g} over the three thirds of {n} steps{growth}; a loss that is bounded below slows down "
+                          f"as it nears its minimum, this one has none (the objective is maximised the wrong way round)",
+                          first=a, middle=b, last=c, grad_growth=grew, steps=n)
+    return passed("the backpropagated losses are the loss functions' own values or a bounded objective"
+                  + (f" ({sorted(ratios)[len(ratios) // 2]:.2f}x {calls[0].fn})" if len(ratios) >= 3 else ""))
+
+
 @probe(
     "trace-loss-target",
     title="Does the script's loss compare the model's output with the real targets?",

@@ -265,7 +265,7 @@ def healthy(tmp_path_factory):
 
 AUDITS = ["trace-zero-grad", "trace-backward-step", "trace-optimizer", "trace-disconnected", "trace-eval-mode",
           "trace-eval-grad", "trace-train-mode", "trace-scheduler", "trace-loss-scale", "trace-loss-target",
-          "trace-graph", "trace-nan", "trace-crash", "trace-loss-input"]
+          "trace-graph", "trace-nan", "trace-crash", "trace-loss-input", "trace-loss-sign"]
 
 
 @pytest.mark.parametrize("probe_id", AUDITS)
@@ -319,6 +319,7 @@ FAULTS = {
     # a ReLU after the logits layer (pytorch/tutorials' quickstart once shipped it) / a sigmoid there
     "clamped-logits": ([("nn.Linear(16, 2))", "nn.Linear(16, 2), nn.ReLU())")], "trace-loss-input", "clamped-logits"),
     "squashed-logits": ([("nn.Linear(16, 2))", "nn.Linear(16, 2), nn.Sigmoid())")], "trace-loss-input", "squashed-logits"),
+    "negated-loss": ([("loss = crit(out, y)", "loss = -crit(out, y)")], "trace-loss-sign", "negated"),
     "crash-label-dtype": ([("loss = crit(out, y)", "loss = crit(out, y.float())")], "trace-crash", "labels-wrong-dtype"),
     "lr-spike": ([("opt = torch.optim.SGD(model.parameters(), lr=0.1)", "opt = torch.optim.Adam(model.parameters(), lr=5.0)")],
                  "trace-nan", "spike"),
@@ -350,6 +351,13 @@ HEALTHY_VARIANTS = {
                 "trace-zero-grad trace-backward-step trace-loss-scale"),
     # one prediction shown after training (pytorch/tutorials' CIFAR-10 lesson), beside a no_grad evaluation loop
     "lone-prediction": ([('    main()\n', '    main()\n    model.eval()\n    print(model(X[:4]).argmax(1))\n')], "trace-eval-grad"),
+    # a loss that legitimately goes below zero: a Gaussian negative log-likelihood with a learned scale
+    "gaussian-nll": ([("model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 2))",
+                       "model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 2))\n"
+                       "log_scale = nn.Parameter(torch.zeros(1))"),
+                      ("opt = torch.optim.SGD(model.parameters(), lr=0.1)", "opt = torch.optim.SGD(list(model.parameters()) + [log_scale], lr=0.1)"),
+                      ("loss = crit(out, y)", "loss = (0.5 * ((out[:, 0] - X[:len(y), 1] * 0.0 - y.float()) / log_scale.exp()) ** 2 + log_scale).mean()")],
+                     "trace-loss-sign"),
     # a crash in the first forward is not an evaluation without no_grad
     "crash-first-forward": ([("nn.Linear(8, 16)", "nn.Linear(9, 16)")], "trace-eval-grad trace-eval-mode"),
 }

@@ -118,3 +118,17 @@ def test_hidden_state_not_reset_is_a_graph_across_steps(tmp_path):
 def test_graph_audit_needs_two_steps(tmp_path, steps):
     target = record(write(tmp_path, text=TAGGER), max_steps=steps)
     assert _run(target, "trace-graph").status == "skipped"
+
+
+def test_crf_scores_subtracted_the_wrong_way_round_are_unbounded(tmp_path):
+    """A hand-written objective (no loss function): a linear-chain score whose gold path is pushed down
+    and whose partition is pushed up, as a CRF with gold - forward does: below zero, ever faster."""
+    text = TAGGER.replace("        loss = crit(model(x), torch.tensor(tags))\n",
+                          "        scores = model(x)\n"
+                          "        gold = scores[torch.arange(len(tags)), torch.tensor(tags)].sum()\n"
+                          "        loss = gold - torch.logsumexp(scores * 3.0, dim=1).sum()\n")
+    target = record(write(tmp_path, text=text), max_steps=40)
+    result = _run(target, "trace-loss-sign")
+    assert (result.status, result.outcome) == ("failed", "unbounded"), result.summary
+    healthy = record(write(tmp_path, text=TAGGER, name="healthy.py"), max_steps=40)
+    assert _run(healthy, "trace-loss-sign").status == "passed"
