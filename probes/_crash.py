@@ -510,6 +510,10 @@ def classify_exception(exc: BaseException, *, model: nn.Module | None = None, lo
             hypothesis = "module-method-shadowed"
     elif kind == "attribute" and shadows:
         hypothesis = "module-method-shadowed"
+    elif kind == "attribute" and "'NoneType' object" in str(exc) and code and re.search(r"\.grad\b", code):
+        # p.grad.data / p.grad.norm() after backward(): that parameter got no gradient (a hand-written update)
+        hypothesis, detail = "disconnected-parameters", ("a parameter's .grad is still None after backward(): the loss "
+                                                         "does not depend on it")
     if hypothesis is None and shadows and kind in ("call", "attribute", "other"):
         hypothesis = "module-method-shadowed"
     if hypothesis == "module-method-shadowed" and shadows:

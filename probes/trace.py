@@ -698,6 +698,7 @@ def trace_loss_scale(ctx: ProbeContext, rec):
 
 
 NEGATED = -0.5       # median backward value over its loss call's below this: the step climbs that loss
+ASCENT_COS = 0.5     # median cosine of a hand-written update with the gradient above this: it climbs
 UNBOUNDED_MIN = 12   # recorded losses a curve needs before its descent below zero can be called unbounded
 
 
@@ -707,13 +708,21 @@ UNBOUNDED_MIN = 12   # recorded losses a curve needs before its descent below ze
     outcomes={"ok": "the backpropagated loss is the loss function's value, or a bounded objective",
               "negated": "backward() gets the negative of a loss function's non-negative value: gradient ascent on it",
               "unbounded": "a hand-written objective below zero falls faster and faster as the gradients grow: it has "
-                           "no lower bound (a log-likelihood maximised the wrong way, a score difference reversed)"},
+                           "no lower bound (a log-likelihood maximised the wrong way, a score difference reversed)",
+              "ascent": "a hand-written update moves the parameters along their gradient (p += lr * grad): it climbs the loss"},
     timeout_s=10,
 )
 @_on_recording
 def trace_loss_sign(ctx: ProbeContext, rec):
     if not rec.steps:
         return skipped("no optimizer step was recorded")
+    cosines = [st.update_cos for st in rec.steps if st.manual and st.update_cos is not None]
+    if len(cosines) >= 3 and sorted(cosines)[len(cosines) // 2] > ASCENT_COS:
+        cos = sorted(cosines)[len(cosines) // 2]
+        return failed("ascent", f"the hand-written update moves the parameters along their gradient, not against it "
+                      f"(cosine of update and gradient {cos:+.2f}, median over {len(cosines)} steps; descent gives -1): "
+                      f"p += lr * grad where p -= lr * grad belongs, so every step makes the loss larger", cos=cos,
+                      steps=len(cosines))
     objs = objectives(rec)
     if objs.adversarial:
         return skipped(adversarial_reason(objs))

@@ -203,6 +203,7 @@ class StepRecord:
     closure: bool = False        # step(closure): measured after the closure's first call
     manual: bool = False         # a hand-written update (in-place ops on parameters no optimizer holds), not optimizer.step()
     updated: int = 0             # manual: parameter tensors the update changed, of grads_total
+    update_cos: float | None = None  # manual: cosine of the update with the gradient (-1: descent; +1: it climbs the loss)
 
 
 _STEP_DEFAULTS = {f.name: f.default for f in fields(StepRecord) if f.default is not MISSING}
@@ -437,8 +438,9 @@ def _nonfinite(inputs: list[tuple]) -> bool:
     """Does any floating-point tensor among these forwards' arguments hold a NaN or an Inf?"""
     for args in inputs:
         for t in (args if len(args) == 1 and isinstance(args[0], torch.Tensor) else _tensors(args)):
-            if t.layout != torch.strided:
-                continue  # sparse inputs (a graph's adjacency matrix): isfinite has no sparse kernel
+            if t.layout != torch.strided or t.grad_fn is not None:
+                continue  # sparse inputs (a graph's adjacency matrix): isfinite has no sparse kernel; a tensor the
+                # graph computed (an RNN's hidden state fed back, another model's output) is not the data
             t = t.detach()
             if t.is_floating_point() and t.numel() and not math.isfinite(float(t.sum())) \
                     and not bool(torch.isfinite(t).all()) and not _additive_mask(t):  # (a sum of finite values may overflow)
@@ -2383,6 +2385,13 @@ class Recorder:
             moved = math.sqrt(sum(float(d.norm()) ** 2 for d, hit, _ in diffs if hit))
             grad = math.sqrt(sum(g ** 2 for _, hit, g in diffs if hit))
             step.lrs = [moved / grad] if grad else []  # |update| / |gradient| of the updated tensors: plain SGD's lr
+            pairs = [((p.detach() - c).float(), p.grad) for p, c, _ in copies
+                     if id(p) in updated and p.shape == c.shape and p.grad is not None and p.grad.shape == p.shape]
+            if pairs and moved and grad:
+                dot = sum(float((d * g.detach().float()).sum()) for d, g in pairs)
+                gnorm = math.sqrt(sum(float(g.detach().float().norm()) ** 2 for _, g in pairs))
+                dnorm = math.sqrt(sum(float(d.norm()) ** 2 for d, _ in pairs))
+                step.update_cos = dot / (gnorm * dnorm) if gnorm and dnorm else None
         now = self.now()
         step.duration_s, self._last_step_t = now - self._last_step_t, now
         self.recording.steps.append(step)

@@ -1,8 +1,11 @@
-"""Scripts in the style of pytorch/tutorials' NLP lessons: one sentence per forward as a 1-D tensor of
-token ids, laid out (time, 1, features) for a time-first LSTM by the model itself. Dim 0 is time there,
-not a batch (batch-independence must stay quiet), while the same layout over a DataLoader batch of
-independent samples still mixes them; a hidden state carried into the next step without being reset
-is a graph kept across steps even though it is not the model's output."""
+"""Scripts in the styles of pytorch/tutorials' lessons. The NLP ones: one sentence per forward as a 1-D
+tensor of token ids, laid out (time, 1, features) for a time-first LSTM by the model itself. Dim 0 is time
+there, not a batch (batch-independence must stay quiet), while the same layout over a DataLoader batch of
+independent samples still mixes them; a hidden state carried into the next step without being reset is a
+graph kept across steps even though it is not the model's output. The char-RNN one: a recurrent cell
+called once per character, updated by hand (p.data.add_(p.grad, alpha=-lr)): the update's sign is
+audited, a parameter left without a gradient is named when the update raises on it, and a NaN hidden
+state fed back is not NaN input data."""
 
 from __future__ import annotations
 
@@ -132,3 +135,79 @@ def test_crf_scores_subtracted_the_wrong_way_round_are_unbounded(tmp_path):
     assert (result.status, result.outcome) == ("failed", "unbounded"), result.summary
     healthy = record(write(tmp_path, text=TAGGER, name="healthy.py"), max_steps=40)
     assert _run(healthy, "trace-loss-sign").status == "passed"
+
+
+CHAR_RNN = '''
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+letters = "abcdefgh"
+names = {0: ["abca", "acab", "bacab", "abc"], 1: ["fgh", "hgfe", "efgh", "fhge"]}
+
+
+def line_tensor(line):
+    t = torch.zeros(len(line), 1, len(letters))
+    for i, ch in enumerate(line):
+        t[i, 0, letters.index(ch)] = 1
+    return t
+
+
+class RNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.i2h = nn.Linear(len(letters) + 16, 16)
+        self.i2o = nn.Linear(len(letters) + 16, 2)
+        self.softmax = nn.LogSoftmax(dim=1)
+
+    def forward(self, x, hidden):
+        combined = torch.cat((x, hidden), 1)
+        return self.softmax(self.i2o(combined)), torch.tanh(self.i2h(combined))
+
+
+rnn = RNN()
+crit = nn.NLLLoss()
+for it in range(200):
+    label = it % 2
+    line = line_tensor(names[label][it // 2 % 4])
+    hidden = torch.zeros(1, 16)
+    rnn.zero_grad()
+    for i in range(line.size(0)):
+        output, hidden = rnn(line[i], hidden)
+    loss = crit(output, torch.tensor([label]))
+    loss.backward()
+    for p in rnn.parameters():
+        p.data.add_(p.grad.data, alpha=-0.05)
+'''
+
+
+def test_hand_written_update_that_climbs_the_gradient(tmp_path):
+    climbing = record(write(tmp_path, ("alpha=-0.05", "alpha=0.05"), text=CHAR_RNN), max_steps=20)
+    result = _run(climbing, "trace-loss-sign")
+    assert (result.status, result.outcome) == ("failed", "ascent"), result.summary
+    assert result.data["cos"] > 0.9
+    descending = record(write(tmp_path, text=CHAR_RNN, name="descent.py"), max_steps=20)
+    assert _run(descending, "trace-loss-sign").status == "passed"
+    assert all(s.update_cos < -0.9 for s in descending.recording.steps if s.update_cos is not None)
+
+
+def test_a_parameter_without_gradient_in_a_hand_written_update_is_disconnected(tmp_path):
+    # the first letter's output scored: i2h never reaches the loss and p.grad.data raises on its None
+    path = write(tmp_path, ("    loss = crit(output, torch.tensor([label]))",
+                            "        outs = outs + [output] if i else [output]\n    loss = crit(outs[0], torch.tensor([label]))"),
+                 text=CHAR_RNN)
+    target = record(path, max_steps=20)
+    assert target.crashed
+    result = _run(target, "trace-crash")
+    assert result.outcome == "disconnected-parameters", result.summary
+
+
+def test_a_nan_hidden_state_fed_back_is_not_nan_input_data():
+    import torch
+
+    from nnwizard.recorder import _nonfinite
+
+    data = torch.zeros(1, 8)
+    hidden = torch.full((1, 16), float("nan"), requires_grad=True) * 1.0   # computed by the graph
+    assert not _nonfinite([(data, hidden)])
+    assert _nonfinite([(torch.full((1, 8), float("nan")), torch.zeros(1, 16))])
