@@ -699,6 +699,7 @@ def trace_loss_scale(ctx: ProbeContext, rec):
 
 NEGATED = -0.5       # median backward value over its loss call's below this: the step climbs that loss
 ASCENT_COS = 0.5     # median cosine of a hand-written update with the gradient above this: it climbs
+COOPERATING = 0.35   # competing objectives that both end below this share of their first value agree
 UNBOUNDED_MIN = 12   # recorded losses a curve needs before its descent below zero can be called unbounded
 
 
@@ -709,7 +710,9 @@ UNBOUNDED_MIN = 12   # recorded losses a curve needs before its descent below ze
               "negated": "backward() gets the negative of a loss function's non-negative value: gradient ascent on it",
               "unbounded": "a hand-written objective below zero falls faster and faster as the gradients grow: it has "
                            "no lower bound (a log-likelihood maximised the wrong way, a score difference reversed)",
-              "ascent": "a hand-written update moves the parameters along their gradient (p += lr * grad): it climbs the loss"},
+              "ascent": "a hand-written update moves the parameters along their gradient (p += lr * grad): it climbs the loss",
+              "cooperating": "two competing objectives (a GAN) both fall steeply together: one side is trained towards "
+                             "what the other wants"},
     timeout_s=10,
 )
 @_on_recording
@@ -725,6 +728,19 @@ def trace_loss_sign(ctx: ProbeContext, rec):
                       steps=len(cosines))
     objs = objectives(rec)
     if objs.adversarial:
+        ends = {}
+        for key, losses in objs.series.items():
+            if len(losses) < UNBOUNDED_MIN or not all(math.isfinite(v) for v in losses) or losses[0] <= 0:
+                break
+            tail = sorted(losses[-max(len(losses) // 3, 1):])
+            ends[key] = (losses[0], tail[len(tail) // 2])
+        else:
+            if ends and all(end <= COOPERATING * first for first, end in ends.values()):
+                told = "; ".join(f"{optimizer_label(rec, k)}'s loss {a:.3g} -> {b:.3g}" for k, (a, b) in ends.items())
+                return failed("cooperating", f"the competing objectives both fall steeply together ({told}): in a real "
+                              f"contest one side's loss rises as the other's falls; here one model is trained towards "
+                              f"what the other wants (a generator scored against the fake labels, or its loss's sign "
+                              f"reversed)", ends={optimizer_label(rec, k): v for k, v in ends.items()})
         return skipped(adversarial_reason(objs))
     calls = [c for c in rec.loss_calls if not c.eval and c.value is not None and math.isfinite(c.value)]
     ratios = []

@@ -44,6 +44,8 @@ for epoch in range(4):
         opt_g.step()
 '''
 GAN_NO_ZERO_GRAD = GAN.replace("        disc.zero_grad()\n", "")
+# the generator scored against the fake labels: it helps the discriminator, and both losses collapse together
+GAN_G_FAKE_LABELS = GAN.replace("loss_g = bce(disc(fake), ones)", "loss_g = bce(disc(fake), zeros)").replace("lr=1e-3", "lr=1e-2")
 # the generator's loss reads its output through .detach(): its optimizer steps without a gradient
 GAN_G_DETACHED = GAN.replace("loss_g = bce(disc(fake), ones)", "loss_g = bce(disc(fake.detach()), ones)")
 
@@ -120,6 +122,14 @@ def test_curve_probes_do_not_judge_an_adversarial_game(gan, probe_id):
     assert not result.data.get("cannot_run")      # does not apply: no evidence missing
     assert "compete" in result.summary and "goes through" in result.summary
     assert len(gan.reruns) == reruns               # nothing rerun for a judgement that does not apply
+
+
+def test_gan_whose_generator_agrees_with_the_discriminator_is_a_flipped_objective(tmp_path, gan):
+    result = run(target_of(tmp_path, GAN_G_FAKE_LABELS, steps=80), "trace-loss-sign")
+    assert (result.status, result.outcome) == ("failed", "cooperating"), result.summary
+    healthy = run(target_of(tmp_path, GAN.replace("lr=1e-3", "lr=1e-2"), steps=80), "trace-loss-sign")
+    assert healthy.status == "skipped" and "compete" in healthy.summary   # a real contest: not judged
+    assert run(gan, "trace-loss-sign").status == "skipped"
 
 
 def test_healthy_gan_clears_its_gradients(gan):
