@@ -49,6 +49,7 @@ MODULE_METHODS = sorted(
 )
 
 _PATTERNS: list[tuple[str, str]] = [
+    ("rnn-hidden", r"Expected hidden(\[\d\])? size \(\d+, \d+, \d+\), got \[\d+, \d+, \d+\]"),
     ("inplace", r"modified by an inplace operation"),
     ("second-backward", r"backward through the graph a second time|saved tensors after they have already been freed"),
     ("no-grad", r"does not require grad|does not have a grad_fn"),
@@ -486,6 +487,17 @@ def classify_exception(exc: BaseException, *, model: nn.Module | None = None, lo
             hypothesis = "labels-wrong-dtype"
         else:
             hypothesis = "dtype-mismatch"
+    elif kind == "rnn-hidden":
+        m = re.search(r"Expected hidden(?:\[\d\])? size \((\d+), (\d+), (\d+)\), got \[(\d+), (\d+), (\d+)\]", str(exc))
+        wanted, given = int(m.group(2)), int(m.group(5))
+        hypothesis = "layer-shape-mismatch"
+        if isinstance(layer, nn.RNNBase) and not layer.batch_first and wanted != given:
+            # the script built the hidden state for a batch of `given` (its input's dim 0); the layer, built
+            # without batch_first, reads dim 1 of that input as the batch: (batch, time, features) data
+            hypothesis, detail = "axes-swapped", (f"{type(layer).__name__} without batch_first=True reads dim 1 of its "
+                                                  f"input as the batch ({wanted}), but the hidden state was made for a "
+                                                  f"batch of {given}: the input is laid out (batch, time, features); build "
+                                                  f"the layer with batch_first=True")
     elif kind == "shape":
         if is_loss:
             hypothesis = "target-shape-mismatch"

@@ -14,7 +14,8 @@ from nnwizard.target import user_source_files
 
 CLASSIFIED = ("target-shape-mismatch", "no-parameters", "module-method-shadowed", "op-shape-mismatch", "dtype-mismatch",
               "device-mismatch", "labels-wrong-dtype", "labels-out-of-range", "layer-shape-mismatch",
-              "inplace-modification", "graph-retained", "disconnected-parameters", "frozen-parameters", "loss-output-mismatch")
+              "inplace-modification", "graph-retained", "disconnected-parameters", "frozen-parameters", "loss-output-mismatch",
+              "axes-swapped")
 STEPS = 3  # a second and third step catch what only fails once the first one ran (a freed graph, a stale buffer)
 
 

@@ -698,6 +698,7 @@ def trace_loss_scale(ctx: ProbeContext, rec):
 
 
 NEGATED = -0.5       # median backward value over its loss call's below this: the step climbs that loss
+NEGATED_MAX = 2.0    # (down to -2x: the loss negated, perhaps scaled; beyond, another term of the objective dominates)
 ASCENT_COS = 0.5     # median cosine of a hand-written update with the gradient above this: it climbs
 COOPERATING = 0.35   # competing objectives that both end below this share of their first value agree
 UNBOUNDED_MIN = 12   # recorded losses a curve needs before its descent below zero can be called unbounded
@@ -753,23 +754,26 @@ def trace_loss_sign(ctx: ProbeContext, rec):
         ratio = sorted(ratios)[len(ratios) // 2]
         first = calls[0]
         data = dict(ratio=ratio, fn=first.fn, where=first.where or "?", steps=len(ratios))
-        if ratio < NEGATED:
+        if -NEGATED_MAX <= ratio < NEGATED:   # (far beyond -1: another term dominates; judged on the curve below)
             return failed("negated", f"backward() gets {ratio:.2f}x the value of {first.fn} at {data['where']} (median over "
                           f"{len(ratios)} steps): {first.fn} is never negative, so each step moves the model to make it "
                           f"larger, not smaller (gradient ascent)", **data)
     for key, losses in objs.series.items():
+        losses = losses[:next((i for i, v in enumerate(losses) if not math.isfinite(v)), len(losses))]  # up to a NaN
         n = len(losses)
-        if n < UNBOUNDED_MIN or any(not math.isfinite(v) for v in losses):
+        if n < UNBOUNDED_MIN:
             continue
         third = n // 3
         a, b, c = (sorted(part)[len(part) // 2] for part in (losses[:third], losses[third:2 * third], losses[2 * third:]))
         own = [x for x in rec.steps if (key is None or x.optimizer == key) and x.grad_norm is not None]
-        norms = [x.grad_norm for x in own]
+        blew = any(not math.isfinite(x.grad_norm) for x in own)
+        norms = [x.grad_norm for x in own if math.isfinite(x.grad_norm)]
         grew = (sorted(norms[-max(len(norms) // 3, 1):])[max(len(norms) // 3, 1) // 2] /
                 max(sorted(norms[:max(len(norms) // 3, 1)])[max(len(norms) // 3, 1) // 2], 1e-30)) if len(norms) >= 6 else None
         if c < 0 and b - c > a - b > 0 and c < a - abs(a) and (grew is None or grew >= 1.5):
             whose = f"{optimizer_label(rec, key)}'s loss" if key is not None else "the loss"
-            growth = f", while the gradient norm grew {grew:.1f}x" if grew is not None else ""
+            growth = (f", while the gradient norm grew {grew:.3g}x" if grew is not None else "") + \
+                (" and then turned non-finite" if blew else "")
             return failed("unbounded", f"{whose} is below zero and falls faster and faster: medians {a:.4g}, {b:.4g}, "
                           f"{c:.4g} over the three thirds of {n} steps{growth}; a loss that is bounded below slows down "
                           f"as it nears its minimum, this one has none (the objective is maximised the wrong way round)",
@@ -983,7 +987,7 @@ def trace_nan(ctx: ProbeContext, rec):
 
 CRASH_IDS = ("target-shape-mismatch", "no-parameters", "module-method-shadowed", "op-shape-mismatch", "dtype-mismatch",
              "device-mismatch", "labels-wrong-dtype", "labels-out-of-range", "layer-shape-mismatch", "inplace-modification",
-             "graph-retained", "disconnected-parameters", "frozen-parameters", "loss-output-mismatch")
+             "graph-retained", "disconnected-parameters", "frozen-parameters", "loss-output-mismatch", "axes-swapped")
 
 
 @probe(

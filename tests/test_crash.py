@@ -59,6 +59,29 @@ def test_layer_shape_inside_a_layer_is_not_an_op_shape():
     assert c.hypothesis == "layer-shape-mismatch" and c.op == "Linear '2'"
 
 
+def test_batch_first_data_into_a_time_first_lstm_is_axes_swapped():
+    # (batch, time, features) data and a hidden state built for the batch, into an LSTM without batch_first
+    lstm = nn.LSTM(28, 16, 2)
+    x = torch.randn(100, 28, 28)
+    h0 = c0 = torch.zeros(2, x.size(0), 16)
+    c = classify(lambda: lstm(x, (h0, c0)))
+    assert c.hypothesis == "axes-swapped", c.sentence
+    assert "batch_first" in c.sentence and "100" in c.sentence
+    # a hidden state of the wrong batch for a batch_first layer is a plain shape mistake, not swapped axes
+    first = nn.LSTM(28, 16, 2, batch_first=True)
+    assert classify(lambda: first(x, (torch.zeros(2, 7, 16), torch.zeros(2, 7, 16)))).hypothesis == "layer-shape-mismatch"
+
+
+def test_no_gradient_in_a_hand_written_update_is_disconnected():
+    model = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 1))
+    model[1](torch.randn(2, 3)).sum().backward()    # model[0] never reached
+
+    def update():
+        for p in model.parameters():
+            p.data.add_(p.grad.data, alpha=-0.1)
+    assert classify(update).hypothesis == "disconnected-parameters"
+
+
 def test_unexplained_exception_is_unclassified():
     def boom():
         raise KeyError("config")

@@ -211,3 +211,50 @@ def test_a_nan_hidden_state_fed_back_is_not_nan_input_data():
     hidden = torch.full((1, 16), float("nan"), requires_grad=True) * 1.0   # computed by the graph
     assert not _nonfinite([(data, hidden)])
     assert _nonfinite([(torch.full((1, 8), float("nan")), torch.zeros(1, 16))])
+
+
+VAE = '''
+import torch
+from torch import nn
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+torch.manual_seed(0)
+X = torch.rand(512, 16)
+loader = DataLoader(TensorDataset(X), batch_size=64, shuffle=True)
+
+
+class VAE(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.enc = nn.Linear(16, 32)
+        self.mu, self.lv = nn.Linear(32, 4), nn.Linear(32, 4)
+        self.dec = nn.Sequential(nn.Linear(4, 32), nn.ReLU(), nn.Linear(32, 16))
+
+    def forward(self, x):
+        h = F.relu(self.enc(x))
+        mu, log_var = self.mu(h), self.lv(h)
+        z = mu + torch.randn_like(mu) * torch.exp(log_var / 2)
+        return torch.sigmoid(self.dec(z)), mu, log_var
+
+
+model = VAE()
+opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+for epoch in range(20):
+    for (x,) in loader:
+        out, mu, log_var = model(x)
+        rec = F.binary_cross_entropy(out, x, reduction="sum")
+        kl = -0.5 * torch.sum(1 + log_var - mu.pow(2) - log_var.exp())
+        loss = rec + kl
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+'''
+
+
+def test_vae_with_its_kl_sign_flipped_is_an_unbounded_objective(tmp_path):
+    flipped = record(write(tmp_path, ("kl = -0.5 * torch.sum", "kl = 0.5 * torch.sum"), text=VAE), max_steps=60)
+    result = _run(flipped, "trace-loss-sign")
+    assert (result.status, result.outcome) == ("failed", "unbounded"), result.summary
+    healthy = record(write(tmp_path, text=VAE, name="healthy.py"), max_steps=60)
+    assert _run(healthy, "trace-loss-sign").status == "passed"
