@@ -498,7 +498,18 @@ def _phases(rec) -> list[list]:
 
 
 def _mode_models(rec) -> dict[int, Any]:
-    return {m.index: m for m in rec.models if m.mode_layers}
+    """The models whose behaviour depends on train/eval mode: Dropout/BatchNorm modules, or a forward of the
+    user's that branches on self.training (a functional dropout with training=self.training)."""
+    return {m.index: m for m in rec.models if m.mode_layers or getattr(m, "reads_training", None)}
+
+
+def _mode_parts(models) -> str:
+    """What makes these models mode-dependent, in words."""
+    layers = sum(m.mode_layers for m in models)
+    reads = sorted({r for m in models for r in getattr(m, "reads_training", [])})
+    parts = ([f"{layers} Dropout/BatchNorm layers"] if layers else []) + \
+        ([f"the self.training branches of {', '.join(reads)}"] if reads else [])
+    return " and ".join(parts)
 
 
 @probe(
@@ -526,8 +537,8 @@ def trace_eval_mode(ctx: ProbeContext, rec):
                 layers=sum(layered[i].mode_layers for i in {f.model for f in bad}))
     if bad:
         return failed("train-mode-in-eval", f"{len(bad)} of {len(evals)} evaluation forwards ({len(phases)} phases) ran "
-                      f"{', '.join(names)} with training=True: its {data['layers']} Dropout/BatchNorm layers behaved as "
-                      f"in training (model.eval() missing)", **data)
+                      f"{', '.join(names)} with training=True: its {_mode_parts([layered[i] for i in {f.model for f in bad}])} "
+                      f"behaved as in training (model.eval() missing)", **data)
     return passed(f"all {len(evals)} evaluation forwards ({len(phases)} phases) ran in eval mode", **data)
 
 
@@ -588,8 +599,10 @@ def trace_train_mode(ctx: ProbeContext, rec):
         return failed("eval-in-training", f"all {len(before)} training forwards ran with training=False from the start",
                       **data)
     if after and data["eval_after"] > len(after) / 2:
+        parts = _mode_parts([layered[i] for i in {f.model for f in after}])
         return failed("stays-eval", f"after the first evaluation, {data['eval_after']} of {len(after)} training forwards "
-                      f"ran with training=False (model.train() is not called again after model.eval())", **data)
+                      f"ran with training=False (model.train() is not called again after model.eval()), so {parts} "
+                      f"trained as in evaluation", **data)
     return passed(f"{len(before) + len(after)} training forwards ran in training mode"
                   + (f" ({len(after)} after an evaluation)" if after else ""), **data)
 

@@ -258,3 +258,57 @@ def test_vae_with_its_kl_sign_flipped_is_an_unbounded_objective(tmp_path):
     assert (result.status, result.outcome) == ("failed", "unbounded"), result.summary
     healthy = record(write(tmp_path, text=VAE, name="healthy.py"), max_steps=60)
     assert _run(healthy, "trace-loss-sign").status == "passed"
+
+
+# pytorch/examples' GAT style: the mode only matters through F.dropout(training=self.training), no Dropout module
+FUNCTIONAL_DROPOUT = '''
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+torch.manual_seed(0)
+X = torch.randn(300, 12)
+Y = (X[:, 0] > 0).long()
+idx_train, idx_val = torch.arange(200), torch.arange(200, 300)
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.W = nn.Parameter(torch.randn(12, 32) * 0.2)
+        self.out = nn.Linear(32, 2)
+
+    def forward(self, x):
+        h = F.dropout(F.elu(x @ self.W), 0.5, training=self.training)
+        return F.log_softmax(self.out(h), dim=1)
+
+
+def test(model, mask):
+    model.eval()
+    with torch.no_grad():
+        return F.nll_loss(model(X)[mask], Y[mask]).item()
+
+
+model = Net()
+opt = torch.optim.Adam(model.parameters(), lr=0.01)
+for epoch in range(50):
+    model.train()
+    opt.zero_grad()
+    loss = F.nll_loss(model(X)[idx_train], Y[idx_train])
+    loss.backward()
+    opt.step()
+    test(model, idx_val)
+'''
+
+
+def test_a_forward_that_reads_self_training_makes_the_mode_matter(tmp_path):
+    healthy = record(write(tmp_path, text=FUNCTIONAL_DROPOUT, name="healthy.py"))
+    assert healthy.recording.models[0].reads_training == ["Net.forward"]
+    assert _run(healthy, "trace-train-mode").outcome == "ok"
+    assert _run(healthy, "trace-eval-mode").outcome == "ok"
+    stays = record(write(tmp_path, ("    model.train()\n    opt.zero_grad()", "    opt.zero_grad()"), text=FUNCTIONAL_DROPOUT))
+    result = _run(stays, "trace-train-mode")
+    assert (result.status, result.outcome) == ("failed", "stays-eval"), result.summary
+    assert "Net.forward" in result.summary
+    no_eval = record(write(tmp_path, ("    model.eval()\n", ""), text=FUNCTIONAL_DROPOUT, name="noeval.py"))
+    assert _run(no_eval, "trace-eval-mode").outcome == "train-mode-in-eval"

@@ -84,6 +84,7 @@ from __future__ import annotations
 import collections
 import copy
 import functools
+import inspect
 from collections import deque
 import math
 import re
@@ -144,6 +145,7 @@ class ModelInfo:
     params: int
     trainable: int
     mode_layers: int             # Dropout (p > 0) / BatchNorm layers: where train/eval mode matters
+    reads_training: list[str] = field(default_factory=list)  # its own classes' forwards that branch on self.training
     initial: nn.Module | None = None   # deep copy before its first forward (full mode)
     forwards: int = 0
     first_step: int = 0          # optimizer steps taken before its first forward
@@ -1113,6 +1115,7 @@ class Recorder:
                                  and not (isinstance(m, nn.modules.dropout._DropoutNd) and m.p == 0)),
                              first_step=self.steps_taken, shadowed=shadowed)
             if self.full:
+                info.reads_training = _reads_training(module)
                 try:
                     info.initial = copy.deepcopy(module)
                 except Exception:  # noqa: BLE001 - some modules cannot be copied; probes then skip
@@ -2552,6 +2555,30 @@ def _not_a_model(module: nn.Module, frame) -> bool:
     if owner is not None and next(owner.parameters(), None) is not None:
         return False
     return _library_class(type(module)) or _fetching(frame)
+
+
+_TRAINING_READ = re.compile(r"\bself\.training\b")
+
+
+@functools.lru_cache(maxsize=256)
+def _forward_reads_training(cls: type) -> bool:
+    """Does this (user-defined) module class's forward branch on ``self.training`` (a functional dropout
+    with ``training=self.training``, noise added only while training)? Read from its source."""
+    try:
+        return bool(_TRAINING_READ.search(inspect.getsource(cls.forward)))
+    except (OSError, TypeError, AttributeError):
+        return False
+
+
+def _reads_training(module: nn.Module) -> list[str]:
+    """The user's module classes in ``module`` whose forward reads self.training: where train/eval mode
+    matters although no Dropout or BatchNorm module is there (pytorch/examples' GAT)."""
+    found = []
+    for m in module.modules():
+        cls = type(m)
+        if not cls.__module__.startswith("torch.") and _forward_reads_training(cls) and f"{cls.__name__}.forward" not in found:
+            found.append(f"{cls.__name__}.forward")
+    return found[:4]
 
 
 def _step_nodes(root, limit: int = SPAN_NODES) -> list:
