@@ -1049,6 +1049,7 @@ def trace_crash(ctx: ProbeContext, rec):
               "double-softmax": "cross_entropy gets probabilities (rows in [0, 1] summing to 1): softmax applied twice",
               "probs-to-nll": "nll_loss gets probabilities instead of log-probabilities",
               "logits-to-nll": "nll_loss gets raw logits instead of log-probabilities",
+              "other-dim": "nll_loss gets log-probabilities normalised over another dimension (log_softmax(dim=0))",
               "double-sigmoid": "binary_cross_entropy_with_logits gets values already squashed into [0, 1]",
               "clamped-logits": "a loss that wants logits gets values clamped at 0 from below (a ReLU after the last layer)",
               "squashed-logits": "cross_entropy gets values bounded in [0, 1] that are not probabilities (a sigmoid on the logits)"},
@@ -1078,6 +1079,12 @@ def trace_loss_input(ctx: ProbeContext, rec):
         if call.fn == "nll_loss" and probs:
             return failed("probs-to-nll", f"nll_loss received probabilities (rows sum to 1, values in [0, 1]) where it "
                           f"needs log-probabilities (log_softmax)", **data)
+        if call.fn == "nll_loss" and data["max"] <= 0 and bool((lse < -0.1).all()) and len(x) >= 8:
+            # log-probabilities (none above 0) whose rows hold less than all the probability: the log_softmax
+            # ran over another dimension (the samples), each column summing to one over the whole batch
+            return failed("other-dim", f"nll_loss received log-probabilities (none above 0) whose rows' probabilities sum "
+                          f"to {math.exp(float(lse.mean())):.3g} on average, not 1: the log_softmax normalised another "
+                          f"dimension (the samples), not the classes", **data)
         if call.fn == "nll_loss" and (lse - 0).abs().mean() > 0.1:
             return failed("logits-to-nll", f"nll_loss received rows whose logsumexp is {float(lse.mean()):.3g}, not 0: raw "
                           f"logits where it needs log_softmax outputs", **data)

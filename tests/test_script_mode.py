@@ -317,6 +317,9 @@ FAULTS = {
                         ("opt.zero_grad()", "opt.zero_grad(); enc.zero_grad()")], "trace-backward-step", "optimizer-never-steps"),
     "double-softmax": ([("nn.Linear(16, 2))", "nn.Linear(16, 2), nn.Softmax(dim=1))")], "trace-loss-input", "double-softmax"),
     # a ReLU after the logits layer (pytorch/tutorials' quickstart once shipped it) / a sigmoid there
+    # log_softmax over the batch, not the classes (pytorch/examples' GAT with dim=0)
+    "log-softmax-dim0": ([("nn.Linear(16, 2))", "nn.Linear(16, 2), nn.LogSoftmax(dim=0))"),
+                          ("crit = nn.CrossEntropyLoss()", "crit = nn.NLLLoss()")], "trace-loss-input", "other-dim"),
     "clamped-logits": ([("nn.Linear(16, 2))", "nn.Linear(16, 2), nn.ReLU())")], "trace-loss-input", "clamped-logits"),
     "squashed-logits": ([("nn.Linear(16, 2))", "nn.Linear(16, 2), nn.Sigmoid())")], "trace-loss-input", "squashed-logits"),
     "negated-loss": ([("loss = crit(out, y)", "loss = -crit(out, y)")], "trace-loss-sign", "negated"),
@@ -349,6 +352,9 @@ HEALTHY_VARIANTS = {
                  ("            opt.zero_grad()\n            out = model(x)\n            loss = crit(out, y)\n            loss.backward()\n            opt.step()\n",
                   "            def closure():\n                opt.zero_grad()\n                l = crit(model(x), y)\n                l.backward()\n                return l\n            loss = opt.step(closure)\n")],
                 "trace-zero-grad trace-backward-step trace-loss-scale"),
+    # log-probabilities over the classes into nll_loss
+    "log-softmax-nll": ([("nn.Linear(16, 2))", "nn.Linear(16, 2), nn.LogSoftmax(dim=1))"),
+                         ("crit = nn.CrossEntropyLoss()", "crit = nn.NLLLoss()")], "trace-loss-input"),
     # one prediction shown after training (pytorch/tutorials' CIFAR-10 lesson), beside a no_grad evaluation loop
     "lone-prediction": ([('    main()\n', '    main()\n    model.eval()\n    print(model(X[:4]).argmax(1))\n')], "trace-eval-grad"),
     # a loss that legitimately goes below zero: a Gaussian negative log-likelihood with a learned scale
