@@ -291,10 +291,8 @@ def _tail(losses: list[float]) -> float:
 )
 @_on_script
 def script_lr_sweep(ctx: ProbeContext, target):
-    if not losses_of(target.run) or not target.recording.optimizers:
-        if any(s.manual for s in target.recording.steps):
-            return skipped("the script updates its parameters by hand (no torch.optim optimizer): there is no "
-                           "optimizer learning rate to scale")
+    manual = not target.recording.optimizers and any(s.manual for s in target.recording.steps)
+    if not losses_of(target.run) or not (target.recording.optimizers or manual):
         return skipped("the script took no optimizer step")
     objs, skip = _curves(target)
     if skip is not None:
@@ -310,6 +308,10 @@ def script_lr_sweep(ctx: ProbeContext, target):
     for factor in (0.1, 10.0):
         reruns[factor] = _rerun(ctx, target, steps, lr_scale=factor)
     results = [_sweep_judged(ctx, target, reruns, steps, wanted, k) for k in keys]
+    if manual:   # the script's own p -= lr * p.grad: each rerun scaled the gradients its update reads
+        for r in results:
+            r.summary += "; the script updates its parameters by hand, so each rerun scaled the gradients its update reads"
+            r.data["hand_written"] = True
     if objs.several:
         for k, r in zip(keys, results):
             r.summary = f"{optimizer_label(target.recording, k)}'s own loss: {r.summary}"

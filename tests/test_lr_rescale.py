@@ -56,3 +56,33 @@ def test_each_step_trains_with_the_scripts_own_rate_times_the_scale(mode, schedu
 def test_without_a_scale_a_hand_set_rate_is_left_alone():
     plain, _ = _run("full", _absolute, None)
     assert plain == pytest.approx([0.02, 0.04, 0.06, 0.08, 0.1])
+
+
+def _hand_written(scale: float | None) -> torch.Tensor:
+    """One hand-written SGD step (no torch.optim), the change it made to the weights."""
+    torch.manual_seed(0)
+    model = nn.Linear(3, 1)
+    x = torch.randn(8, 3)
+    before = model.weight.detach().clone()
+    with Recorder("full", lr_scale=scale):
+        for _ in range(2):
+            model.zero_grad()
+            model(x).pow(2).mean().backward()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p -= 0.01 * p.grad
+            break
+    return model.weight.detach() - before
+
+
+def test_a_hand_written_update_is_scaled_through_its_gradients():
+    plain, scaled = _hand_written(None), _hand_written(10.0)
+    assert torch.allclose(scaled, 10 * plain, rtol=1e-4, atol=1e-7)
+    # the hooks are gone afterwards: the same parameter trains at its own rate again
+    torch.manual_seed(0)
+    model = nn.Linear(3, 1)
+    with Recorder("full", lr_scale=10.0):
+        model(torch.randn(8, 3)).sum().backward()
+    model.zero_grad()
+    model(torch.ones(1, 3)).sum().backward()
+    assert torch.allclose(model.weight.grad, torch.ones(1, 3))

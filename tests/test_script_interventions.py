@@ -267,13 +267,14 @@ def test_lr_sweep_makes_no_long_rerun_when_the_rate_moves_the_loss(tmp_path):
     assert len(target.reruns) == 2
 
 
-def test_lr_sweep_says_why_it_cannot_scale_a_hand_written_update(tmp_path):
+def test_lr_sweep_runs_on_a_hand_written_update_and_says_how(tmp_path):
     text = BASE.format(LR="1e-2", OPT="SGD", LOSS="F.cross_entropy(out, yb)", SEED="torch.manual_seed(0)").replace(
         "optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)\n", "").replace(
         "        optimizer.zero_grad()\n", "        model.zero_grad()\n").replace(
         "        optimizer.step()\n", "        for p in model.parameters():\n            p.data.add_(p.grad, alpha=-0.1)\n")
     result = run(target_of(script(tmp_path, text=text), steps=20), "script-lr-sweep")
-    assert result.status == "skipped" and "by hand" in result.summary, result.summary
+    assert result.status != "skipped" and "by hand" in result.summary, result.summary
+    assert result.data["reruns"] >= 2
 
 
 def test_a_loss_that_rose_on_one_batch_is_stuck_even_when_the_rerun_ends_early(tmp_path):
@@ -286,3 +287,28 @@ def test_a_loss_that_rose_on_one_batch_is_stuck_even_when_the_rerun_ends_early(t
         "range(8)", "range(3)")
     result = run(target_of(script(tmp_path, "slow.py", text=slow), steps=24), "script-overfit")
     assert could_not_run(result) and result.data["ratio"] <= 1.5, result.summary
+
+
+HAND_WRITTEN = '''
+import torch
+from torch import nn
+torch.manual_seed(0)
+x = torch.randn(256, 8)
+y = (x[:, :2] > 0).long() @ torch.tensor([1, 2])
+model = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 4))
+for step in range(200):
+    loss = nn.functional.cross_entropy(model(x), y)
+    model.zero_grad()
+    loss.backward()
+    with torch.no_grad():
+        for p in model.parameters():
+            p -= {LR} * p.grad
+'''
+
+
+def test_lr_sweep_scales_a_hand_written_update_through_its_gradients(tmp_path):
+    # no torch.optim: the reruns scale the gradients the script's own p -= lr * p.grad reads
+    far_too_high = run(target_of(script(tmp_path, text=HAND_WRITTEN.format(LR="50.0"))), "script-lr-sweep")
+    assert far_too_high.outcome == "too-high" and far_too_high.data["hand_written"], far_too_high.summary
+    good = run(target_of(script(tmp_path, name="good.py", text=HAND_WRITTEN.format(LR="0.5"))), "script-lr-sweep")
+    assert good.status == "passed" and "by hand" in good.summary, good.summary

@@ -684,6 +684,7 @@ class Recorder:
         self._loss_link: tuple | None = None    # full mode: (weakref to a loss value, its LossCall, the ForwardEvent it comes from)
         self._scaled: set[int] = set()
         self._lr_written: dict[int, list] = {}   # lr_scale: id(optimizer) -> its groups' learning rates as last written
+        self._grad_scaled: set[int] = set()      # lr_scale: ids of hand-updated parameters whose gradients are scaled
         self._scales: dict[int, tuple] = {}   # GradScaler.scale outputs -> (weakref, scale)
         self._kept: dict[int, tuple[str, weakref.ref, int]] = {}   # id -> (where, ref, step made)
         self._derived: dict[int, weakref.ref] = {}   # tensors computed from a model output without a graph
@@ -2315,11 +2316,30 @@ class Recorder:
         for m in self.recording.models:
             for n, p in m.module.named_parameters():
                 add(p, f"{m.name}.{n}" if len(self.recording.models) > 1 else n)
+        held = set(cand)
         for o in self.recording.optimizers:   # parameters of modules no hook saw (forward called directly)
             for gi, g in enumerate(o.optimizer.param_groups):
                 for pi, p in enumerate(g["params"]):
                     add(p, f"{o.name}.group{gi}[{pi}]")
+                    held.discard(id(p))
         self._manual_candidates = cand
+        if self.lr_scale:
+            self._scale_hand_updates([cand[k][0] for k in held if k in cand and cand[k][0] is not None and id(cand[k][0]) == k])
+
+    def _scale_hand_updates(self, params: list) -> None:
+        """A scaled-LR intervention on parameters no optimizer holds (a hand-written ``p -= lr * p.grad``):
+        every gradient reaching them is scaled instead, which scales the script's own learning rate for
+        plain SGD updates. Tensor hooks, removed on exit."""
+        scale = self.lr_scale
+        for p in params:
+            if id(p) in self._grad_scaled or not p.requires_grad:
+                continue
+            try:
+                handle = p.register_hook(lambda g, k=scale: g * k)
+            except RuntimeError:  # noqa: PERF203 - a tensor that takes no hooks
+                continue
+            self._grad_scaled.add(id(p))
+            self._undo.append(handle.remove)
 
     def _maybe_manual(self, name: str, first) -> None:
         if self._in_opt_step:
