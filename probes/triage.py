@@ -254,6 +254,7 @@ CURVE_OUTCOMES = {  # the shapes of a loss curve; triage-run and trace-run (scri
     "overfitting": "train loss falls while validation loss rises",
     "stalled-high": "train and validation losses both stall high",
     "slow-high": "still falling, but at the end both losses are above half the chance-level loss",
+    "unbounded": "the loss is below zero and falls faster and faster: it has no lower bound",
 }
 
 

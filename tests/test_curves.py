@@ -157,3 +157,12 @@ def test_a_blow_up_at_the_start_that_the_run_only_undid_is_oscillation_not_progr
     # a first step or two above the first value (minibatch noise, under 2x) is an ordinary start
     noisy = [2.30, 3.1, 2.9] + [2.3 * math.exp(-i / 30) + 0.2 + r.gauss(0, 0.03) for i in range(57)]
     assert classify(Curves(noisy)).normal
+
+
+def test_a_loss_below_zero_that_falls_ever_faster_is_unbounded_not_normal():
+    climbing = [-10.0 - 0.05 * i * i for i in range(60)]          # the objective maximised the wrong way round
+    shape = classify(Curves(climbing))
+    assert shape.shape == "unbounded" and not shape.normal, shape.evidence
+    # a loss that goes below zero and slows down (a Gaussian NLL with a learned scale) is ordinary progress
+    bounded = [-1.0 - 2.0 * (1 - 0.93 ** i) for i in range(60)]
+    assert classify(Curves(bounded)).shape in ("falling", "plateau")

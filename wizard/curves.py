@@ -88,6 +88,14 @@ SHAPES: dict[str, tuple[str, list[str], str, str]] = {
         "Nothing is wrong with the shape: the loss is still improving, so train for longer.",
         "No change needed; the current learning rate is making progress.",
     ),
+    "unbounded": (
+        "below zero, falling faster and faster",
+        [],
+        "Check the sign of what backward() receives: a loss function's value passed as it is, a log-likelihood with "
+        "its minus sign, two scores subtracted in the right order. A loss that can fall without bound is being "
+        "climbed the wrong way.",
+        "Not a learning-rate problem: any rate follows the wrong direction, faster or slower.",
+    ),
     "too-short": (
         "too few points to read a shape",
         [],
@@ -322,6 +330,15 @@ def classify(curves: Curves, reference: float | None = None) -> Shape:
         vtext = f", validation {base['val_level']:.0%}" if curves.val else ""
         return _make("stalled-high", f"over the last third of {n} steps the loss improved by only {gain:.1%} of "
                      f"{_fmt(scale)} and stays at {level:.0%} of it{vtext}", **base)
+    # below zero and falling faster and faster: a loss with no lower bound (the objective climbed, not minimised);
+    # a loss bounded below slows down as it nears its minimum
+    if n >= 12:
+        k = n // 3
+        a, b, c = _median(train[:k]), _median(train[k:2 * k]), _median(train[2 * k:])
+        if c < 0 and b - c > a - b > 0 and c < a - abs(a):
+            return _make("unbounded", f"the loss is below zero and falls faster and faster: medians {_fmt(a)}, {_fmt(b)}, "
+                         f"{_fmt(c)} over the three thirds of {n} steps (a loss bounded below slows down near its minimum)",
+                         thirds=[a, b, c], **base)
     if gain < PLATEAU_GAIN:
         return _make("plateau", f"the loss fell from {_fmt(start)} to {_fmt(end)} and levelled off (last third "
                      f"improved {gain:.1%})", **base)
