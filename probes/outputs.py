@@ -160,7 +160,7 @@ def loss_output_audit(ctx: ProbeContext):
             return failed("double-softmax", f"{where} and its outputs are probabilities (rows sum to 1, range "
                           f"[{data['out_min']:.3g}, {data['out_max']:.3g}]); {name} applies log_softmax again, so the loss "
                           f"cannot fall below ln(1 + {c - 1}/e) = {floor:.3f} even when every prediction is right{grad}", **data)
-        if _clamped(o, module):
+        if _clamped(o, module, data["zero_share"]):
             return failed("clamped-logits", f"{where}: none of the {o.numel()} logits is below 0 and "
                           f"{data['zero_share']:.0%} are exactly 0 (a ReLU or clamp after the last layer); {name} needs "
                           f"unbounded logits: a class score can never go negative, so the model can only raise the right "
@@ -195,7 +195,7 @@ def loss_output_audit(ctx: ProbeContext):
             return failed("logprobs-to-logits", f"{where}: log-probabilities in [{data['out_min']:.3g}, "
                           f"{data['out_max']:.3g}] go into BCEWithLogitsLoss, which reads them as logits: every "
                           f"prediction is below 0.5", **data)
-        if _clamped(o, module):
+        if _clamped(o, module, data["zero_share"]):
             return failed("clamped-logits", f"{where}: none of the {o.numel()} logits is below 0 and "
                           f"{data['zero_share']:.0%} are exactly 0 (a ReLU or clamp after the last layer): no prediction "
                           f"of {name} can fall below probability 0.5, and the logits held at 0 pass no gradient", **data)
@@ -206,12 +206,20 @@ def loss_output_audit(ctx: ProbeContext):
     return passed(f"{where}; {name}: no output convention to check", **data)
 
 
-def _clamped(o: torch.Tensor, module) -> bool:
-    """Logits clamped at 0 from below: none negative, and a ReLU is the model's last module or at least
-    a tenth of them (of 16 or more) are exactly 0."""
+CLAMPED_ZEROS = 0.1    # share of exact zeros, none below, that marks logits clamped by a ReLU
+
+
+def clamped(x: torch.Tensor, zeros: float) -> bool:
+    """Logits clamped at 0 from below (a ReLU or clamp after the last layer): none negative, and at least
+    CLAMPED_ZEROS of them (``zeros``: their share of exact zeros) held at 0. Script mode's trace-loss-input too."""
+    return float(x.min()) >= 0 and zeros >= CLAMPED_ZEROS
+
+
+def _clamped(o: torch.Tensor, module, zeros: float) -> bool:
+    """Module mode: clamped logits, or none negative straight out of a final ReLU (16 values or more to judge by share)."""
     if float(o.min()) < 0:
         return False
-    return isinstance(module, (nn.ReLU, nn.ReLU6)) or (o.numel() >= 16 and float((o == 0).float().mean()) >= 0.1)
+    return isinstance(module, (nn.ReLU, nn.ReLU6)) or (o.numel() >= 16 and clamped(o, zeros))
 
 
 def _softmax_grad_ratio(probs: torch.Tensor, targets: torch.Tensor | None) -> float | None:

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import functools
 import math
+import statistics
 from typing import Any, Callable
 
-from nnwizard.curves import Curves, classify
+from nnwizard.curves import UNBOUNDED_MIN, Curves, classify, falls_unbounded
 from nnwizard.probes._instrument import error_kind
 from nnwizard.probes.loop import Coverage
+from nnwizard.probes.outputs import clamped
 from nnwizard.probes.triage import CURVE_OUTCOMES
 from nnwizard.probes._objectives import ADVERSARIAL, adversarial_reason, objectives, optimizer_label
 from nnwizard.probes.api import LinePlot, ProbeContext, Table, cannot_run, failed, passed, probe, skipped
@@ -714,7 +716,6 @@ NEGATED = -0.5       # median backward value over its loss call's below this: th
 NEGATED_MAX = 2.0    # (down to -2x: the loss negated, perhaps scaled; beyond, another term of the objective dominates)
 ASCENT_COS = 0.5     # median cosine of a hand-written update with the gradient above this: it climbs
 COOPERATING = 0.35   # competing objectives that both end below this share of their first value agree
-UNBOUNDED_MIN = 12   # recorded losses a curve needs before its descent below zero can be called unbounded
 
 
 @probe(
@@ -746,8 +747,7 @@ def trace_loss_sign(ctx: ProbeContext, rec):
         for key, losses in objs.series.items():
             if len(losses) < UNBOUNDED_MIN or not all(math.isfinite(v) for v in losses) or losses[0] <= 0:
                 break
-            tail = sorted(losses[-max(len(losses) // 3, 1):])
-            ends[key] = (losses[0], tail[len(tail) // 2])
+            ends[key] = (losses[0], statistics.median(losses[-max(len(losses) // 3, 1):]))
         else:
             if ends and all(end <= COOPERATING * first for first, end in ends.values()):
                 told = "; ".join(f"{optimizer_label(rec, k)}'s loss {a:.3g} -> {b:.3g}" for k, (a, b) in ends.items())
@@ -773,17 +773,17 @@ def trace_loss_sign(ctx: ProbeContext, rec):
                           f"larger, not smaller (gradient ascent)", **data)
     for key, losses in objs.series.items():
         losses = losses[:next((i for i, v in enumerate(losses) if not math.isfinite(v)), len(losses))]  # up to a NaN
-        n = len(losses)
-        if n < UNBOUNDED_MIN:
+        thirds = falls_unbounded(losses)
+        if thirds is None:
             continue
-        third = n // 3
-        a, b, c = (sorted(part)[len(part) // 2] for part in (losses[:third], losses[third:2 * third], losses[2 * third:]))
+        a, b, c = thirds
+        n = len(losses)
         own = [x for x in rec.steps if (key is None or x.optimizer == key) and x.grad_norm is not None]
         blew = any(not math.isfinite(x.grad_norm) for x in own)
         norms = [x.grad_norm for x in own if math.isfinite(x.grad_norm)]
-        grew = (sorted(norms[-max(len(norms) // 3, 1):])[max(len(norms) // 3, 1) // 2] /
-                max(sorted(norms[:max(len(norms) // 3, 1)])[max(len(norms) // 3, 1) // 2], 1e-30)) if len(norms) >= 6 else None
-        if c < 0 and b - c > a - b > 0 and c < a - abs(a) and (grew is None or grew >= 1.5):
+        k = max(len(norms) // 3, 1)
+        grew = statistics.median(norms[-k:]) / max(statistics.median(norms[:k]), 1e-30) if len(norms) >= 6 else None
+        if grew is None or grew >= 1.5:
             whose = f"{optimizer_label(rec, key)}'s loss" if key is not None else "the loss"
             growth = (f", while the gradient norm grew {grew:.3g}x" if grew is not None else "") + \
                 (" and then turned non-finite" if blew else "")
@@ -1113,7 +1113,6 @@ def trace_loss_input(ctx: ProbeContext, rec):
 
 
 MIN_LOGITS = 64        # values a loss must have received before their range says what produced them
-CLAMPED_ZEROS = 0.1    # share of exact zeros, none below, that marks logits clamped by a ReLU
 
 
 def _clamped(x, fn: str, data: dict):
@@ -1121,7 +1120,7 @@ def _clamped(x, fn: str, data: dict):
     score can never go negative and every clamped one passes no gradient (None: not so)."""
     zeros = float((x == 0).float().mean())
     data["zero_share"] = round(zeros, 4)
-    if data["min"] < 0 or zeros < CLAMPED_ZEROS:
+    if not clamped(x, zeros):
         return None
     cost = ("a class score can never fall below 0, so the model can only raise the right class, never lower the "
             "others" if fn == "cross_entropy" else "no prediction can fall below probability 0.5")

@@ -207,6 +207,21 @@ PLATEAU_GAIN = 0.03
 EARLY_BLOWUP = 2.0
 
 
+UNBOUNDED_MIN = 12   # points a curve needs before its descent below zero can be called unbounded
+
+
+def falls_unbounded(values: list[float]) -> tuple[float, float, float] | None:
+    """The medians of a loss curve's three thirds when it ends below zero and falls faster and faster, by more
+    than its own first level: a loss with no lower bound (the objective climbed, not minimised; a loss bounded
+    below slows down as it nears its minimum). None otherwise, or with fewer than UNBOUNDED_MIN points."""
+    n = len(values)
+    if n < UNBOUNDED_MIN:
+        return None
+    k = n // 3
+    a, b, c = _median(values[:k]), _median(values[k:2 * k]), _median(values[2 * k:])
+    return (a, b, c) if c < 0 and b - c > a - b > 0 and c < a - abs(a) else None
+
+
 def classify(curves: Curves, reference: float | None = None) -> Shape:
     """The shape of a loss curve (and its validation curve, when given)."""
     train = list(curves.train)
@@ -330,15 +345,12 @@ def classify(curves: Curves, reference: float | None = None) -> Shape:
         vtext = f", validation {base['val_level']:.0%}" if curves.val else ""
         return _make("stalled-high", f"over the last third of {n} steps the loss improved by only {gain:.1%} of "
                      f"{_fmt(scale)} and stays at {level:.0%} of it{vtext}", **base)
-    # below zero and falling faster and faster: a loss with no lower bound (the objective climbed, not minimised);
-    # a loss bounded below slows down as it nears its minimum
-    if n >= 12:
-        k = n // 3
-        a, b, c = _median(train[:k]), _median(train[k:2 * k]), _median(train[2 * k:])
-        if c < 0 and b - c > a - b > 0 and c < a - abs(a):
-            return _make("unbounded", f"the loss is below zero and falls faster and faster: medians {_fmt(a)}, {_fmt(b)}, "
-                         f"{_fmt(c)} over the three thirds of {n} steps (a loss bounded below slows down near its minimum)",
-                         thirds=[a, b, c], **base)
+    thirds = falls_unbounded(train)
+    if thirds is not None:
+        a, b, c = thirds
+        return _make("unbounded", f"the loss is below zero and falls faster and faster: medians {_fmt(a)}, {_fmt(b)}, "
+                     f"{_fmt(c)} over the three thirds of {n} steps (a loss bounded below slows down near its minimum)",
+                     thirds=[a, b, c], **base)
     if gain < PLATEAU_GAIN:
         return _make("plateau", f"the loss fell from {_fmt(start)} to {_fmt(end)} and levelled off (last third "
                      f"improved {gain:.1%})", **base)
