@@ -2316,15 +2316,15 @@ class Recorder:
         for m in self.recording.models:
             for n, p in m.module.named_parameters():
                 add(p, f"{m.name}.{n}" if len(self.recording.models) > 1 else n)
-        held = set(cand)
+        stepped = set()   # ids of the parameters an optimizer holds
         for o in self.recording.optimizers:   # parameters of modules no hook saw (forward called directly)
             for gi, g in enumerate(o.optimizer.param_groups):
                 for pi, p in enumerate(g["params"]):
                     add(p, f"{o.name}.group{gi}[{pi}]")
-                    held.discard(id(p))
+                    stepped.add(id(p))
         self._manual_candidates = cand
         if self.lr_scale:
-            self._scale_hand_updates([cand[k][0] for k in held if k in cand and cand[k][0] is not None and id(cand[k][0]) == k])
+            self._scale_hand_updates([p for key, (p, _) in cand.items() if key == id(p) and key not in stepped])
 
     def _scale_hand_updates(self, params: list) -> None:
         """A scaled-LR intervention on parameters no optimizer holds (a hand-written ``p -= lr * p.grad``):
@@ -2403,13 +2403,12 @@ class Recorder:
         step.updated = len(updated)
         self.recording.manual_updated |= updated
         if copies:
-            diffs = [((p.detach() - c).float(), id(p) in updated, g) for p, c, g in copies if p.shape == c.shape]
-            step.update = max((float(d.abs().max()) for d, _, _ in diffs if d.numel()), default=0.0)
-            moved = math.sqrt(sum(float(d.norm()) ** 2 for d, hit, _ in diffs if hit))
-            grad = math.sqrt(sum(g ** 2 for _, hit, g in diffs if hit))
+            diffs = [((p.detach() - c).float(), id(p) in updated, g, p) for p, c, g in copies if p.shape == c.shape]
+            step.update = max((float(d.abs().max()) for d, _, _, _ in diffs if d.numel()), default=0.0)
+            moved = math.sqrt(sum(float(d.norm()) ** 2 for d, hit, _, _ in diffs if hit))
+            grad = math.sqrt(sum(g ** 2 for _, hit, g, _ in diffs if hit))
             step.lrs = [moved / grad] if grad else []  # |update| / |gradient| of the updated tensors: plain SGD's lr
-            pairs = [((p.detach() - c).float(), p.grad) for p, c, _ in copies
-                     if id(p) in updated and p.shape == c.shape and p.grad is not None and p.grad.shape == p.shape]
+            pairs = [(d, p.grad) for d, hit, _, p in diffs if hit and p.grad is not None and p.grad.shape == p.shape]
             if pairs and moved and grad:
                 dot = sum(float((d * g.detach().float()).sum()) for d, g in pairs)
                 gnorm = math.sqrt(sum(float(g.detach().float().norm()) ** 2 for _, g in pairs))

@@ -20,7 +20,6 @@ more than one tensor), ``capture_problem`` says why and the model-level probes a
 from __future__ import annotations
 
 import collections
-
 import copy
 import statistics
 from dataclasses import dataclass
