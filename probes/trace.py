@@ -716,6 +716,7 @@ NEGATED = -0.5       # median backward value over its loss call's below this: th
 NEGATED_MAX = 2.0    # (down to -2x: the loss negated, perhaps scaled; beyond, another term of the objective dominates)
 ASCENT_COS = 0.5     # median cosine of a hand-written update with the gradient above this: it climbs
 COOPERATING = 0.35   # competing objectives that both end below this share of their first value agree
+OWN_VALUE = 0.1      # backward values within this of 1x their loss call's value on every step: the loss function's own
 
 
 @probe(
@@ -760,9 +761,13 @@ def trace_loss_sign(ctx: ProbeContext, rec):
     ratios = []
     for st in rec.steps:
         window = [c for c in calls if c.step == st.step - 1]
-        if st.closure or len(window) != 1 or len(st.losses) != 1 or window[0].value <= 1e-12:
+        if st.closure or len(window) != 1 or len(st.losses) != 1 or abs(window[0].value) <= 1e-12:
             continue
         ratios.append(st.losses[0] / window[0].value)
+    # backward() got a torch loss function's own value on every step: its sign is that function's; a value
+    # below zero falling without bound comes from an input of the wrong form (nll_loss on raw logits), which
+    # trace-loss-input judges, not from the objective's sign
+    own = len(ratios) >= 3 and all(abs(r - 1) <= OWN_VALUE for r in ratios)
     if len(ratios) >= 3 and all(c.value >= 0 for c in calls):
         ratio = sorted(ratios)[len(ratios) // 2]
         first = calls[0]
@@ -771,7 +776,7 @@ def trace_loss_sign(ctx: ProbeContext, rec):
             return failed("negated", f"backward() gets {ratio:.2f}x the value of {first.fn} at {data['where']} (median over "
                           f"{len(ratios)} steps): {first.fn} is never negative, so each step moves the model to make it "
                           f"larger, not smaller (gradient ascent)", **data)
-    for key, losses in objs.series.items():
+    for key, losses in objs.series.items() if not own else ():
         losses = losses[:next((i for i, v in enumerate(losses) if not math.isfinite(v)), len(losses))]  # up to a NaN
         thirds = falls_unbounded(losses)
         if thirds is None:

@@ -189,3 +189,44 @@ def test_a_script_that_raises_unexplained_says_so_in_the_verdict(capsys, tmp_pat
     assert "no data folder" in err.split("Verdict:")[1]
     verdict = next(line for line in md.read_text().splitlines() if line.startswith("Verdict:"))
     assert "no data folder" in verdict and "Inconclusive" in verdict   # the crash leads the markdown verdict too
+
+
+BLOWN_UP = '''
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+torch.manual_seed(0)
+X = torch.randn(2048, 20)
+Y = (X[:, :3].sum(1) > 0).long() + (X[:, 3] > 1).long()
+loader = DataLoader(TensorDataset(X, Y), batch_size=64, shuffle=True)
+model = nn.Sequential(nn.Linear(20, 64), nn.BatchNorm1d(64), nn.ReLU(), nn.Linear(64, 64), nn.BatchNorm1d(64),
+                      nn.ReLU(), nn.Linear(64, 3))
+opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
+crit = nn.CrossEntropyLoss()
+for epoch in range(5):
+    for x, y in loader:
+        opt.zero_grad()
+        loss = crit(model(x), y)
+        loss.backward()
+        opt.step()
+'''
+
+
+@pytest.mark.parametrize("lr,finding", [("9.0", True), ("6.0", False)])
+def test_a_blow_up_by_an_order_of_magnitude_is_a_finding_without_the_sweep(capsys, tmp_path, lr, finding):
+    """A model too slow for the lr sweep (here: a budget too small for it) is judged on its own run: a loss
+    that rose 20x after the first updates (lr 9) is lr-too-high; one that rose 9x (lr 6) stays weak."""
+    path = tmp_path / "train.py"
+    path.write_text(BLOWN_UP.replace("LR", lr))
+    js = tmp_path / "r.json"
+    code, _, _ = cli(capsys, "diagnose", "--script", str(path), "--non-interactive", "--symptom", "auto",
+                     "--budget", "0.1", "--json", str(js))
+    report = json.loads(js.read_text())
+    assert code == 0
+    assert next(p for p in report["probes"] if p["id"] == "script-lr-sweep")["status"] == "skipped"
+    lr = next(h for h in report["hypotheses"] if h["id"] == "lr-too-high")
+    assert "its first value" in json.dumps(lr)
+    assert (lr["confidence"] >= 0.5) is finding
+    if finding:
+        assert report["verdict"] == "problems-found" and report["hypotheses"][0]["id"] == "lr-too-high"

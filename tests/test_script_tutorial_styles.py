@@ -260,6 +260,51 @@ def test_vae_with_its_kl_sign_flipped_is_an_unbounded_objective(tmp_path):
     assert _run(healthy, "trace-loss-sign").status == "passed"
 
 
+# Lightning Fabric's MNIST example style: the model ends in log_softmax and the loss is F.nll_loss
+NLL = '''
+import torch
+from torch import nn
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+torch.manual_seed(0)
+X = torch.randn(512, 16)
+Y = (X[:, 0] > 0).long() + (X[:, 1] > 0).long()
+loader = DataLoader(TensorDataset(X, Y), batch_size=64, shuffle=True)
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(16, 64), nn.Linear(64, 3)
+
+    def forward(self, x):
+        return F.log_softmax(self.fc2(F.relu(self.fc1(x))), dim=1)
+
+
+model = Net()
+opt = torch.optim.Adadelta(model.parameters(), lr=1.0)
+for epoch in range(20):
+    for x, y in loader:
+        opt.zero_grad()
+        loss = F.nll_loss(model(x), y)
+        loss.backward()
+        opt.step()
+'''
+
+
+def test_nll_loss_on_raw_logits_is_its_input_not_a_flipped_sign(tmp_path):
+    """Without log_softmax, nll_loss (-x[target]) falls below zero without bound; backward() still gets
+    nll_loss's own value, so the sign is right: the input's form is the fault (trace-loss-input)."""
+    raw = record(write(tmp_path, ("return F.log_softmax(self.fc2(F.relu(self.fc1(x))), dim=1)",
+                                  "return self.fc2(F.relu(self.fc1(x)))"), text=NLL), max_steps=60)
+    assert min(st.loss for st in raw.recording.steps) < -5   # it did fall without bound
+    assert _run(raw, "trace-loss-sign").status == "passed"
+    assert _run(raw, "trace-loss-input").status == "failed"
+    healthy = record(write(tmp_path, text=NLL, name="healthy.py"), max_steps=60)
+    assert _run(healthy, "trace-loss-sign").status == "passed"
+    assert _run(healthy, "trace-loss-input").status == "passed"
+
 # pytorch/examples' GAT style: the mode only matters through F.dropout(training=self.training), no Dropout module
 FUNCTIONAL_DROPOUT = '''
 import torch

@@ -287,7 +287,7 @@ def classify(curves: Curves, reference: float | None = None) -> Shape:
         found = _make("oscillating", f"the loss rose from {_fmt(first)} at step {_at(xs, 0)} (before any update had an "
                       f"effect) to {_fmt(peak)} by step {_at(xs, peak_i)}, {peak / first:.1f}x its first value, and ended at "
                       f"{_fmt(end)}: no progress below where it began in {n} steps", _at(xs, peak_i),
-                      first=first, peak=peak, peak_step=_at(xs, peak_i), **base)
+                      first=first, peak=peak, peak_step=_at(xs, peak_i), peak_ratio=peak / first, **base)
         return found
 
     # flat: the start, every quarter of the run and the end all sit within FLAT_RANGE of each other

@@ -218,6 +218,22 @@ _STEP_LISTS, _STEP_DICTS = ("losses", "lrs", "none_names"), ("forwards", "traini
 assert dict(_STEP_FRESH) == {**dict.fromkeys(_STEP_LISTS, list), **dict.fromkeys(_STEP_DICTS, dict)}
 
 
+def _wrapped_optimizer(optimizer) -> torch.optim.Optimizer | None:
+    """The optimizer a wrapper delegates to (Lightning Fabric's ``_FabricOptimizer`` and Lightning's
+    ``LightningOptimizer`` keep it as ``_optimizer``, Accelerate's ``AcceleratedOptimizer`` as ``optimizer``),
+    when the wrapper's parameter groups are that optimizer's own; None for an optimizer itself."""
+    attrs = getattr(optimizer, "__dict__", {})
+    for name in ("_optimizer", "optimizer"):
+        inner = attrs.get(name)
+        if isinstance(inner, torch.optim.Optimizer) and inner is not optimizer:
+            try:
+                if optimizer.param_groups is inner.param_groups:
+                    return inner
+            except Exception:  # noqa: BLE001 - an odd wrapper: treat it as an optimizer of its own
+                return None
+    return None
+
+
 def _blank_step(n: int) -> StepRecord:
     """``StepRecord(step=n, optimizer=-1, t=0.0)`` without the dataclass ``__init__``'s 30 assignments
     (light mode makes one every step): a copy of the defaults (one C copy of a dict, not a merge item by
@@ -865,7 +881,7 @@ class Recorder:
                 rec._zeroed_since_backward = True
                 rec.recording.zero_grads += 1
                 if isinstance(this, torch.optim.Optimizer):
-                    rec._cleared.add(id(this))
+                    rec._cleared.add(id(_wrapped_optimizer(this) or this))
                 rec._pause()
                 try:
                     return original(this, *args, **kwargs)
@@ -1840,6 +1856,9 @@ class Recorder:
     def _optimizer_info(self, optimizer) -> OptimizerInfo:
         info = self._opt_ids.get(id(optimizer))
         if info is None or info.optimizer is not optimizer:
+            inner = _wrapped_optimizer(optimizer)
+            if inner is not None:   # a wrapper that delegates to an optimizer: that one is the optimizer
+                return self._optimizer_info(inner)
             groups = []
             for g in optimizer.param_groups:
                 params = [p for p in g["params"]]

@@ -1,0 +1,99 @@
+"""Scripts that train through a library's wrappers of the model and optimizer (Lightning Fabric's
+``fabric.setup``, Accelerate's ``accelerator.prepare``): the wrapper optimizer delegates to the one it
+wraps, so the recording has that one optimizer, however the script reaches it (a scheduler built over
+the wrapper, ``zero_grad`` called on the wrapper), and the audits read the wrapped one's steps."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.test_script_mode import outcome, record, write
+
+# a wrapper the way Fabric builds one: the optimizer kept as `_optimizer`, the wrapped class imitated,
+# attribute lookups (param_groups, state) answered by the wrapped optimizer
+WRAPPED = '''
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Wrapped:
+    def __init__(self, optimizer):
+        self._optimizer = optimizer
+        self.__class__ = type("Wrapped" + optimizer.__class__.__name__, (Wrapped, optimizer.__class__), {})
+
+    def step(self, closure=None):
+        return self._optimizer.step(closure)
+
+    def __getattr__(self, item):
+        return getattr(self._optimizer, item)
+
+
+torch.manual_seed(0)
+X = torch.randn(256, 8)
+Y = (X[:, 0] > 0).long()
+loader = DataLoader(TensorDataset(X, Y), batch_size=32, shuffle=True)
+model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+optimizer = Wrapped(torch.optim.SGD(model.parameters(), lr=0.1))
+scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.9)
+crit = nn.CrossEntropyLoss()
+for epoch in range(4):
+    for x, y in loader:
+        optimizer.zero_grad()
+        loss = crit(model(x), y)
+        loss.backward()
+        optimizer.step()
+    scheduler.step()
+'''
+
+FABRIC = '''
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+from lightning.fabric import Fabric
+
+fabric = Fabric(accelerator="cpu", devices=1)
+torch.manual_seed(0)
+X = torch.randn(256, 8)
+Y = (X[:, 0] > 0).long()
+loader = fabric.setup_dataloaders(DataLoader(TensorDataset(X, Y), batch_size=32, shuffle=True))
+net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+model, optimizer = fabric.setup(net, torch.optim.SGD(net.parameters(), lr=0.1))
+scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.9)
+crit = nn.CrossEntropyLoss()
+for epoch in range(4):
+    model.train()
+    for x, y in loader:
+        optimizer.zero_grad()
+        loss = crit(model(x), y)
+        fabric.backward(loss)
+        optimizer.step()
+    scheduler.step()
+'''
+
+
+def test_a_wrapper_optimizer_is_the_optimizer_it_wraps(tmp_path):
+    target = record(write(tmp_path, text=WRAPPED))
+    rec = target.recording
+    assert [o.name for o in rec.optimizers] == ["SGD"]
+    assert rec.optimizers[0].steps == len(rec.steps) == 30
+    assert [(s["name"], s["optimizer"]) for s in rec.schedulers] == [("StepLR", 0)]
+    assert outcome(target, "trace-zero-grad") == "ok"
+    assert outcome(target, "trace-scheduler") == "ok"
+
+
+def test_without_zero_grad_through_the_wrapper_gradients_pile_up(tmp_path):
+    target = record(write(tmp_path, ("        optimizer.zero_grad()\n", ""), text=WRAPPED))
+    assert [o.name for o in target.recording.optimizers] == ["SGD"]
+    assert outcome(target, "trace-zero-grad") != "ok"
+
+
+def test_lightning_fabric_script(tmp_path):
+    pytest.importorskip("lightning")
+    target = record(write(tmp_path, text=FABRIC))
+    rec = target.recording
+    assert [o.name for o in rec.optimizers] == ["SGD"]
+    assert rec.optimizers[0].steps == 30
+    assert [(s["name"], s["optimizer"]) for s in rec.schedulers] == [("StepLR", 0)]
+    assert outcome(target, "trace-zero-grad") == "ok"
+    assert outcome(target, "trace-backward-step") == "ok"
