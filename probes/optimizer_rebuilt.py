@@ -31,7 +31,9 @@ def trace_optimizer_rebuilt(ctx: ProbeContext, rec):
     if not opts or not rec.steps:
         return skipped("no optimizer step was recorded")
     info = max(opts, key=lambda o: o.built)
-    runs = [b - a for a, b in zip(info.built_at, info.built_at[1:] + [info.steps])]   # steps of each object
+    # steps of each object (built_at keeps the first 64 builds: past them, the last one kept was followed by others)
+    ends = info.built_at[1:] + ([info.steps] if len(info.built_at) == info.built else [])
+    runs = [b - a for a, b in zip(info.built_at, ends)]
     stepped = [r for r in runs if r]
     most = max(runs, default=0)
     data = dict(optimizer=info.name, built=info.built, stepped=len(stepped), steps=info.steps, most_steps_by_one=most,

@@ -34,13 +34,14 @@ CLIP = "clip_grad_norm_(model.parameters(), 0.1)"
 ORIGINAL = torch.nn.utils.clip_grad_norm_
 
 
-def _audit(tmp_path, probe_id: str, where: str | None = None, rebuild: str = "pass"):
-    text = LOOP.replace("REBUILD", rebuild)
+def _audit(tmp_path, probe_id: str, where: str | None = None, rebuild: str = "pass", epochs: int = 2,
+           max_steps: int = 30):
+    text = LOOP.replace("REBUILD", rebuild).replace("range(2)", f"range({epochs})")
     for slot in ("BEFORE", "BETWEEN", "AFTER"):
         text = text.replace(slot, CLIP if slot == where else "pass")
     path = tmp_path / "train.py"
     path.write_text(text)
-    target = ScriptTarget(run_script(load_script(str(path)), [], RunOptions(max_steps=30)))
+    target = ScriptTarget(run_script(load_script(str(path)), [], RunOptions(max_steps=max_steps)))
     return get(probe_id)(ProbeContext(target))
 
 
@@ -77,6 +78,14 @@ def test_an_optimizer_with_state_built_every_step_fires(tmp_path, optimizer):
     assert result.outcome == "rebuilt", result.summary
     assert result.data["built"] >= 16 and result.data["stepped"] == 16 and result.data["most_steps_by_one"] == 1
 
+
+def test_an_optimizer_rebuilt_past_the_builds_kept_still_fires(tmp_path):
+    """The recording keeps the step of the first 64 builds only; over 100 steps the last one kept is not
+    one object stepped 37 times."""
+    result = _audit(tmp_path, "trace-optimizer-rebuilt", rebuild="opt = torch.optim.Adam(model.parameters(), lr=1e-3)",
+                    epochs=20, max_steps=100)
+    assert result.outcome == "rebuilt", result.summary
+    assert result.data["built"] == 100 and result.data["most_steps_by_one"] == 1
 
 def test_plain_sgd_rebuilt_every_step_loses_nothing(tmp_path):
     result = _audit(tmp_path, "trace-optimizer-rebuilt", rebuild="opt = torch.optim.SGD(model.parameters(), lr=0.05)")
