@@ -255,6 +255,7 @@ CURVE_OUTCOMES = {  # the shapes of a loss curve; triage-run and trace-run (scri
     "stalled-high": "train and validation losses both stall high",
     "slow-high": "still falling, but at the end both losses are above half the chance-level loss",
     "unbounded": "the loss is below zero and falls faster and faster: it has no lower bound",
+    "spiked": "the loss blew up within the first updates, then fell: the run first had to undo them",
 }
 
 

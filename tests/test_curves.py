@@ -159,6 +159,21 @@ def test_a_blow_up_at_the_start_that_the_run_only_undid_is_oscillation_not_progr
     assert classify(Curves(noisy)).normal
 
 
+def test_an_early_blow_up_the_run_recovers_from_is_a_spike_not_normal_progress():
+    """A hand-written warm-up to a peak rate 100x too high over 200 steps: 2.73 before any update, 18.7 three
+    steps later, back below the start after ~25 steps, 1.5 at the end (the intended rate ends near 0.6). Read
+    over the whole run the fall looks normal; the first updates overshoot."""
+    r = random.Random(1)
+    spiked = [2.73, 6.83, 12.33, 18.71, 12.98, 11.96, 6.19, 5.26, 5.44, 4.31, 3.16, 3.18] + \
+        [2.9 - 1.4 * (1 - math.exp(-i / 80)) + r.gauss(0, 0.08) for i in range(188)]
+    shape = classify(Curves(spiked))
+    assert shape.shape == "spiked" and not shape.normal and shape.symptoms == ["oscillating"], shape.evidence
+    assert shape.step == 3 and shape.data["peak_ratio"] == pytest.approx(18.71 / 2.73)
+    assert "18.71" in shape.evidence and "2.73" in shape.evidence
+    # the same run without the blow-up is normal, and a curve that jumps all along stays oscillating
+    assert classify(Curves([2.73] + spiked[12:])).normal
+
+
 def test_a_loss_below_zero_that_falls_ever_faster_is_unbounded_not_normal():
     climbing = [-10.0 - 0.05 * i * i for i in range(60)]          # the objective maximised the wrong way round
     shape = classify(Curves(climbing))

@@ -96,6 +96,15 @@ SHAPES: dict[str, tuple[str, list[str], str, str]] = {
         "climbed the wrong way.",
         "Not a learning-rate problem: any rate follows the wrong direction, faster or slower.",
     ),
+    "spiked": (
+        "an early blow-up the run then recovered from",
+        ["oscillating"],
+        "The first updates threw the model far off its starting loss; the rest of the run spent its steps "
+        "climbing back. Lower the peak learning rate, or warm it up over the first few percent of the steps "
+        "(a schedule that starts at full rate on a fresh model overshoots), then compare the curves.",
+        "Lower it (or add a warm-up) and compare: a run that does not blow up at the start ends lower for the "
+        "same steps.",
+    ),
     "too-short": (
         "too few points to read a shape",
         [],
@@ -192,6 +201,7 @@ def _make(shape: str, evidence: str, step: float | None = None, **data: Any) -> 
 #                jump is over 25% of R (minibatch noise of a healthy run is ~5-10% of R).
 #   oscillating  also: within the first third the loss rises to 2x its first value (and by half of R),
 #                and the run ends less than 10% of R below that first value (a blow-up it only undid).
+#   spiked       the same early blow-up in a run that then ends 10% of R or more below its first value.
 #   diverged     after real, smooth progress (>= 10% of R, step-to-step jumps under 30% of the level),
 #                the loss leaves its best level and ends above the starting level (or turns non-finite).
 #   overfitting  validation ends at least 5% of R (and 10% of its best value) above its best point,
@@ -279,16 +289,21 @@ def classify(curves: Curves, reference: float | None = None) -> Shape:
     # starting level (a learning rate far too high for the optimizer, which the median start above hides) and
     # the rest of the run only undid that
     first = train[0]
+    spiked = None
     early = train[: max(n // 3, 3)]
     peak_i = max(range(len(early)), key=lambda i: early[i])
     peak = early[peak_i]
-    if n >= 8 and first > 0 and peak >= EARLY_BLOWUP * first and (peak - first) / scale >= 0.5 \
-            and (first - end) / scale < DIVERGE_PROGRESS:
-        found = _make("oscillating", f"the loss rose from {_fmt(first)} at step {_at(xs, 0)} (before any update had an "
-                      f"effect) to {_fmt(peak)} by step {_at(xs, peak_i)}, {peak / first:.1f}x its first value, and ended at "
-                      f"{_fmt(end)}: no progress below where it began in {n} steps", _at(xs, peak_i),
-                      first=first, peak=peak, peak_step=_at(xs, peak_i), peak_ratio=peak / first, **base)
-        return found
+    if n >= 8 and first > 0 and peak >= EARLY_BLOWUP * first and (peak - first) / scale >= 0.5:
+        rose = (f"the loss rose from {_fmt(first)} at step {_at(xs, 0)} (before any update had an effect) to {_fmt(peak)} "
+                f"by step {_at(xs, peak_i)}, {peak / first:.1f}x its first value")
+        blown = dict(first=first, peak=peak, peak_step=_at(xs, peak_i), peak_ratio=peak / first, **base)
+        if (first - end) / scale < DIVERGE_PROGRESS:
+            return _make("oscillating", f"{rose}, and ended at {_fmt(end)}: no progress below where it began in {n} steps",
+                         _at(xs, peak_i), **blown)
+        # the same blow-up in a run that went on to learn (smoothly: not a curve that jumps all along, judged
+        # below): what it learnt came after undoing the first updates
+        spiked = _make("spiked", f"{rose}, and only then fell, to {_fmt(end)} after {n} steps: the first updates "
+                       f"overshoot", _at(xs, peak_i), **blown)
 
     # flat: the start, every quarter of the run and the end all sit within FLAT_RANGE of each other
     # (quarter medians, so that minibatch noise does not count as movement)
@@ -306,6 +321,8 @@ def classify(curves: Curves, reference: float | None = None) -> Shape:
     if steady < OSC_PROGRESS and rough > OSC_ROUGH:
         return _make("oscillating", f"the loss jumps by {rough:.0%} of {_fmt(scale)} from step to step while it only "
                      f"went from {_fmt(start)} to {_fmt(end)} over {n} steps", **base)
+    if spiked is not None and rough <= OSC_ROUGH:
+        return spiked
 
     val = [v for v in (curves.val or [])]
     if len(val) >= 3:
