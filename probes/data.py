@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from torch.utils.data import IterableDataset, TensorDataset, default_collate
 
-from nnwizard.probes.api import BarPlot, ImageGrid, ProbeContext, Table, cannot_run, failed, passed, probe, skipped
+from nnwizard.probes.api import BarPlot, ImageGrid, ProbeContext, ProbeResult, Table, cannot_run, failed, passed, probe, skipped
 from nnwizard.target import BINARY_LOSSES, CLASSIFICATION_LOSSES, REGRESSION_LOSSES
 
 
@@ -61,10 +61,32 @@ def _first_two(item):
     return item[0], item[1]
 
 
+class RaggedSamples(ValueError):
+    """The split's samples are tensors of different shapes (sentences of different lengths): they do not
+    make one tensor of samples."""
+
+
+def ragged(exc: RaggedSamples) -> ProbeResult:
+    """What a probe that reads the samples as one tensor says of a split whose samples differ in shape."""
+    return skipped(f"the training samples differ in shape ({exc}): sequences of different lengths, not one "
+                   f"tensor of samples to read", ragged=str(exc))
+
+
+def _stacked(parts: list, join) -> torch.Tensor:
+    try:
+        return join(parts)
+    except RuntimeError as exc:
+        shapes = sorted({tuple(torch.as_tensor(t).shape) for t in parts}, key=str)[:2]
+        if len(shapes) > 1:
+            raise RaggedSamples(f"{list(shapes[0])} and {list(shapes[1])}") from exc
+        raise
+
+
 def collect(target, split: str = "train", max_samples: int = 2048, budget_s: float = 1.0, seed: int = 0,
             ctx: ProbeContext | None = None) -> Samples | None:
     """Up to ``max_samples`` (input, target) pairs of a split, read from its dataset by index where
-    possible (else from its loader), stopping at ``budget_s`` seconds or the probe's deadline."""
+    possible (else from its loader), stopping at ``budget_s`` seconds or the probe's deadline.
+    Raises RaggedSamples when the inputs (or targets) differ in shape from sample to sample."""
     loader = target.train_loader if split == "train" else target.val_loader
     if loader is None:
         return None
@@ -90,7 +112,8 @@ def collect(target, split: str = "train", max_samples: int = 2048, budget_s: flo
                 break
         if not items:
             return None
-        x, y = default_collate(items)
+        x = _stacked([i[0] for i in items], default_collate)
+        y = _stacked([i[1] for i in items], default_collate)
         return Samples(torch.as_tensor(x), torch.as_tensor(y), read, total, len(read) < total, time.monotonic() - started)
     xs, ys, complete = [], [], True
     for batch in loader:
@@ -106,7 +129,7 @@ def collect(target, split: str = "train", max_samples: int = 2048, budget_s: flo
         total = len(loader.dataset)  # type: ignore[arg-type]
     except Exception:
         total = None
-    x, y = torch.cat(xs)[:max_samples], torch.cat(ys)[:max_samples]
+    x, y = _stacked(xs, torch.cat)[:max_samples], _stacked(ys, torch.cat)[:max_samples]
     sampled = not complete or (total is not None and len(y) < total)
     return Samples(x, y, None, total, sampled, time.monotonic() - started)
 
@@ -167,7 +190,10 @@ CUDA_NOTE = ("on CUDA the same check is a device-side assert ('Assertion `t >= 0
 )
 def label_audit(ctx: ProbeContext):
     target = ctx.target
-    samples = collect(target, "train", int(ctx.param("max_samples", 8192)), float(ctx.param("budget_s", 1.0)), ctx.seed, ctx)
+    try:
+        samples = collect(target, "train", int(ctx.param("max_samples", 8192)), float(ctx.param("budget_s", 1.0)), ctx.seed, ctx)
+    except RaggedSamples as exc:
+        return ragged(exc)
     if samples is None:
         return cannot_run("no training targets could be read", reason="unreadable")
     y = samples.y
@@ -324,7 +350,10 @@ RMS_LIMIT = 20.0
     timeout_s=30,
 )
 def input_stats(ctx: ProbeContext):
-    samples = collect(ctx.target, "train", int(ctx.param("max_samples", 4096)), float(ctx.param("budget_s", 1.0)), ctx.seed, ctx)
+    try:
+        samples = collect(ctx.target, "train", int(ctx.param("max_samples", 4096)), float(ctx.param("budget_s", 1.0)), ctx.seed, ctx)
+    except RaggedSamples as exc:
+        return ragged(exc)
     if samples is None:
         return cannot_run("no training inputs could be read", reason="unreadable")
     x = samples.x
@@ -388,7 +417,10 @@ def _label(y) -> str:
 def sample_dump(ctx: ProbeContext):
     target = ctx.target
     count = int(ctx.param("count", 5))
-    samples = collect(target, "train", 4096, 0.5, ctx.seed, ctx)
+    try:
+        samples = collect(target, "train", 4096, 0.5, ctx.seed, ctx)
+    except RaggedSamples as exc:
+        return ragged(exc)
     if samples is None or samples.n == 0:
         return cannot_run("no training samples could be read", reason="unreadable")
     rng = random.Random(ctx.seed)

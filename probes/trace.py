@@ -777,7 +777,12 @@ def trace_loss_sign(ctx: ProbeContext, rec):
                           f"{len(ratios)} steps): {first.fn} is never negative, so each step moves the model to make it "
                           f"larger, not smaller (gradient ascent)", **data)
     for key, losses in objs.series.items() if not own else ():
-        losses = losses[:next((i for i, v in enumerate(losses) if not math.isfinite(v)), len(losses))]  # up to a NaN
+        # read up to the first non-finite value: the loss's, or a measured gradient norm's (past it the values
+        # saturate at the float range, and a curve that stops falling there is not bounded)
+        points = [x for x in rec.steps if x.loss is not None and (key is None or (x.optimizer == key and x.backwards > 0))]
+        cut = next((i for i, (v, x) in enumerate(zip(losses, points)) if not math.isfinite(v)
+                    or (x.grad_norm is not None and not math.isfinite(x.grad_norm))), len(losses))
+        losses = losses[:cut]
         thirds = falls_unbounded(losses)
         if thirds is None:
             continue

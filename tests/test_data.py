@@ -160,3 +160,25 @@ def test_diagnosis_top1(name, hypothesis):
     assert report.hypotheses and report.hypotheses[0].id == hypothesis and report.hypotheses[0].confidence >= 0.5
     if hypothesis == "labels-out-of-range":
         assert any("label-audit" in e for e in report.hypotheses[0].evidence)
+
+
+@pytest.mark.parametrize("indexable", [True, False])
+def test_samples_of_different_shapes_are_ragged_not_an_error(indexable):
+    """Sentences of different lengths do not stack into one tensor of samples: collect() says so
+    (RaggedSamples) and the probes that read samples that way skip with the shapes, instead of raising
+    torch.stack's error (an errored probe leaves the verdict inconclusive)."""
+    from types import SimpleNamespace
+
+    import torch
+    from torch.utils.data import DataLoader
+
+    from nnwizard.probes.data import RaggedSamples, collect, ragged
+
+    items = [(torch.arange(5), 1), (torch.arange(4), 0), (torch.arange(5), 2)]
+    loader = DataLoader(items, batch_size=None) if indexable else [(x.unsqueeze(0), torch.tensor([y])) for x, y in items]
+    with pytest.raises(RaggedSamples) as info:
+        collect(SimpleNamespace(train_loader=loader, val_loader=None))
+    result = ragged(info.value)
+    assert result.status == "skipped" and ("[4] and [5]" in result.summary or "[1, 4] and [1, 5]" in result.summary)
+    same = [(torch.arange(5), 1), (torch.arange(5) + 1, 0)]
+    assert collect(SimpleNamespace(train_loader=DataLoader(same, batch_size=None), val_loader=None)).x.shape == (2, 5)

@@ -3,6 +3,8 @@ directions, on tiny scripts written into tmp_path."""
 
 from __future__ import annotations
 
+import math
+
 import hashlib
 import subprocess
 import sys
@@ -209,6 +211,17 @@ def test_hand_written_updates_of_an_optimizers_parameters_are_steps(tmp_path, up
     nozero = record(write(tmp_path, ("opt.step()", update), ("            opt.zero_grad()\n", ""), name="t2.py"))
     assert outcome(nozero, "trace-zero-grad") == "carry-over"
 
+
+def test_gradients_never_cleared_stay_carried_once_they_are_nan(tmp_path):
+    """Without zero_grad a run may diverge; from then on every gradient is NaN. A NaN gradient was not cleared
+    (its norm is not > 0, but it is not 0 either): the audit must not count those steps as cleared."""
+    text = BASE.replace("            opt.zero_grad()\n", "").replace(
+        "            loss = crit(out, y)\n", "            loss = crit(out, y) * (float('nan') if epoch == 1 else 1.0)\n")
+    target = record(write(tmp_path, text=text))
+    rec = target.recording
+    assert any(not math.isfinite(s.loss) for s in rec.steps)
+    result = get("trace-zero-grad")(ProbeContext(target))
+    assert result.outcome == "carry-over", result.summary
 
 def test_an_edit_of_the_parameters_before_optimizer_step_is_part_of_that_step(tmp_path):
     clamp = "with torch.no_grad():\n                model[0].weight.clamp_(-1, 1)\n            opt.step()"

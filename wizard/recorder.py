@@ -479,14 +479,15 @@ def _additive_mask(t: torch.Tensor) -> bool:
     return bool(((t == 0) | (t == float("-inf"))).all())
 
 
-def _positive(values: list[torch.Tensor]) -> list[bool]:
-    """Which of these scalar tensors are > 0, read with one host transfer where there are many."""
+def _nonzero(values: list[torch.Tensor]) -> list[bool]:
+    """Which of these scalar tensors are not 0 (NaN and Inf included: a gradient gone non-finite was not
+    cleared), read with one host transfer where there are many."""
     if len(values) > 8:
         try:
-            return torch.stack([v.float() for v in values]).gt(0).tolist()
+            return torch.stack([v.float() for v in values]).ne(0).tolist()
         except RuntimeError:  # on several devices
             pass
-    return [float(v) > 0 for v in values]
+    return [float(v) != 0 for v in values]
 
 
 def _update_views(params: list[torch.Tensor], exact: bool) -> list[torch.Tensor]:
@@ -1824,7 +1825,7 @@ class Recorder:
             counts.setdefault(i, [0, 0])[1] += 1
         live = [(i, g) for i, g in owned if g is not None]
         if live:
-            for (i, _), nonzero in zip(live, _positive(torch._foreach_norm([g.detach() for _, g in live]))):
+            for (i, _), nonzero in zip(live, _nonzero(torch._foreach_norm([g.detach() for _, g in live]))):
                 if nonzero:
                     counts[i][0] += 1
         return sum(c[0] for c in counts.values()) / sum(c[1] for c in counts.values()), \
