@@ -230,3 +230,34 @@ def test_a_blow_up_by_an_order_of_magnitude_is_a_finding_without_the_sweep(capsy
     assert (lr["confidence"] >= 0.5) is finding
     if finding:
         assert report["verdict"] == "problems-found" and report["hypotheses"][0]["id"] == "lr-too-high"
+
+
+SCALAR_TARGETS = '''
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+X = torch.randn(64, 3)
+Y = X.sum(1)
+model = nn.Linear(3, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+for epoch in range(3):
+    for i in range(len(X)):
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(model(X[i]).squeeze(), Y[i])   # one sample: a 0-d prediction and target
+        loss.backward()
+        opt.step()
+'''
+
+
+def test_a_per_sample_loop_with_scalar_targets_is_diagnosed(capsys, tmp_path):
+    """A 0-d target has no len(): the session's calibration raised TypeError (exit 3, internal error)."""
+    path = tmp_path / "train.py"
+    path.write_text(SCALAR_TARGETS)
+    js = tmp_path / "r.json"
+    code, _, err = cli(capsys, "diagnose", "--script", str(path), "--non-interactive", "--symptom", "auto",
+                       "--json", str(js))
+    assert code == 0, err
+    report = json.loads(js.read_text())
+    assert [p["id"] for p in report["probes"] if p["status"] == "errored"] == []
+    assert report["verdict"] in ("healthy", "inconclusive")

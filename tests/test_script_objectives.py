@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from nnwizard.probes._objectives import objectives
-from nnwizard.probes.api import ProbeContext, load_all
+from nnwizard.probes.api import ProbeContext, get, load_all
 from nnwizard.script_run import RunOptions, load_script, run_script
 from nnwizard.script_target import ScriptTarget
 
@@ -218,3 +218,34 @@ def test_ladder_does_not_apply_to_several_independent_objectives(tmp_path):
     result = run(target, "script-ladder")
     assert result.status == "skipped" and not result.data.get("cannot_run"), result.summary
     assert "several objectives" in result.summary and len(target.reruns) == reruns
+
+
+# actor-critic's shape: one forward per time step saved over an episode longer than the recorder's pending cap
+# (64), then one loss call per step on the saved values and one backward for the episode
+EPISODES = '''
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 1))
+opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+for episode in range(6):
+    saved = []
+    for t in range(150):
+        saved.append(model(torch.randn(1, 4)))
+    returns = torch.randn(150)
+    losses = [nn.functional.smooth_l1_loss(v.squeeze(), r) for v, r in zip(saved, returns)]
+    opt.zero_grad()
+    torch.stack(losses).sum().backward()
+    opt.step()
+'''
+
+
+def test_loss_calls_on_values_saved_over_a_long_episode_come_from_the_model(tmp_path):
+    """Past the pending cap the oldest forwards' outputs were forgotten before the episode's loss calls: 86 of
+    each episode's 150 calls read as 'not computed from the model's output' (loss-wrong-tensor on actor_critic)."""
+    path = tmp_path / "episodes.py"
+    path.write_text(EPISODES)
+    target = ScriptTarget(run_script(load_script(str(path)), [], RunOptions(max_steps=6)))
+    result = get("trace-loss-target")(ProbeContext(target))
+    assert result.outcome == "ok", result.summary

@@ -225,6 +225,13 @@ def _import_optimizer_machinery() -> None:
     torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.0)
 
 
+def _samples(y: Any) -> int | None:
+    """Samples in a batch's target: a 0-d tensor (one sample's scalar target) is one."""
+    if isinstance(y, torch.Tensor):
+        return len(y) if y.dim() else 1
+    return len(y) if hasattr(y, "__len__") else None
+
+
 def calibrate(target, total_s: float | None = None, limit_s: float = 60.0) -> Budget:
     """The session's Budget, from ``target.measured_step_s`` or by timing the user's step (isolated:
     a step that raises or hangs leaves the step time unmeasured or a lower bound)."""
@@ -234,7 +241,7 @@ def calibrate(target, total_s: float | None = None, limit_s: float = 60.0) -> Bu
     _import_optimizer_machinery()
     budget = Budget(total_s=total_s or 0.0, explicit=total_s is not None)
     batch = target.batch()
-    budget.user_batch = len(batch[1]) if batch is not None and hasattr(batch[1], "__len__") else None
+    budget.user_batch = _samples(batch[1]) if batch is not None else None
     measured = getattr(target, "measured_step_s", None)
     if measured:
         budget.user_step_s = budget.step_s = float(measured)

@@ -123,6 +123,7 @@ NORM_EVERY_MAX = 10  # light mode: the longest interval between two gradient-nor
 CLIP_KEEP = 200  # full mode: gradient-clipping calls recorded
 SPAN_CHECKS = 4  # steps at whose first backward full mode looks for the graph of the step before
 SPAN_NODES = 2000  # graph nodes of each of those steps kept to check the next step's graph against
+DROPPED_OUTS = 16384  # full mode: output nodes of forwards the pending cap dropped, kept (by id) until the next backward
 FULL_DETAIL = 12  # full mode: the first steps whose gradient norm and parameter change are always measured (the trace table shows the first 11),
 FULL_EVERY = 8    # then every FULL_EVERY-th step's, the last 3 of the step budget's, and any step with a non-finite loss
 FULL_LARGE = 1_000_000  # full mode: an optimizer over more values than this has its gradient norm (one memory-bound pass over
@@ -668,6 +669,7 @@ class Recorder:
         self._pending: StepRecord | None = None
         self._pending_forwards: list[ForwardEvent] = []
         self._overflowed = 0   # full mode: forwards the pending cap dropped since the last graph search
+        self._dropped_outs: set[int] = set()   # full mode: ids of those forwards' output nodes (since the last backward)
         self._pending_losses: list[LossCall] = []
         self._last_step_t = 0.0
         self._zero_grad_since = self._zero_after_backward = False
@@ -1473,7 +1475,7 @@ class Recorder:
             stack.extend(fn for fn, _ in node.next_functions)
         # any output of a forward no backward has reached yet (a second output, e.g. an actor-critic's value
         # head, or an output saved over an episode before one backward)
-        outs = {id(n) for e in self._pending_forwards[-64:] for n in e.outs}
+        outs = {id(n) for e in self._pending_forwards[-64:] for n in e.outs} | self._dropped_outs
         if outs and x.grad_fn is not None and _reached(x.grad_fn, outs, limit=200):
             return True, shape, None
         return False, shape, None
@@ -1687,6 +1689,7 @@ class Recorder:
             self._pending_forwards, self._pending_losses = [], []
         else:
             self._mark_reached(step, loss)
+        self._dropped_outs = set()
         if self._loader_stack:
             self._loader_stack[-1].backwards[-1] += 1
         if self._manual_open is not None or self._manual_key != (len(rec.models), len(rec.optimizers)):
@@ -2502,6 +2505,8 @@ class Recorder:
             for item in items[: max(len(items) - keep, 0)]:
                 item.node = None
                 if isinstance(item, ForwardEvent):
+                    if item.outs and len(self._dropped_outs) < DROPPED_OUTS:   # (an episode's outputs, saved for its loss)
+                        self._dropped_outs.update(map(id, item.outs))
                     item.outs = []
         self._pending_forwards = self._pending_forwards[len(self._pending_forwards) - keep:] if keep else []
         self._pending_losses = self._pending_losses[len(self._pending_losses) - keep:] if keep else []

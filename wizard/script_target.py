@@ -169,11 +169,11 @@ class ScriptTarget(Target):
 
     @staticmethod
     def _loader(pairs: list[tuple]) -> DataLoader:
-        if pairs:
-            size = len(pairs[0][0])
+        if pairs:   # (a 0-d tensor, a scalar target or input, has no batch dimension: kept as a pair)
+            size = len(pairs[0][0]) if pairs[0][0].dim() else 0
             shapes_x = {tuple(x.shape[1:]) for x, _ in pairs}
             shapes_y = {tuple(y.shape[1:]) for _, y in pairs}
-            same = len(shapes_x) == 1 and len(shapes_y) == 1 and all(len(x) == len(y) for x, y in pairs)
+            same = len(shapes_x) == 1 and len(shapes_y) == 1 and all(x.dim() and y.dim() and len(x) == len(y) for x, y in pairs)
             if same and size > 0:
                 xs = torch.cat([x for x, _ in pairs])
                 ys = torch.cat([y for _, y in pairs])
