@@ -24,6 +24,7 @@ from nnwizard.probes.outputs import clamped
 from nnwizard.probes.triage import CURVE_OUTCOMES
 from nnwizard.probes._objectives import ADVERSARIAL, adversarial_reason, objectives, optimizer_label
 from nnwizard.probes.api import LinePlot, ProbeContext, Table, cannot_run, failed, passed, probe, skipped
+from nnwizard.recorder import inner_model
 
 
 def _on_recording(audit: Callable[[ProbeContext, Any], Any]) -> Callable[[ProbeContext], Any]:
@@ -389,7 +390,7 @@ def trace_optimizer(ctx: ProbeContext, rec):
     trained = {i for s in rec.steps for i in s.forwards} or {m.index for m in rec.models}
     held = {id(p) for o in rec.optimizers for g in o.groups for p in g["params"]} | rec.manual_updated
     cover = Coverage.of(((f"{m.name}.{n}", p) for m in rec.models if m.index in trained
-                         for n, p in (m.owner or m.module).named_parameters()), held)
+                         for n, p in inner_model(m.owner or m.module).named_parameters()), held)
     total, missing = cover.total, cover.n_missing
     groups = sum(len(o.groups) for o in rec.optimizers)
     who = ", ".join([o.name for o in rec.optimizers] + (["the hand-written update"] if manual else []))

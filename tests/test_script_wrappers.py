@@ -97,3 +97,39 @@ def test_lightning_fabric_script(tmp_path):
     assert [(s["name"], s["optimizer"]) for s in rec.schedulers] == [("StepLR", 0)]
     assert outcome(target, "trace-zero-grad") == "ok"
     assert outcome(target, "trace-backward-step") == "ok"
+
+
+DATA_PARALLEL = '''
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+X = torch.randn(256, 8)
+Y = (X[:, 0] > 0).long()
+model = nn.DataParallel(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2)))   # (CPU: runs the module itself)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for epoch in range(4):
+    for i in range(0, 256, 32):
+        optimizer.zero_grad()
+        loss = nn.functional.cross_entropy(model(X[i:i + 32]), Y[i:i + 32])
+        loss.backward()
+        optimizer.step()
+'''
+
+
+def test_a_wrapped_model_is_named_and_audited_as_the_model_it_runs(tmp_path):
+    """nn.DataParallel (as Fabric's _FabricModule, torch.compile's OptimizedModule): the report names the user's
+    class and its layers (``Sequential.0``, not ``module.0``), and says what it ran through."""
+    from nnwizard.probes.api import ProbeContext, get
+    from nnwizard.script_view import _models_line, observed
+
+    target = record(write(tmp_path, text=DATA_PARALLEL))
+    info = target.recording.models[0]
+    assert (info.name, info.wrapper) == ("Sequential", "DataParallel")
+    line = _models_line(observed(target))
+    assert line.startswith("Sequential (178 parameters") and "run through DataParallel" in line, line
+    assert outcome(target, "trace-optimizer") == "ok"
+    head_only = record(write(tmp_path, ("optim.SGD(model.parameters()", "optim.SGD(model.module[2].parameters()"),
+                             text=DATA_PARALLEL, name="head.py"))
+    result = get("trace-optimizer")(ProbeContext(head_only))
+    assert result.status == "failed" and "Sequential.0" in result.summary and "module." not in result.summary, result.summary

@@ -138,10 +138,27 @@ class StopRun(BaseException):
 
 
 # ------------------------------------------------------------------------------------ records
+_WRAPPERS = {"OptimizedModule": "_orig_mod", "_FabricModule": "_forward_module", "DataParallel": "module",
+             "DistributedDataParallel": "module"}   # a wrapper class's name -> the attribute holding the model it runs
+
+
+def inner_model(module: nn.Module) -> nn.Module:
+    """The model a wrapper runs (torch.compile's OptimizedModule, Lightning Fabric's _FabricModule,
+    (Distributed)DataParallel): its parameters are the wrapper's tensors, its layer names the user's own. Any
+    other module is itself."""
+    for _ in range(4):
+        attr = _WRAPPERS.get(type(module).__name__)
+        inner = module.__dict__.get("_modules", {}).get(attr) if attr else None
+        if not isinstance(inner, nn.Module):
+            break
+        module = inner
+    return module
+
+
 @dataclass
 class ModelInfo:
     index: int
-    name: str                    # the class name
+    name: str                    # the class name (of the model a wrapper runs: see inner_model)
     module: nn.Module
     params: int
     trainable: int
@@ -154,6 +171,7 @@ class ModelInfo:
     copy_of: int | None = None   # loaded (torch.load / load_state_dict) as a copy of this earlier model (full mode)
     owner: nn.Module | None = field(default=None, repr=False)  # full mode: the module whose method (its forward()
     # called directly, not through __call__) called this one: the model that really ran (and owns the parameters)
+    wrapper: str | None = None   # the wrapper's class name, when the module called is one (inner_model)
 
     def parameters(self):
         """The parameters of the model that ran: the owner's when there is one."""
@@ -1127,13 +1145,15 @@ class Recorder:
             index = None   # a transform (Normalize, an nn.Flatten called on its own): no parameters to train
         else:
             index = len(self.recording.models)
-            shadowed = [n for n in _NN_METHODS if n in type(module).__dict__ and not type(module).__module__.startswith("torch.")
+            inner = inner_model(module)   # (a wrapper's methods are its library's: the user's class is the inner one)
+            shadowed = [n for n in _NN_METHODS if n in type(inner).__dict__ and not type(inner).__module__.startswith("torch.")
                         and n not in ("__call__", "__setattr__", "__getattr__", "to", "state_dict", "load_state_dict")]
-            info = ModelInfo(index, type(module).__name__, module, _values(params),
+            info = ModelInfo(index, type(inner).__name__, module, _values(params),
                              _values([p for p in params if p.requires_grad]),
                              sum(1 for m in module.modules() if isinstance(m, MODE_TYPES)
                                  and not (isinstance(m, nn.modules.dropout._DropoutNd) and m.p == 0)),
-                             first_step=self.steps_taken, shadowed=shadowed)
+                             first_step=self.steps_taken, shadowed=shadowed,
+                             wrapper=type(module).__name__ if inner is not module else None)
             if self.full:
                 info.reads_training = _reads_training(module)
                 try:

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from nnwizard.recorder import LossCall, ModelInfo, Recording
+from nnwizard.recorder import LossCall, ModelInfo, Recording, inner_model
 from nnwizard.script_run import DEFAULT_LIMIT_BATCHES, RunOptions, RunResult, Script, run_script
 from nnwizard.target import Target
 
@@ -353,11 +353,10 @@ def _describe(same_batch: bool, lr_scale: float | None, seed: int | None, listen
 
 
 def _eager(model: nn.Module) -> nn.Module:
-    """The module a ``torch.compile`` wrapper runs, for the probes: they run their own forwards and
-    backwards (retain_graph, create_graph, other shapes) that a compiled graph refuses or recompiles for;
-    its parameters are the same tensors in the same order."""
-    inner = getattr(model, "_orig_mod", None)
-    return inner if isinstance(inner, nn.Module) and type(model).__name__ == "OptimizedModule" else model
+    """The module a wrapper runs, for the probes (``inner_model``): a compiled graph refuses or recompiles for
+    their own forwards and backwards (retain_graph, create_graph, other shapes), and their layer names are the
+    user's (``conv1``, not ``_forward_module.conv1``); its parameters are the same tensors in the same order."""
+    return inner_model(model)
 
 
 def trained_model(run: RunResult) -> nn.Module | None:

@@ -66,7 +66,7 @@ def _model(m) -> dict[str, Any]:
     """One observed model; a module seen only through a layer its directly called forward() runs (a
     forward-forward ``Layer.train`` calling ``self.forward(x)``) is shown as that owner."""
     out = {"name": m.name, "params": m.params, "trainable": m.trainable, "forwards": m.forwards,
-           "mode_layers": m.mode_layers, "copy_of": m.copy_of}
+           "mode_layers": m.mode_layers, "copy_of": m.copy_of, "wrapper": getattr(m, "wrapper", None)}
     if getattr(m, "owner", None) is not None:
         params = list(m.owner.parameters())
         out.update(name=type(m.owner).__name__, seen_through=m.name, params=sum(p.numel() for p in params),
@@ -117,7 +117,9 @@ def _models_line(obs: dict) -> str:
                     f"{m['forwards']} forwards)")
         through = (f"; its forward() called directly, seen through its {m['seen_through']}" if m.get("seen_through")
                    else "")
-        return f"{m['name']} ({m['params']:,} parameters, {m['trainable']:,} trainable, {m['forwards']} forwards{through})"
+        wrapped = f", run through {m['wrapper']}" if m.get("wrapper") else ""
+        return (f"{m['name']} ({m['params']:,} parameters, {m['trainable']:,} trainable, {m['forwards']} forwards"
+                f"{wrapped}{through})")
     return "; ".join(one(m) for m in obs["models"]) or "none"
 
 
