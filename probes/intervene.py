@@ -217,6 +217,9 @@ def script_overfit(ctx: ProbeContext, target):
                                 rerun_seconds=run.seconds, rerun_exit=run.exit, first_step_repeated=repeat is not None)
     error = _raised(run)
     if error is not None and len(losses) < MIN_OVERFIT:
+        if not target.run.crashed:   # the script's own run did not raise: the rerun, not the script, failed
+            return cannot_run(f"the script rerun with {how} raised after {len(losses)} steps, where its own run did "
+                              f"not: {error}", reason="rerun-raised", error=error, **data)
         return failed("crashed", f"the script rerun with {how} raised after {len(losses)} steps: {error}",
                       error=error, **data)
     if len(losses) < MIN_OVERFIT:

@@ -61,6 +61,18 @@ def run(target, probe_id: str, **params):
 
 
 # ------------------------------------------------------------------------------------ overfit
+def test_a_rerun_that_raises_where_the_script_did_not_is_not_evidence(tmp_path):
+    """The script refuses a batch it has seen before (its own check); its run never meets one, the one-batch
+    rerun does at its second step. That rerun failing says nothing about the script: cannot_run, not failed."""
+    text = BASE.format(LR="1e-2", OPT="Adam", SEED="torch.manual_seed(0)", LOSS="F.cross_entropy(out, yb)").replace(
+        "        out = model(xb)\n",
+        "        if step and torch.equal(xb, last):\n            raise RuntimeError('the same batch twice')\n"
+        "        last = xb\n        out = model(xb)\n")
+    result = run(target_of(script(tmp_path, text=text)), "script-overfit")
+    assert result.status == "skipped" and result.data.get("cannot_run") == "rerun-raised", result.summary
+    assert "the same batch twice" in result.summary
+
+
 def test_overfit_memorises_one_batch_through_the_script(tmp_path):
     target = target_of(script(tmp_path))
     result = run(target, "script-overfit")

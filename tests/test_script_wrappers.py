@@ -133,3 +133,55 @@ def test_a_wrapped_model_is_named_and_audited_as_the_model_it_runs(tmp_path):
                              text=DATA_PARALLEL, name="head.py"))
     result = get("trace-optimizer")(ProbeContext(head_only))
     assert result.status == "failed" and "Sequential.0" in result.summary and "module." not in result.summary, result.summary
+
+
+DDP_ONE_PROCESS = '''
+import os
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", "__PORT__"
+dist.init_process_group("gloo", rank=0, world_size=1)
+torch.manual_seed(0)
+X = torch.randn(512, 16)
+Y = (X[:, 0] + X[:, 1] > 0).long()
+model = DDP(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 2)))
+opt = torch.optim.SGD(model.parameters(), lr=50.0)
+for epoch in range(3):
+    for i in range(0, 512, 32):
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(X[i:i + 32]), Y[i:i + 32])
+        loss.backward()
+        opt.step()
+dist.destroy_process_group()
+'''
+
+
+def test_a_one_process_ddp_script_can_be_rerun_and_its_model_probed(capsys, tmp_path):
+    """Stopped at its step budget, the script never reached its destroy_process_group(): every rerun raised
+    "initialize the default process group twice" (the overfit probe even *failed* on it), and a copy of the
+    DDP model needs the group. The run now closes the group it opened; the probes copy the model DDP runs."""
+    import json
+    import socket
+
+    from nnwizard.cli import main
+
+    dist = pytest.importorskip("torch.distributed")
+    if not dist.is_available():
+        pytest.skip("torch without distributed")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    path = tmp_path / "train.py"
+    path.write_text(DDP_ONE_PROCESS.replace("__PORT__", str(port)))
+    js = tmp_path / "r.json"
+    with pytest.raises(SystemExit):
+        main(["diagnose", "--script", str(path), "--non-interactive", "--symptom", "auto", "--json", str(js)])
+    report = json.loads(js.read_text())
+    assert [p["id"] for p in report["probes"] if p["status"] == "errored"] == []
+    assert not any("twice" in p["summary"] for p in report["probes"])
+    assert any(p["id"] == "script-overfit" and p["status"] in ("passed", "failed") for p in report["probes"])
+    assert report["hypotheses"][0]["id"] == "lr-too-high"
+    assert not dist.is_initialized()

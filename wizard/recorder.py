@@ -1157,7 +1157,7 @@ class Recorder:
             if self.full:
                 info.reads_training = _reads_training(module)
                 try:
-                    info.initial = copy.deepcopy(module)
+                    info.initial = copy.deepcopy(inner)   # (a DistributedDataParallel copy needs its process group)
                 except Exception:  # noqa: BLE001 - some modules cannot be copied; probes then skip
                     info.initial = None
                 info.owner = _owner(module, sys._getframe(1))

@@ -638,8 +638,8 @@ def _run_once(script: Script, args: list[str], opts: RunOptions, evaluation_caps
             if opts.capture:
                 sys.stdout, sys.stderr = out, err
             try:
-                with (sandbox or _null()), _timed_imports(imports, fresh if ranges else None), recorder, _entered(opts.patches), \
-                        (_eager(recorder) if recorder.full else _null()), \
+                with (sandbox or _null()), _timed_imports(imports, fresh if ranges else None), _process_group(), recorder, \
+                        _entered(opts.patches), (_eager(recorder) if recorder.full else _null()), \
                         _alarm((opts.time_limit_s or 0) * 1.5 + 5 if opts.time_limit_s else None):
                     try:
                         if script.module is not None:
@@ -678,6 +678,27 @@ def _run_once(script: Script, args: list[str], opts: RunOptions, evaluation_caps
 @contextmanager
 def _null():
     yield None
+
+
+@contextmanager
+def _process_group():
+    """A default process group the script initialised (DDP with ``init_process_group``, one process) is destroyed
+    when the run ends: a run stopped at its step budget never reaches the script's own ``destroy_process_group``,
+    and the next rerun's ``init_process_group`` would raise "initialize the default process group twice"."""
+    try:
+        import torch.distributed as dist
+
+        ours = dist.is_available() and not dist.is_initialized()
+    except Exception:  # noqa: BLE001 - a torch build without distributed
+        ours = False
+    try:
+        yield
+    finally:
+        if ours and dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception:  # noqa: BLE001 - nothing more to undo
+                pass
 
 
 @contextmanager
