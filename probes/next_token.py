@@ -329,9 +329,7 @@ def trace_future_leak(ctx: ProbeContext, rec):
     info = pair["info"]
     if info.initial is None:
         return cannot_run(f"{info.name} could not be copied at its initial state")
-    from nnwizard.script_target import _eager
-
-    model = _eager(copy.deepcopy(info.initial)).to(ctx.target.device)
+    model = copy.deepcopy(info.initial).to(ctx.target.device)
     try:
         found = future_dependence(model, pair["args"], pair["kwargs"], pair["slot"], pair["axis"], ctx.target.device)
     except Exception as exc:  # noqa: BLE001 - the script's model refused the recorded call again

@@ -821,10 +821,10 @@ def test_trace_epochs_count_the_training_passes_of_the_loader_not_its_evaluation
 def test_probes_get_the_eager_module_behind_a_torch_compile_wrapper():
     """A compiled model's backward refuses retain_graph (batch-independence errored on a healthy compiled
     script); the probes get the module it wraps, whose parameters are the same tensors in the same order."""
-    from nnwizard.script_target import _eager
+    from nnwizard.recorder import inner_model
     inner = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
     compiled = torch.compile(inner)   # compiles lazily: nothing is compiled until it is called
-    assert _eager(compiled) is inner and _eager(inner) is inner
+    assert inner_model(compiled) is inner and inner_model(inner) is inner
     assert [id(p) for p in compiled.parameters()] == [id(p) for p in inner.parameters()]
 
 

@@ -164,7 +164,7 @@ class ModelInfo:
     trainable: int
     mode_layers: int             # Dropout (p > 0) / BatchNorm layers: where train/eval mode matters
     reads_training: list[str] = field(default_factory=list)  # its own classes' forwards that branch on self.training
-    initial: nn.Module | None = None   # deep copy before its first forward (full mode)
+    initial: nn.Module | None = None   # deep copy of the model it runs (inner_model) before its first forward (full mode)
     forwards: int = 0
     first_step: int = 0          # optimizer steps taken before its first forward
     shadowed: list[str] = field(default_factory=list)  # nn.Module methods the user's class overrides

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from nnwizard.recorder import LossCall, ModelInfo, Recording, inner_model
+from nnwizard.recorder import LossCall, ModelInfo, Recording
 from nnwizard.script_run import DEFAULT_LIMIT_BATCHES, RunOptions, RunResult, Script, run_script
 from nnwizard.target import Target
 
@@ -193,7 +193,7 @@ class ScriptTarget(Target):
         self.require_capture()
         if seed is not None:
             torch.manual_seed(seed)
-        return _eager(copy.deepcopy(self.model_info.initial)).to(self.device)
+        return copy.deepcopy(self.model_info.initial).to(self.device)   # (the model a wrapper runs: inner_model)
 
     def make_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
         rec = self.recording
@@ -350,13 +350,6 @@ def _describe(same_batch: bool, lr_scale: float | None, seed: int | None, listen
     if listeners:
         parts.append("ops traced")
     return ", ".join(parts)
-
-
-def _eager(model: nn.Module) -> nn.Module:
-    """The module a wrapper runs, for the probes (``inner_model``): a compiled graph refuses or recompiles for
-    their own forwards and backwards (retain_graph, create_graph, other shapes), and their layer names are the
-    user's (``conv1``, not ``_forward_module.conv1``); its parameters are the same tensors in the same order."""
-    return inner_model(model)
 
 
 def trained_model(run: RunResult) -> nn.Module | None:
