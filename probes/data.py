@@ -13,6 +13,7 @@ time budget and says when it sampled, so the probes stay fast on large sets.
 
 from __future__ import annotations
 
+import functools
 import random
 import time
 from dataclasses import dataclass
@@ -70,6 +71,18 @@ def ragged(exc: RaggedSamples) -> ProbeResult:
     """What a probe that reads the samples as one tensor says of a split whose samples differ in shape."""
     return skipped(f"the training samples differ in shape ({exc}): sequences of different lengths, not one "
                    f"tensor of samples to read", ragged=str(exc))
+
+
+def reads_samples(audit):
+    """For a probe that reads a split's samples as one tensor (``collect``): samples that differ in shape
+    (RaggedSamples) end it as :func:`ragged`, a skip naming the shapes, not an errored probe."""
+    @functools.wraps(audit)
+    def run(ctx: ProbeContext):
+        try:
+            return audit(ctx)
+        except RaggedSamples as exc:
+            return ragged(exc)
+    return run
 
 
 def _stacked(parts: list, join) -> torch.Tensor:
@@ -188,12 +201,10 @@ CUDA_NOTE = ("on CUDA the same check is a device-side assert ('Assertion `t >= 0
     },
     timeout_s=30,
 )
+@reads_samples
 def label_audit(ctx: ProbeContext):
     target = ctx.target
-    try:
-        samples = collect(target, "train", int(ctx.param("max_samples", 8192)), float(ctx.param("budget_s", 1.0)), ctx.seed, ctx)
-    except RaggedSamples as exc:
-        return ragged(exc)
+    samples = collect(target, "train", int(ctx.param("max_samples", 8192)), float(ctx.param("budget_s", 1.0)), ctx.seed, ctx)
     if samples is None:
         return cannot_run("no training targets could be read", reason="unreadable")
     y = samples.y
@@ -349,11 +360,9 @@ RMS_LIMIT = 20.0
               "non-finite": "inputs hold NaN or Inf", "constant": "inputs near unit scale, some features are constant"},
     timeout_s=30,
 )
+@reads_samples
 def input_stats(ctx: ProbeContext):
-    try:
-        samples = collect(ctx.target, "train", int(ctx.param("max_samples", 4096)), float(ctx.param("budget_s", 1.0)), ctx.seed, ctx)
-    except RaggedSamples as exc:
-        return ragged(exc)
+    samples = collect(ctx.target, "train", int(ctx.param("max_samples", 4096)), float(ctx.param("budget_s", 1.0)), ctx.seed, ctx)
     if samples is None:
         return cannot_run("no training inputs could be read", reason="unreadable")
     x = samples.x
@@ -414,13 +423,11 @@ def _label(y) -> str:
     outcomes={"ok": "samples shown"},
     timeout_s=30,
 )
+@reads_samples
 def sample_dump(ctx: ProbeContext):
     target = ctx.target
     count = int(ctx.param("count", 5))
-    try:
-        samples = collect(target, "train", 4096, 0.5, ctx.seed, ctx)
-    except RaggedSamples as exc:
-        return ragged(exc)
+    samples = collect(target, "train", 4096, 0.5, ctx.seed, ctx)
     if samples is None or samples.n == 0:
         return cannot_run("no training samples could be read", reason="unreadable")
     rng = random.Random(ctx.seed)

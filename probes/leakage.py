@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch.utils.data import RandomSampler, SequentialSampler, TensorDataset
 
 from nnwizard.probes.api import ImageGrid, ProbeContext, Table, failed, passed, probe, skipped
-from nnwizard.probes.data import RaggedSamples, Samples, _first_two, _indexable, collect, degenerate, loss_kind, ragged
+from nnwizard.probes.data import Samples, _first_two, _indexable, collect, degenerate, loss_kind, reads_samples
 
 
 def _flat(x: torch.Tensor, max_dim: int = 1024) -> torch.Tensor:
@@ -121,17 +121,15 @@ def _to_image(t: torch.Tensor):
               "no-val": "no validation set"},
     timeout_s=60,
 )
+@reads_samples
 def leakage_audit(ctx: ProbeContext):
     target = ctx.target
     if target.val_loader is None:
         return skipped("no validation set to compare", "no-val")
     budget = float(ctx.param("budget_s", 2.0))
     started = time.monotonic()
-    try:
-        train = collect(target, "train", int(ctx.param("max_train", 4096)), budget / 3, ctx.seed, ctx)
-        val = collect(target, "val", int(ctx.param("max_val", 1024)), budget / 3, ctx.seed + 1, ctx)
-    except RaggedSamples as exc:
-        return ragged(exc)
+    train = collect(target, "train", int(ctx.param("max_train", 4096)), budget / 3, ctx.seed, ctx)
+    val = collect(target, "val", int(ctx.param("max_val", 1024)), budget / 3, ctx.seed + 1, ctx)
     if train is None or val is None or not isinstance(train.x, torch.Tensor) or train.x[0].shape != val.x[0].shape:
         return skipped("training and validation inputs could not be read as tensors of one shape")
     # exact: hash of the input bytes
@@ -291,12 +289,10 @@ STRONG_SCORE = 0.98
               "no-targets": "targets cannot be scored per column"},
     timeout_s=60,
 )
+@reads_samples
 def label_leak_audit(ctx: ProbeContext):
     target = ctx.target
-    try:
-        fit, test, how = _split(target, ctx)
-    except RaggedSamples as exc:
-        return ragged(exc)
+    fit, test, how = _split(target, ctx)
     if fit is None or fit.n < 20 or not isinstance(fit.x, torch.Tensor):
         return skipped("too few samples to score columns")
     kind = loss_kind(target)
@@ -590,12 +586,10 @@ def _centroid_predict(train_f, train_y, test_f, classes: int):
               "few-per-class": "too few samples per class: most held-out labels are classes the fitted half lacks"},
     timeout_s=60,
 )
+@reads_samples
 def label_signal_audit(ctx: ProbeContext):
     target = ctx.target
-    try:
-        fit, test, how = _split(target, ctx, int(ctx.param("max_train", 2048)), int(ctx.param("max_val", 1024)))
-    except RaggedSamples as exc:
-        return ragged(exc)
+    fit, test, how = _split(target, ctx, int(ctx.param("max_train", 2048)), int(ctx.param("max_val", 1024)))
     if fit is None or fit.n < 20 or test is None or test.n < 20:
         return skipped("too few samples to measure label signal")
     y_fit, y_test = fit.y.reshape(len(fit.y), -1), test.y.reshape(len(test.y), -1)

@@ -182,3 +182,18 @@ def test_samples_of_different_shapes_are_ragged_not_an_error(indexable):
     assert result.status == "skipped" and ("[4] and [5]" in result.summary or "[1, 4] and [1, 5]" in result.summary)
     same = [(torch.arange(5), 1), (torch.arange(5) + 1, 0)]
     assert collect(SimpleNamespace(train_loader=DataLoader(same, batch_size=None), val_loader=None)).x.shape == (2, 5)
+
+
+@pytest.mark.parametrize("probe_id", ["input-stats", "label-audit"])
+def test_probes_that_read_samples_skip_ragged_ones_naming_the_shapes(probe_id):
+    from types import SimpleNamespace
+
+    import torch
+    from torch.utils.data import DataLoader
+
+    from nnwizard.probes.api import ProbeContext, get
+
+    items = [(torch.arange(5).float(), 1), (torch.arange(4).float(), 0), (torch.arange(5).float(), 2)]
+    target = SimpleNamespace(train_loader=DataLoader(items, batch_size=None), val_loader=None)
+    result = get(probe_id)(ProbeContext(target))
+    assert result.status == "skipped" and "[4] and [5]" in result.summary, result.summary
