@@ -12,7 +12,10 @@ is diagnosed through the real CLI in a subprocess, ``nnwizard diagnose --script 
 --non-interactive``, as a user would run it, so its seconds include Python and torch start-up.
 ``--markdown`` adds the script-mode table and summary row (declared symptoms).
 
-    python benchmarks/accuracy.py [--auto] [--scripts] [--seed N] [--markdown] [--only NAME ...] [--json out.json]
+    python benchmarks/accuracy.py [--auto] [--scripts] [--seed N] [--markdown] [--only NAME ...] [--json out.json] [--device cuda]
+
+``--device cuda`` diagnoses on the GPU (module mode: every probe there, the CUDA-only examples included;
+script mode: ``--device`` is passed on, the scripts choose where their own model runs).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def examples(only: list[str] | None = None) -> list[tuple[str, dict]]:
+def examples(only: list[str] | None = None, device: str = "cpu") -> list[tuple[str, dict]]:
     found = []
     for path in sorted((ROOT / "examples").glob("*.py")):
         if path.stem.startswith("_") or path.stem == "datasets" or path.stem == "__init__":
@@ -39,19 +42,19 @@ def examples(only: list[str] | None = None) -> list[tuple[str, dict]]:
             continue
         module = importlib.import_module(f"examples.{path.stem}")
         expected = getattr(module, "EXPECTED", None)
-        if expected is not None and not getattr(module, "GPU_ONLY", False):
+        if expected is not None and (device.startswith("cuda") or not getattr(module, "GPU_ONLY", False)):
             found.append((path.stem, expected))
     return found
 
 
-def run_one(name: str, expected: dict, auto: bool, seed: int = 0) -> dict:
+def run_one(name: str, expected: dict, auto: bool, seed: int = 0, device: str = "cpu") -> dict:
     from nnwizard.report import build
     from nnwizard.session import Options, diagnose
 
     symptoms = ["auto"] if auto else expected.get("symptoms", ["auto"])
     started = time.monotonic()
     try:
-        diagnosis = diagnose(Options(module=str(ROOT / "examples" / f"{name}.py"), symptoms=symptoms, device="cpu", seed=seed))
+        diagnosis = diagnose(Options(module=str(ROOT / "examples" / f"{name}.py"), symptoms=symptoms, device=device, seed=seed))
         report = build(diagnosis)
         error = None
     except Exception as exc:  # noqa: BLE001 - a harness reports, it does not stop
@@ -76,13 +79,13 @@ def _row(name: str, symptoms: list[str], wanted: list[str], ranked: list[tuple[s
     return row
 
 
-def run_script_one(script, auto: bool, seed: int = 0) -> dict:
+def run_script_one(script, auto: bool, seed: int = 0, device: str = "cpu") -> dict:
     """One example script diagnosed through the real CLI in a subprocess; the row from its JSON report."""
     from examples._scripts import diagnose_with_cli
 
     symptoms = ["auto"] if auto else list(script.symptoms)
     with tempfile.TemporaryDirectory(prefix="nnwizard-bench-") as scratch:
-        report, error, seconds = diagnose_with_cli(script.path, symptoms, Path(scratch), seed)
+        report, error, seconds = diagnose_with_cli(script.path, symptoms, Path(scratch), seed, device=device)
     ranked = [(h["id"], h["confidence"]) for h in report["hypotheses"]] if report else []
     return _row(script.name, symptoms, list(script.expected), ranked, report["verdict"] if report else "error",
                 seconds, error and error.splitlines()[-1])
@@ -94,12 +97,13 @@ def _result(row: dict) -> str:
     return "false alarm" if row["false_alarm"] else "healthy"
 
 
-def _summary(rows: list[dict], auto: bool, seed: int, scripts: bool = False) -> dict:
+def _summary(rows: list[dict], auto: bool, seed: int, scripts: bool = False, device: str = "cpu") -> dict:
     broken = [r for r in rows if r["expected"]]
     healthy = [r for r in rows if not r["expected"]]
     secs = [r["seconds"] for r in rows]
     return {
-        "mode": ("script mode (CLI), " if scripts else "") + ("auto" if auto else "declared symptoms") + f", seed {seed}",
+        "mode": ("script mode (CLI), " if scripts else "") + ("auto" if auto else "declared symptoms") + f", seed {seed}"
+                + ("" if device == "cpu" else f", device {device}"),
         "broken": len(broken), "healthy": len(healthy),
         "top1": sum(r["top1"] for r in broken), "top3": sum(r["top3"] for r in broken),
         "false_alarms": sum(r["false_alarm"] for r in healthy),
@@ -127,9 +131,9 @@ def run_scripts(args) -> int:
         return 2
     rows = []
     for script in script_examples(args.only):
-        rows.append(run_script_one(script, args.auto, args.seed))
+        rows.append(run_script_one(script, args.auto, args.seed, args.device))
         _print_row(rows[-1])
-    summary = _summary(rows, args.auto, args.seed, scripts=True)
+    summary = _summary(rows, args.auto, args.seed, scripts=True, device=args.device)
     _print_summary(summary)
     if args.json:
         Path(args.json).write_text(json.dumps({"scripts": {"summary": summary, "rows": rows}}, indent=2))
@@ -161,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="*", help="example names")
     parser.add_argument("--json", help="write the rows here")
     parser.add_argument("--seed", type=int, default=0, help="the diagnosis seed (robustness: results should not hinge on it)")
+    parser.add_argument("--device", default="cpu", help="the diagnosis device (cuda: also the examples that need one)")
     args = parser.parse_args(argv)
     if args.scripts and not args.markdown:
         return run_scripts(args)
@@ -169,13 +174,13 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(2)
     modes = [False, True] if args.markdown else [args.auto]
     runs = {auto: [] for auto in modes}
-    for name, expected in examples(args.only):
+    for name, expected in examples(args.only, args.device):
         for auto in modes:
-            row = run_one(name, expected, auto, args.seed)
+            row = run_one(name, expected, auto, args.seed, args.device)
             runs[auto].append(row)
             if not args.markdown:
                 _print_row(row)
-    summaries = {auto: _summary(rows, auto, args.seed) for auto, rows in runs.items()}
+    summaries = {auto: _summary(rows, auto, args.seed, device=args.device) for auto, rows in runs.items()}
     if args.markdown:
         print("| example | expected | declared symptom: result (s) | `auto`: result (s) |")
         print("|---|---|---|---|")

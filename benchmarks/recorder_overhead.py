@@ -4,6 +4,10 @@ parameter MLP and a ~11M-parameter CNN (ResNet-18 layout, from scale_models.py).
 printed (goal, for both recorders: <= 1.10x on the small MLP, <= 1.05x on the ~10M model).
 
     python benchmarks/recorder_overhead.py [--repeats 5] [--steps 200] [--big-steps 20] [--cpu] [--model CNN] [--json out.json]
+                                           [--device cuda]
+
+``--device cuda``: the model on the GPU, each batch moved there in the loop (``x.to(device)``, as a
+script does), the clock read after ``torch.cuda.synchronize()`` at the start and the end of a loop.
 
 (``benchmarks/recorder_instructions.py`` counts instructions instead: unaffected by other processes.)
 
@@ -50,12 +54,21 @@ def data(name: str) -> tuple[DataLoader, int]:
     return DataLoader(TensorDataset(x, y), batch_size=batch, shuffle=True), sum(p.numel() for p in build().parameters())
 
 
+DEVICE = torch.device("cpu")
+
+
+def _sync() -> None:
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize(DEVICE)
+
+
 def loop(model, loader, steps: int) -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     crit = nn.CrossEntropyLoss()
     done = 0
     while done < steps:
         for x, y in loader:
+            x, y = x.to(DEVICE), y.to(DEVICE)
             opt.zero_grad()
             loss = crit(model(x), y)
             loss.backward()
@@ -70,13 +83,15 @@ CLOCK = time.perf_counter
 
 def timed(build, loader, steps: int, mode: str | None) -> float:
     torch.manual_seed(0)
-    model = build()
+    model = build().to(DEVICE)
+    _sync()
     t0 = CLOCK()
     if mode is None:
         loop(model, loader, steps)
     else:
         with Recorder(mode=mode):
             loop(model, loader, steps)
+    _sync()
     return CLOCK() - t0
 
 
@@ -88,9 +103,11 @@ def main(argv=None) -> int:
     ap.add_argument("--cpu", action="store_true", help="time process CPU seconds, not the wall clock")
     ap.add_argument("--model", action="append", help="only models whose name contains this (repeatable): small, MLP, CNN")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--device", default="cpu")
     args = ap.parse_args(argv)
-    global CLOCK
+    global CLOCK, DEVICE
     CLOCK = time.process_time if args.cpu else time.perf_counter
+    DEVICE = torch.device(args.device)
     rows = []
     for name, (build, *_) in MODELS.items():
         if args.model and not any(w in name for w in args.model):
@@ -104,7 +121,7 @@ def main(argv=None) -> int:
             for mode in ("plain", "light", "full"):
                 times[mode].append(timed(build, loader, steps, None if mode == "plain" else mode))
         med = {k: statistics.median(v) for k, v in times.items()}
-        row = {"model": name, "params": params, "steps": steps, "plain_s": med["plain"],
+        row = {"model": name, "device": str(DEVICE), "params": params, "steps": steps, "plain_s": med["plain"],
                "light_x": med["light"] / med["plain"], "full_x": med["full"] / med["plain"]}
         rows.append(row)
         print(f"{name:<40} {params:>11,} params  {steps:>4} steps  plain {med['plain']:.3f} s  "

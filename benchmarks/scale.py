@@ -170,7 +170,9 @@ def main() -> None:
     parser.add_argument("--markdown", action="store_true", help="print only the README table and its summary (no notes)")
     parser.add_argument("--json", type=Path, help="write the rows here")
     args = parser.parse_args()
-    models = list(dict.fromkeys(scale_models.model_name(f, size) for f, size, _ in scale_models.TARGETS.values()))
+    gpu_only = {scale_models.model_name(f, size) for f, size in scale_models.GPU_SIZES}
+    models = [m for m in dict.fromkeys(scale_models.model_name(f, size) for f, size, _ in scale_models.TARGETS.values())
+              if args.device.startswith("cuda") or m not in gpu_only or (args.only and m in args.only)]
     rows = []
     header = ("| model | fault | parameters | plain step (s): benchmark / session | wall (s) | target (s) | "
               "wall in session steps | result | probes completed | exit | peak RSS MB: diagnosis / plain (ratio) | load |\n"

@@ -1,6 +1,7 @@
 """Training modules of realistic size for ``benchmarks/scale.py`` (CONTRACT §1 namespaces).
 
-Two families, each from about a thousand to about eleven million parameters:
+Two families, each from about a thousand to about eleven million parameters (and, for the GPU table,
+``GPU_SIZES``: a ResNet of width 128, ~45M, and a 12-layer GPT of width 768, ~85M):
 
 - ``cnn``: a ResNet-18-style network (3x3 stem, four stages of two BasicBlocks with BatchNorm,
   global pooling, Dropout, a linear head) on 3x32x32 images, batch 64; width 64 is ResNet-18 itself.
@@ -30,6 +31,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 CNN_WIDTHS = (1, 4, 16, 64)        # ~3k, ~45k, ~0.7M, ~11.2M parameters
 GPT_SIZES = ((8, 1), (32, 2), (128, 4), (256, 6))   # (width, layers): ~2k, ~30k, ~0.8M, ~4.8M
+GPU_SIZES = (("cnn", 128), ("gpt", (768, 12)))     # ~45M and ~85M parameters: the GPU table's (scale.py --device cuda)
 FAULTS = ("healthy", "zero_grad", "eval_mode")
 VOCAB, SEQ = 64, 64
 
@@ -190,7 +192,8 @@ def model_name(family: str, size) -> str:
 
 
 TARGETS: dict[str, tuple] = {}
-for _family, _sizes in (("cnn", CNN_WIDTHS), ("gpt", GPT_SIZES)):
+for _family, _sizes in (("cnn", CNN_WIDTHS + tuple(sz for f, sz in GPU_SIZES if f == "cnn")),
+                        ("gpt", GPT_SIZES + tuple(sz for f, sz in GPU_SIZES if f == "gpt"))):
     for _size in _sizes:
         for _fault in FAULTS:
             _key = f"{model_name(_family, _size)}_{_fault}"

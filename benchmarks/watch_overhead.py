@@ -4,7 +4,7 @@ interval unless ``--every``), for a small MLP and a ~10M-parameter MLP; the time
 bundle inside the step; and how many steps a replay re-executes to localise the bundled examples'
 anomalies.
 
-    python benchmarks/watch_overhead.py [--steps 300] [--repeats 40] [--every N] [--markdown]
+    python benchmarks/watch_overhead.py [--steps 300] [--repeats 40] [--every N] [--markdown] [--device cuda]
 
 Method (robust on a shared machine): plain, bare-recorder (light mode) and watched blocks of
 ``--steps`` steps (the ~10M model: a tenth, at least 20) are interleaved, ``--repeats`` rounds, the
@@ -51,11 +51,20 @@ def mlp_10m():
 MODELS = {"small MLP": small_mlp, "~10M-param MLP": mlp_10m}
 
 
-def _loop(model, optimizer, batches, loss_fn) -> tuple[list[float], float]:
-    """Wall seconds of each step, and the CPU seconds of the steps after ``SKIP``."""
-    times, cpu0 = [], 0.0
+DEVICE = torch.device("cpu")
+
+
+def _loop(model, optimizer, batches, loss_fn) -> tuple[float, float]:
+    """Mean wall seconds of a step after the first ``SKIP``, and the CPU seconds of those steps. On CUDA
+    a step's kernels run after its Python returns, so there the steps after ``SKIP`` are timed as one
+    block between two ``torch.cuda.synchronize()`` calls (no sync inside the loop, as in a real run)."""
+    times, cpu0, t_skip = [], 0.0, 0.0
+    cuda = DEVICE.type == "cuda"
     for i, (x, y) in enumerate(batches):
         if i == SKIP:
+            if cuda:
+                torch.cuda.synchronize(DEVICE)
+                t_skip = time.perf_counter()
             cpu0 = time.process_time()
         t0 = time.perf_counter()
         loss = loss_fn(model(x), y)
@@ -63,7 +72,10 @@ def _loop(model, optimizer, batches, loss_fn) -> tuple[list[float], float]:
         loss.backward()
         optimizer.step()
         times.append(time.perf_counter() - t0)
-    return times, time.process_time() - cpu0
+    if cuda and len(batches) > SKIP:
+        torch.cuda.synchronize(DEVICE)
+        return (time.perf_counter() - t_skip) / (len(batches) - SKIP), time.process_time() - cpu0
+    return statistics.fmean(times[SKIP:] or times), time.process_time() - cpu0
 
 
 SKIP = 10
@@ -78,7 +90,9 @@ def measure(name: str, steps: int, repeats: int, every: int | None) -> dict:
     torch.manual_seed(0)
     base, features, batch = MODELS[name]()
     params = sum(p.numel() for p in base.parameters())
-    batches = [(torch.randn(batch, features), torch.randint(0, 10, (batch,))) for _ in range(steps + SKIP)]
+    base = base.to(DEVICE)
+    batches = [(torch.randn(batch, features, device=DEVICE), torch.randint(0, 10, (batch,), device=DEVICE))
+               for _ in range(steps + SKIP)]
     loss_fn = nn.CrossEntropyLoss()
     runs = {}
     for mode in ("plain", "recorder", "watch"):
@@ -93,22 +107,22 @@ def measure(name: str, steps: int, repeats: int, every: int | None) -> dict:
         for mode in order[r % 3:] + order[:r % 3]:
             model, optimizer = runs[mode]
             if mode == "plain":
-                times, c = _loop(model, optimizer, batches, loss_fn)
+                mean, c = _loop(model, optimizer, batches, loss_fn)
             elif mode == "recorder":
                 with Recorder("light"):
-                    times, c = _loop(model, optimizer, batches, loss_fn)
+                    mean, c = _loop(model, optimizer, batches, loss_fn)
             else:
                 with tempfile.TemporaryDirectory() as out, \
                         nnwizard.watch(model, optimizer, out=out, every=every, tensorboard=False, quiet=True):
-                    times, c = _loop(model, optimizer, batches, loss_fn)
-            wall[mode].append(statistics.fmean(times[SKIP:]))
+                    mean, c = _loop(model, optimizer, batches, loss_fn)
+            wall[mode].append(mean)
             cpu[mode].append(c / steps)
 
     def ratio(blocks, mode):
         return statistics.median(b / p for b, p in zip(blocks[mode], blocks["plain"]))
 
     med = {m: statistics.median(t) for m, t in wall.items()}
-    return {"model": name, "params": params, "plain_ms": med["plain"] * 1e3, "recorder_ms": med["recorder"] * 1e3,
+    return {"model": name, "device": str(DEVICE), "params": params, "plain_ms": med["plain"] * 1e3, "recorder_ms": med["recorder"] * 1e3,
             "watch_ms": med["watch"] * 1e3, "recorder_ratio": ratio(wall, "recorder"), "ratio": ratio(wall, "watch"),
             "cpu_plain_ms": statistics.median(cpu["plain"]) * 1e3, "cpu_recorder_ratio": ratio(cpu, "recorder"),
             "cpu_ratio": ratio(cpu, "watch"), "steps": steps * repeats, "rounds": repeats}
@@ -188,7 +202,10 @@ def main() -> None:
     parser.add_argument("--only", choices=["overhead"], help="only the overhead table (no bundle or replay timings)")
     parser.add_argument("--model", choices=list(MODELS), action="append", help="only this model (repeatable)")
     parser.add_argument("--markdown", action="store_true", help="print the README tables")
+    parser.add_argument("--device", default="cpu", help="cuda: models and batches on the GPU (bundle and replay timings stay on the CPU)")
     args = parser.parse_args()
+    global DEVICE
+    DEVICE = torch.device(args.device)
     torch.set_num_threads(min(args.threads, torch.get_num_threads()))
     results = [measure(name, args.steps if name == "small MLP" else max(args.steps // 10, 20), args.repeats, args.every)
                for name in (args.model or MODELS)]

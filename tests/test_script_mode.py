@@ -407,6 +407,7 @@ def test_cli_script_mode_end_to_end(tmp_path):
     assert data["mode"] == "script" and data["module"] == str(path)
     assert data["hypotheses"][0]["id"] == "missing-zero-grad" and data["verdict"] == "problems-found"
     assert data["script"]["steps"] == 20 and data["script"]["models"][0]["name"] == "Sequential"
+    assert data["script"]["models"][0]["device"] == "cpu"   # where its parameters live (cuda:0 on a GPU: test_gpu.py)
     assert "Per-step trace" in md.read_text()
     assert "trace-run-curves.png" in md.read_text()  # the script's loss curve with a declared symptom too
     bad = subprocess.run([sys.executable, "-m", "nnwizard", "diagnose", "--script", str(tmp_path / "nope.py"),

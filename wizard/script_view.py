@@ -66,12 +66,21 @@ def _model(m) -> dict[str, Any]:
     """One observed model; a module seen only through a layer its directly called forward() runs (a
     forward-forward ``Layer.train`` calling ``self.forward(x)``) is shown as that owner."""
     out = {"name": m.name, "params": m.params, "trainable": m.trainable, "forwards": m.forwards,
-           "mode_layers": m.mode_layers, "copy_of": m.copy_of, "wrapper": getattr(m, "wrapper", None)}
+           "mode_layers": m.mode_layers, "copy_of": m.copy_of, "wrapper": getattr(m, "wrapper", None),
+           "device": _device(m)}
     if getattr(m, "owner", None) is not None:
         params = list(m.owner.parameters())
         out.update(name=type(m.owner).__name__, seen_through=m.name, params=sum(p.numel() for p in params),
                    trainable=sum(p.numel() for p in params if p.requires_grad))
     return out
+
+
+def _device(m) -> str | None:
+    """Where the model's parameters live at the end of the run (None: it has none)."""
+    try:
+        return str(next(iter(m.parameters())).device)
+    except (StopIteration, AttributeError, RuntimeError):
+        return None
 
 
 def script_problem(target) -> str | None:
@@ -118,8 +127,9 @@ def _models_line(obs: dict) -> str:
         through = (f"; its forward() called directly, seen through its {m['seen_through']}" if m.get("seen_through")
                    else "")
         wrapped = f", run through {m['wrapper']}" if m.get("wrapper") else ""
+        where = f", on {m['device']}" if m.get("device") not in (None, "cpu") else ""
         return (f"{m['name']} ({m['params']:,} parameters, {m['trainable']:,} trainable, {m['forwards']} forwards"
-                f"{wrapped}{through})")
+                f"{where}{wrapped}{through})")
     return "; ".join(one(m) for m in obs["models"]) or "none"
 
 
