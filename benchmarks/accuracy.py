@@ -64,6 +64,29 @@ def run_one(name: str, expected: dict, auto: bool, seed: int = 0, device: str = 
     return _row(name, symptoms, expected.get("hypotheses", []), ranked, report.verdict if report else "error", seconds, error)
 
 
+def run_one_cli(name: str, expected: dict, auto: bool, seed: int, device: str) -> dict:
+    """One example diagnosed through the CLI in its own process (``--device cuda``: a kernel assertion
+    kills its process's CUDA context, and the CLI then re-runs that diagnosis on the CPU; in-process,
+    every later example would inherit the dead context)."""
+    import subprocess
+
+    symptoms = ["auto"] if auto else expected.get("symptoms", ["auto"])
+    with tempfile.TemporaryDirectory(prefix="nnwizard-bench-") as scratch:
+        out = Path(scratch) / "report.json"
+        cmd = [sys.executable, "-m", "nnwizard", "diagnose", "-m", str(ROOT / "examples" / f"{name}.py"), "--device", device,
+               "--seed", str(seed), "--non-interactive", "--json", str(out), "-q"] + [a for s in symptoms for a in ("-s", s)]
+        started = time.monotonic()
+        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+        seconds = time.monotonic() - started
+        report = json.loads(out.read_text()) if out.exists() else None
+    error = None if report else f"exit {done.returncode}: {(done.stderr.strip().splitlines() or [''])[-1]}"
+    ranked = [(h["id"], h["confidence"]) for h in report["hypotheses"]] if report else []
+    row = _row(name, symptoms, expected.get("hypotheses", []), ranked, report["verdict"] if report else "error", seconds, error)
+    row["device"] = report["device"] if report else device
+    row["cuda_lost"] = (report or {}).get("environment", {}).get("cuda_lost")
+    return row
+
+
 def _row(name: str, symptoms: list[str], wanted: list[str], ranked: list[tuple[str, float]], verdict: str,
          seconds: float, error: str | None) -> dict:
     findings = [h for h, confidence in ranked if confidence >= 0.5]
@@ -165,7 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="*", help="example names")
     parser.add_argument("--json", help="write the rows here")
     parser.add_argument("--seed", type=int, default=0, help="the diagnosis seed (robustness: results should not hinge on it)")
-    parser.add_argument("--device", default="cpu", help="the diagnosis device (cuda: also the examples that need one)")
+    parser.add_argument("--device", default="cpu", help="the diagnosis device (cuda: also the examples that need one; "
+                        "each example then runs in its own CLI process)")
+    parser.add_argument("--jobs", type=int, default=4, help="with --device cuda: examples diagnosed at once")
     args = parser.parse_args(argv)
     if args.scripts and not args.markdown:
         return run_scripts(args)
@@ -174,7 +199,18 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(2)
     modes = [False, True] if args.markdown else [args.auto]
     runs = {auto: [] for auto in modes}
-    for name, expected in examples(args.only, args.device):
+    if args.device.startswith("cuda"):  # each example in its own CLI process, --jobs at a time
+        from concurrent.futures import ThreadPoolExecutor
+
+        jobs = [(name, expected, auto) for name, expected in examples(args.only, args.device) for auto in modes]
+        with ThreadPoolExecutor(args.jobs) as pool:
+            for (name, expected, auto), row in zip(jobs, pool.map(lambda j: run_one_cli(*j, args.seed, args.device), jobs)):
+                runs[auto].append(row)
+                if not args.markdown:
+                    _print_row(row)
+                    if row.get("cuda_lost"):
+                        print(f"            (re-run on the CPU: {row['cuda_lost'][:160]})", flush=True)
+    for name, expected in [] if args.device.startswith("cuda") else examples(args.only, args.device):
         for auto in modes:
             row = run_one(name, expected, auto, args.seed, args.device)
             runs[auto].append(row)

@@ -202,6 +202,23 @@ def _cuda_report(target, seed: int) -> dict:
     return info
 
 
+def _deterministic_pair_agrees(target, seed: int, steps: int, globals_too: bool) -> bool:
+    """Two runs with deterministic CUDA algorithms (cuDNN too; ops without one only warn) agree bitwise."""
+    saved = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+             torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+    try:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return _same(one_run(target, seed, steps, globals_too), one_run(target, seed, steps, globals_too))
+    except Exception:  # noqa: BLE001 - then the kernels are not shown to be the source
+        return False
+    finally:
+        torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved[2], saved[3]
+
+
 @probe(
     "determinism",
     title="Two short runs from the same seed, compared bitwise",
@@ -211,6 +228,7 @@ def _cuda_report(target, seed: int) -> dict:
         "data": "the data pipeline hands out different batches from the same seed",
         "model": "the model's initialisation or forward pass differs from the same seed",
         "loop": "same batches and model, yet training differs (loop or nondeterministic kernels)",
+        "kernels": "on CUDA: runs differ only through nondeterministic kernels (identical with deterministic algorithms)",
         "crashed": "the user's code raised during the runs",
     },
     timeout_s=60,
@@ -285,6 +303,14 @@ def determinism(ctx):
         return failed("model", f"{head}; the batches and initial weights agree but the same forward pass gives different "
                       f"outputs: the model code draws from an unseeded generator ({data['where']})", [table], **data)
     ops = data.get("nondeterministic_ops") or []
+    if target.device.type == "cuda" and _deterministic_pair_agrees(target, seed, steps, seeds_globals or len(rows) > 1):
+        rows.append(["the same, deterministic CUDA algorithms", "yes", "identical: the kernels were the source"])
+        data.update(source="kernels", where=", ".join(ops[:4]) or "cuDNN / atomic-add kernels")
+        return failed("kernels", f"{head}; batches, initial weights and forward agree, and with "
+                      f"torch.use_deterministic_algorithms(True) and cudnn.deterministic the two runs are identical: the "
+                      f"difference is nondeterministic CUDA kernels ({data['where']}), normal on a GPU (float-rounding "
+                      f"order of parallel sums), not a defect of the code",
+                      [Table("stages", "Determinism stages", ["seeded", "identical", "result"], rows)], **data)
     bench = " with cudnn.benchmark=True" if data["cudnn_benchmark"] else ""
     data.update(source="loop", where=(", ".join(ops[:4]) or "the loop") + bench)
     return failed("loop", f"{head}; batches, initial weights and forward agree, so the difference arises in the "

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The checks that need a CUDA device, as one script for a GPU machine (README "Tests" and "Benchmarks").
 #
-#   bash scripts/gpu_check.sh [STAGE ...]     stages: tests suite accuracy scripts overhead watch scale (default: all)
+#   bash scripts/gpu_check.sh [STAGE ...]     stages: tests suite accuracy tests+accuracy scripts overhead watch scale
+#                                             (default: tests+accuracy overhead watch scale)
 #
 # Each stage runs under its own time limit and writes STAGE.log (and STAGE.json where it has one) into
 # $OUT (default ./gpu-out); summary.txt gets one "rc N STAGE seconds" line a stage. Where nnwizard is
@@ -32,17 +33,19 @@ stage() {  # stage NAME SECONDS CMD...
 CUDA_TESTS="tests/test_gpu.py tests/test_crash.py::test_real_cuda_device_mismatch
   tests/test_determinism.py::test_cuda_lists_nondeterministic_ops tests/test_loader.py tests/test_memory.py::test_cuda_memory_recorded
   tests/test_numerics.py::test_amp_overflow_diagnosis_on_cuda"
-STAGES=${*:-tests suite accuracy scripts overhead watch scale}
+STAGES=${*:-tests+accuracy overhead watch scale}
 for s in $STAGES; do
   case $s in
-    tests) stage tests 150 "$PY" -m pytest -q -p no:cacheprovider -rs $CUDA_TESTS ;;
+    tests) stage tests 240 "$PY" -m pytest -q -p no:cacheprovider -rs -n 4 $CUDA_TESTS ;;
     # the whole default suite with a CUDA device visible (`--device auto` takes it); the wheel test needs an index
-    suite) stage suite 150 "$PY" -m pytest -q -p no:cacheprovider -n 12 --ignore=tests/test_wheel.py ;;
-    accuracy) stage accuracy 150 "$PY" benchmarks/accuracy.py --device cuda --json "$OUT/accuracy.json" ;;
+    suite) stage suite 240 "$PY" -m pytest -q -p no:cacheprovider -n 12 --ignore=tests/test_wheel.py ;;
+    accuracy) stage accuracy 240 "$PY" benchmarks/accuracy.py --device cuda --jobs 6 --json "$OUT/accuracy.json" ;;
+    # correctness only (their seconds are not quoted): both at once, on 16 cores and one GPU
+    tests+accuracy) bash "$0" tests & bash "$0" accuracy & wait ;;
     scripts) stage scripts 200 "$PY" benchmarks/accuracy.py --scripts --device cuda ;;
     overhead) stage overhead 120 "$PY" benchmarks/recorder_overhead.py --device cuda --repeats 5 --steps 300 --big-steps 100 ;;
     watch) stage watch 120 "$PY" benchmarks/watch_overhead.py --device cuda --only overhead --repeats 15 --markdown ;;
-    scale) stage scale 300 "$PY" benchmarks/scale.py --device cuda --only cnn_w64 cnn_w128 gpt_d768_l12 --json "$OUT/scale.json" ;;
+    scale) stage scale 300 "$PY" benchmarks/scale.py --device cuda --only cnn_w128 gpt_d768_l12 --json "$OUT/scale.json" ;;
     *) echo "unknown stage $s" ;;
   esac
 done

@@ -274,3 +274,42 @@ def test_time_at_the_prompts_is_not_spent_from_the_budget(target, tree):
     assert [(r.id, r.status) for r in diagnosis.results] == [("test-measure", "failed"), ("test-raises", "errored")]
     assert all("past" not in r.summary for r in diagnosis.results)
     assert budget.elapsed() < think
+
+
+SYMPTOM_TREE = """\
+id: s
+title: Routes on the symptoms the user named
+symptoms: [flat, not-reproducible]
+start: measure
+nodes:
+  measure:
+    probe: test-measure
+    params: {value: 2}
+    when:
+      - {test: "symptom.not-reproducible == true", goto: asked}
+    next: noted
+  asked:
+    conclude:
+      - {hypothesis: nondeterminism, weight: 0.7, evidence: "asked: {summary}"}
+  noted:
+    conclude:
+      - {hypothesis: nondeterminism, weight: 0.25, evidence: "noted: {summary}"}
+"""
+
+
+@pytest.mark.parametrize("symptoms, weight", [(["flat"], 0.25), (["not-reproducible"], 0.7)])
+def test_a_when_test_routes_on_the_symptoms_the_user_named(target, tmp_path, symptoms, weight):
+    path = tmp_path / "s.yaml"
+    path.write_text(SYMPTOM_TREE)
+    engine = Engine(target, {"s": load_tree(path)}, load_catalog(), ScriptedPrompter({}))
+    diagnosis = engine.run(symptoms, {})
+    assert [e.weight for e in diagnosis.evidence] == [weight]
+
+
+def test_a_when_test_on_an_unknown_symptom_is_a_tree_error(tmp_path):
+    from nnwizard.errors import TreeError
+
+    path = tmp_path / "s.yaml"
+    path.write_text(SYMPTOM_TREE.replace("symptom.not-reproducible", "symptom.wobbly"))
+    with pytest.raises(TreeError, match="unknown symptom 'wobbly'"):
+        load_tree(path)

@@ -271,7 +271,8 @@ def _exit(code: int, hard: bool) -> None:
     so the command (``hard``: not a call from Python with its own argv) then ends the process at
     once, after flushing what it wrote; the reports are already written."""
     isolation = sys.modules.get("nnwizard.isolation")  # not imported: no probe ran (and torch may be half-imported)
-    if hard and isolation is not None and isolation.stragglers():
+    lost = sys.modules.get("nnwizard.cuda_lost")       # a dead CUDA context can fail its own teardown too
+    if hard and ((isolation is not None and isolation.stragglers()) or (lost is not None and lost.seen())):
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()

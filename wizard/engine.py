@@ -258,6 +258,8 @@ class Engine:
             source, path, op, literal = test.parts()
             if source == "answer":
                 actual = diagnosis.answers.get(path)
+            elif source == "symptom":
+                actual = path in diagnosis.given_symptoms
             else:
                 result = latest.get(source)
                 actual = _lookup(result.data, path) if result else None

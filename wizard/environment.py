@@ -23,4 +23,9 @@ def collect(device: torch.device) -> dict[str, str]:
     }
     if device.type == "cuda":
         env["gpu"] = torch.cuda.get_device_name(device)
+    from nnwizard.cuda_lost import rerun_note
+
+    note = rerun_note()
+    if note:
+        env["cuda_lost"] = note
     return env

@@ -22,6 +22,7 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
+from nnwizard import cuda_lost
 from nnwizard.probes.api import ProbeContext, ProbeResult, ProbeSpec
 
 
@@ -30,7 +31,7 @@ def preserved_state():
     """Save and restore Python, NumPy and torch (CPU and CUDA) RNG state and grad mode."""
     py_state, np_state = random.getstate(), np.random.get_state()
     torch_state = torch.random.get_rng_state()
-    cuda_state = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    cuda_state = _cuda_rng(None)
     grad = torch.is_grad_enabled()
     try:
         yield
@@ -39,8 +40,23 @@ def preserved_state():
         np.random.set_state(np_state)
         torch.random.set_rng_state(torch_state)
         if cuda_state is not None:
-            torch.cuda.set_rng_state_all(cuda_state)
+            _cuda_rng(cuda_state)
         torch.set_grad_enabled(grad)
+
+
+def _cuda_rng(state):
+    """Read (``state`` None) or restore the CUDA generators. After a sticky CUDA error (cuda_lost) neither
+    can work; that error is remembered for the session to end on, instead of raised from here."""
+    if not torch.cuda.is_available() or cuda_lost.seen():
+        return None
+    try:
+        if state is None:
+            return torch.cuda.get_rng_state_all()
+        torch.cuda.set_rng_state_all(state)
+    except Exception as exc:  # noqa: BLE001
+        if not cuda_lost.remember(exc, "restoring the CUDA random state"):
+            raise
+    return None
 
 
 def seed_everything(seed: int) -> None:
@@ -71,7 +87,8 @@ def stragglers() -> list[threading.Thread]:
 
 
 def run_probe(spec: ProbeSpec, ctx: ProbeContext, timeout_s: float | None = None, grace_s: float = GRACE_S) -> ProbeResult:
-    """Run ``spec`` in a worker thread with a time limit; never raises (but KeyboardInterrupt).
+    """Run ``spec`` in a worker thread with a time limit; never raises (but KeyboardInterrupt, and
+    ``cuda_lost.CudaContextLost`` once a sticky CUDA error has made the GPU unusable).
     Past the limit the worker is cancelled and given ``grace_s`` to end."""
     limit = timeout_s if timeout_s is not None else spec.timeout_s
     ctx.cap = time.monotonic() + 0.8 * limit  # probes that loop stop early, keeping headroom
@@ -132,6 +149,7 @@ def run_probe(spec: ProbeSpec, ctx: ProbeContext, timeout_s: float | None = None
     if box.get("warnings"):
         result.data.setdefault("warnings", box["warnings"])
     result.id, result.duration_s, result.params = spec.id, round(duration, 3), dict(ctx.params)
+    cuda_lost.check(f"in probe {spec.id}")  # a dead CUDA context (a sticky error): nothing more can run on the GPU
     return result
 
 

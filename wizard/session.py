@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nnwizard import cuda_lost
 from nnwizard.budget import calibrate
 from nnwizard.catalog import load_catalog
 from nnwizard.engine import Diagnosis, Engine, Event
@@ -106,7 +107,7 @@ def diagnose(opts: Options, listener=None) -> Diagnosis:
     answers = load_answers(opts.answers, question_keys(trees)) if opts.answers else {}
     if opts.symptoms:
         answers[SYMPTOMS_KEY] = list(opts.symptoms)
-    with preserved_state():
+    with cuda_lost.guard("while loading or running the target"), preserved_state():
         seed_everything(opts.seed)
         target = _load_script_target(opts, listener) if opts.script else load_target(opts.module, opts.device)
         trees = select_trees(trees, target)
@@ -147,11 +148,18 @@ def write_reports(diagnosis: Diagnosis, opts: Options) -> tuple[object, list[str
     return report, written
 
 
-def run_session(opts: Options) -> ExitCode:
+def run_session(opts: Options) -> int:
     from nnwizard.view import TerminalView
 
     view = TerminalView(quiet=opts.quiet)
-    diagnosis = diagnose(opts, listener=view)
+    note = cuda_lost.rerun_note()
+    if note and not opts.quiet:
+        view.console.print(f"[yellow]{note[0].upper()}{note[1:]}.[/]", highlight=False)
+    try:
+        diagnosis = diagnose(opts, listener=view)
+    except cuda_lost.CudaContextLost as lost:
+        view.close()
+        return cuda_lost.rerun_on_cpu(opts, lost)
     report, written = write_reports(diagnosis, opts)
     view.summary(report, written)
     if diagnosis.interrupted:

@@ -42,7 +42,8 @@ _TEST = re.compile(r"^\s*([A-Za-z0-9_\-]+)\.([A-Za-z0-9_.\-]+)\s*(<=|>=|==|!=|<|
 
 
 class Test(BaseModel):
-    """``when`` entry: ``test: "nan-bisect.step < 3"`` (or ``answer.KEY == yes``) -> ``goto``."""
+    """``when`` entry: ``test: "nan-bisect.step < 3"`` (or ``answer.KEY == yes``, or ``symptom.NAME == true``:
+    the user named that symptom) -> ``goto``."""
 
     model_config = ConfigDict(extra="forbid")
     test: str
@@ -52,7 +53,10 @@ class Test(BaseModel):
     @classmethod
     def _parse(cls, value: str) -> str:
         if not _TEST.match(value):
-            raise ValueError("expected '<probe-id>.<field> <op> <value>' or 'answer.<key> <op> <value>'")
+            raise ValueError("expected '<probe-id>.<field> <op> <value>', 'answer.<key> <op> <value>' or 'symptom.<name> == true'")
+        source, path = _TEST.match(value).groups()[:2]
+        if source == "symptom" and path not in SYMPTOMS:
+            raise ValueError(f"unknown symptom {path!r} in {value!r}; known: {', '.join(SYMPTOMS)}")
         return value
 
     def parts(self) -> tuple[str, str, str, Any]:
@@ -177,7 +181,7 @@ def _check_graph(tree: Tree, path: Path, lines: dict, catalog: Catalog, probes: 
                 raise _fail(path, lines, at + ("conclude", i, "from"), f"unknown probe {c.source!r}")
         for i, t in enumerate(node.when):
             source = t.parts()[0]
-            if source != "answer" and source not in probes:
+            if source not in ("answer", "symptom") and source not in probes:
                 raise _fail(path, lines, at + ("when", i, "test"), f"unknown probe {source!r} in test {t.test!r}")
     # reachability and cycles (depth-first from start)
     # (each node is expanded once: linear in the size of the graph, however many paths it has)

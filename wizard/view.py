@@ -58,6 +58,10 @@ class TerminalView:
 
             print_observed(c, event.data["observed"])
 
+    def close(self) -> None:
+        """Stop the spinner (the session ends without a summary)."""
+        self._stop()
+
     def _stop(self) -> None:
         if self._status is not None:
             self._status.stop()
