@@ -6,6 +6,8 @@ along which dimension, and the first module and op whose output already mixes th
 
 from __future__ import annotations
 
+import contextlib
+
 from dataclasses import dataclass
 
 import torch
@@ -142,7 +144,7 @@ def batch_independence(ctx: ProbeContext):
     if not x.is_floating_point() and not handles:
         return skipped(f"integer inputs {list(inputs.shape)} and no nn.Embedding to measure gradients at")
     try:
-        with torch.enable_grad():
+        with torch.enable_grad(), _eval_backward(x):
             raw = model(x)
     except Exception as exc:  # the forward pass raising is forward-shape's finding, not ours
         return cannot_run(f"the forward pass raised: {first_line(exc)}", reason="raised", error=first_line(exc))
@@ -211,6 +213,13 @@ def batch_independence(ctx: ProbeContext):
     return failed("mixes", f"{who}{where}", [table], **data)
 
 
+def _eval_backward(x: torch.Tensor):
+    """The gradients here run through a model in eval mode, and cuDNN's RNN kernels have no backward in
+    eval mode ("cudnn RNN backward can only be called in training mode"): on CUDA the forward runs with
+    cuDNN off, so an LSTM/GRU takes torch's own kernels, which have one. (Same values; slower, on 8 samples.)"""
+    return torch.backends.cudnn.flags(enabled=False) if x.is_cuda else contextlib.nullcontext()
+
+
 def _time_first(model: nn.Module, inputs: torch.Tensor, limit: int) -> bool:
     """Whether each sample along dim 1 of ``inputs`` reaches only its own slice along dim 1 of the
     output: a consistent time-first (T, B, ...) model."""
@@ -219,7 +228,7 @@ def _time_first(model: nn.Module, inputs: torch.Tensor, limit: int) -> bool:
     m = min(limit, inputs.shape[1])
     x, entries, handles = _leaves(model, inputs[:, :m].contiguous())
     try:
-        with torch.enable_grad():
+        with torch.enable_grad(), _eval_backward(x):
             raw = model(x)
     except Exception:  # noqa: BLE001 - a model that cannot take the slice: not shown to be time-first
         return False

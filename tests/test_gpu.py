@@ -19,7 +19,9 @@ pytestmark = [pytest.mark.gpu, cuda]
 
 # module mode: one example per family of probe (loop audits, lr sweep, NaN localisation, modes, AMP, a crash)
 MODULE_CASES = ["broken_missing_zero_grad", "broken_lr_too_high", "broken_nan_in_inputs", "broken_train_mode_missing",
-                "broken_amp_overflow", "broken_device_mismatch", "healthy_cnn", "healthy_amp"]
+                "broken_amp_overflow", "broken_device_mismatch", "healthy_cnn", "healthy_amp",
+                # recurrent models: batch-independence backpropagates through them in eval mode (cuDNN has no such backward)
+                "broken_axes_swapped_gru", "healthy_gru_clip"]
 
 
 @pytest.mark.parametrize("name", MODULE_CASES)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import textwrap
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ import torch
 from nnwizard.errors import ExitCode, TargetError, UsageError
 from nnwizard.loader import split_spec
 from nnwizard.target import load_target, resolve_device
+from tests.conftest import EXAMPLES
 
 GOOD = """
 import torch
@@ -144,3 +146,27 @@ def test_loading_restores_global_rng(make_module):
     torch.manual_seed(123)
     load_target("rng_mod", "cpu")
     assert torch.equal(torch.rand(3), expected)
+
+
+def test_cached_fresh_models_are_copies_of_one_build_and_leave_the_generators_as_a_build_does():
+    """fresh_model's cache (on by default on CUDA only): the same weights as a build from that seed, a
+    copy each call (a probe's training cannot leak into the next one), the RNG where a build leaves it."""
+    plain, cached = load_target(str(EXAMPLES / "healthy_cnn.py"), "cpu"), load_target(str(EXAMPLES / "healthy_cnn.py"), "cpu")
+    cached.cache_builds = True
+    calls = []
+    build = cached.namespace.build_model
+    cached.namespace = SimpleNamespace(**{k: getattr(cached.namespace, k) for k in dir(cached.namespace) if not k.startswith("__")})
+    cached.namespace.build_model = lambda: calls.append(1) or build()
+    for _ in range(3):
+        a = plain.fresh_model(3)
+        after_plain = torch.rand(4)
+        b = cached.fresh_model(3)
+        after_cached = torch.rand(4)
+        assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+        assert torch.equal(after_plain, after_cached)
+        with torch.no_grad():
+            for p in b.parameters():
+                p.add_(1.0)   # trained: the next copy must not see it
+    assert len(calls) == 1
+    assert not all(torch.equal(p, q) for p, q in zip(cached.fresh_model(4).parameters(), cached.fresh_model(3).parameters()))
+    assert len(calls) == 2
