@@ -106,8 +106,10 @@ def parameter_registration(ctx: ProbeContext):
             loss = target.loss_fn(model(inputs), targets)
         leaves = _loss_leaves(loss) if isinstance(loss, torch.Tensor) else {}
     except Exception as exc:  # e.g. unregistered layers left on the CPU: a device mismatch
+        from nnwizard.probes._crash import _kind
+
         error = first_line(exc)
-        data["error"] = error
+        data.update(error=error, device_error=_kind(exc) == "device")
     extra = {k: v for k, v in leaves.items() if k not in registered and k != id(inputs)}
     for f in findings:
         f["used"] = sum(1 for t in f["tensors"] if t in extra)

@@ -84,3 +84,54 @@ def test_scripted_diagnosis_ranks_the_fault_first():
     top = report.hypotheses[0]
     assert top.id == "unregistered-parameters", [h.id for h in report.hypotheses[:3]]
     assert top.confidence >= 0.8 and any("'hidden'" in e for e in top.evidence)
+
+
+UNREGISTERED_ELSEWHERE = '''
+from torch import nn
+from examples._realdata import digits, loaders
+
+
+class DeepMLP(nn.Module):
+    def __init__(self, width=64, depth=3):
+        super().__init__()
+        self.inp = nn.Linear(64, width)
+        # a plain list: .to(device) does not move these; built on another device than the model (on a GPU
+        # machine: left on the CPU while the model went to CUDA; emulated here with the meta device)
+        self.hidden = [nn.Linear(width, width, device="meta") for _ in range(depth)]
+        self.out = nn.Linear(width, 10)
+
+    def forward(self, x):
+        x = self.inp(x).relu()
+        for layer in self.hidden:
+            x = layer(x).relu()
+        return self.out(x)
+
+
+def build_model():
+    return DeepMLP()
+
+
+def build_data():
+    return loaders(*digits())
+
+
+loss_fn = nn.CrossEntropyLoss()
+'''
+
+
+def test_a_device_mismatch_from_unregistered_layers_is_blamed_on_the_registration(tmp_path):
+    """On a GPU, layers kept in a plain list stay on the CPU and the forward raises a device mismatch: the
+    mismatch is the symptom, the unregistered layers the cause (device-mismatch ranked first on an H200)."""
+    from tests.conftest import EXAMPLES
+    from nnwizard.report import build
+    from nnwizard.session import Options, diagnose
+
+    path = tmp_path / "unregistered_elsewhere.py"
+    path.write_text(UNREGISTERED_ELSEWHERE)
+    report = build(diagnose(Options(module=str(path), symptoms=["crash"], device="cpu")))
+    ranked = [(h.id, h.confidence) for h in report.hypotheses]
+    assert ranked[0][0] == "unregistered-parameters" and ranked[0][1] >= 0.9, ranked
+    assert dict(ranked).get("device-mismatch", 0) < 0.5, ranked
+    # a device mismatch with every layer registered stays a device mismatch
+    plain = build(diagnose(Options(module=str(EXAMPLES / "broken_device_mismatch.py"), symptoms=["crash"], device="cpu")))
+    assert plain.hypotheses[0].id == "device-mismatch"
