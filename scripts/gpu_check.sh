@@ -36,7 +36,7 @@ CUDA_TESTS="tests/test_gpu.py tests/test_crash.py::test_real_cuda_device_mismatc
 STAGES=${*:-tests+accuracy overhead watch scale}
 for s in $STAGES; do
   case $s in
-    tests) stage tests 240 "$PY" -m pytest -q -p no:cacheprovider -rs -n 4 $CUDA_TESTS ;;
+    tests) stage tests 240 "$PY" -m pytest -q -vv -p no:cacheprovider -rs -n 4 $CUDA_TESTS ;;
     # the whole default suite with a CUDA device visible (`--device auto` takes it); the wheel test needs an index
     suite) stage suite 240 "$PY" -m pytest -q -p no:cacheprovider -n 12 --ignore=tests/test_wheel.py ;;
     accuracy) stage accuracy 240 "$PY" benchmarks/accuracy.py --device cuda --jobs 6 --json "$OUT/accuracy.json" ;;
