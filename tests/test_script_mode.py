@@ -1048,3 +1048,54 @@ def test_parameterless_transforms_are_not_models_but_lazy_and_the_users_own_are(
     assert [(m.name, m.params) for m in rec.models] == [("Sequential", 16 * 8 + 16 + 16 * 2 + 2), ("Net", 0)]
     if mode == "full":
         assert [m["name"] for m in observed(ScriptTarget(run))["models"]] == ["Sequential", "Net"]
+
+
+# ------------------------------------------------------------------------- the observed run's length
+REINFORCE = '''
+import torch
+from torch import nn
+from torch.distributions import Categorical
+
+torch.manual_seed(0)
+policy = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 2))
+opt = torch.optim.Adam(policy.parameters(), lr=1e-2)
+for episode in range(400):
+    log_probs, rewards = [], []
+    state = torch.randn(4)
+    for t in range(5):
+        dist = Categorical(logits=policy(state))
+        action = dist.sample()
+        log_probs.append(dist.log_prob(action))
+        rewards.append(float(action == (state[0] > 0)))
+        state = torch.randn(4)
+    returns = torch.tensor([sum(rewards[i:]) for i in range(5)])
+    loss = -(torch.stack(log_probs) * returns).sum()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    with torch.no_grad():   # an evaluation rollout: sampled under no_grad, not part of any objective
+        Categorical(logits=policy(torch.randn(4))).sample()
+'''
+
+
+def test_a_fast_script_is_watched_for_about_three_seconds_not_sixty_steps(tmp_path):
+    from nnwizard.script_run import StepFit
+
+    text = BASE.replace("for epoch in range(3):", "for epoch in range(200):")
+    run = run_script(load_script(str(write(tmp_path, text=text))), [], RunOptions(listeners=[StepFit(extend=True)]))
+    steps = len(run.recording.steps)
+    assert steps > 60 and any("run lengthened from 60" in n for n in run.recording.notes), (steps, run.recording.notes)
+    assert run.recording.distributions == 0
+    given = run_script(load_script(str(write(tmp_path, text=text))), [], RunOptions(listeners=[StepFit(extend=False)]))
+    assert len(given.recording.steps) == 60   # --max-steps given: as asked
+
+
+def test_a_policy_gradient_script_keeps_the_sixty_step_run(tmp_path):
+    """A REINFORCE loss grows with the returns as the policy improves: lengthened, its curve read as a
+    blow-up (session 11). The policy's Categorical built from the model's output in grad mode is seen."""
+    from nnwizard.script_run import StepFit
+
+    run = run_script(load_script(str(write(tmp_path, text=REINFORCE))), [], RunOptions(listeners=[StepFit(extend=True)]))
+    assert len(run.recording.steps) == 60, run.recording.notes
+    assert run.recording.distributions == 5 * 60   # five an episode from the model's output; the no_grad ones not
+    assert any("not lengthened" in n for n in run.recording.notes)

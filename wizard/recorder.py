@@ -389,6 +389,9 @@ class Recording:
     alive_losses: list[int] = field(default_factory=list)  # per step: backwarded loss tensors still referenced
     backwards: int = 0
     zero_grads: int = 0
+    # torch.distributions objects built from tensors that require grad (a policy from the model's output, a
+    # VAE's posterior): the objective is a likelihood or a policy gradient, not a curve that must descend (full mode)
+    distributions: int = 0
     error: RecordedError | None = None
     stopped: str | None = None   # why the run was cut short (budget), None when it ended by itself
     listener_errors: int = 0
@@ -1022,6 +1025,17 @@ class Recorder:
             self._patch(GradScaler, "scale", scale_patch)
         except ImportError:  # pragma: no cover
             pass
+
+        if self.full:
+            def dist_patch(original):
+                @functools.wraps(original)
+                def init(this, *args, **kwargs):
+                    original(this, *args, **kwargs)
+                    if any(isinstance(v, torch.Tensor) and v.requires_grad for v in vars(this).values()):
+                        rec.recording.distributions += 1
+                return init
+
+            self._patch(torch.distributions.Distribution, "__init__", dist_patch)
 
         for name in LOSS_FUNCTIONS if self.full or self._fns["on_loss"] or self._fns["on_loss_args"] else ():
             if hasattr(F, name):

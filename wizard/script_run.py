@@ -27,6 +27,7 @@ import builtins
 import collections
 import importlib.util
 import io
+import math
 import os
 import runpy
 import shutil
@@ -100,15 +101,30 @@ class StepFit:
     The first step pays for the program's start (imports, data set-up, lazy initialisation), so it is
     not the measure; but when it ends so late that a second step like it would not fit the limit, the
     limit is first raised just enough for that second step (1.5x the first step's time), so the run is
-    not cut at one step (a model of millions of parameters on a loaded CPU) before it can be measured."""
+    not cut at one step (a model of millions of parameters on a loaded CPU) before it can be measured.
+
+    ``extend=True`` (the step budget is nnwizard's default, not ``--max-steps``): a fast script's run is
+    lengthened instead. At step ``EXTEND_AT`` the median step so far (the first left out) sets the budget to
+    the steps that fill about ``OBSERVE_S`` seconds, at most ``OBSERVE_MAX``, never fewer than given; the
+    batches per pass grow in the same ratio, so the run still spans as many passes (epochs) as before and a
+    per-epoch schedule is not stepped more often for it. A curve of a few hundred steps shows what 60
+    steps of a slow learner cannot (learning, or none). Not when the script builds torch.distributions
+    objects from its model's outputs (a policy gradient, a likelihood): their loss is no descending curve
+    (a REINFORCE loss grows with the episodes' returns), and a longer run would be read as one."""
 
     STEPS = int(BatchCap.PASSES * BatchCap.MIN_BATCHES)
     CEILING_STEPS = 40
+    EXTEND_AT = 10
+    OBSERVE_S = 3.0
+    OBSERVE_MAX = 600
 
-    def __init__(self):
+    def __init__(self, extend: bool = False):
         self._given: float | None = None   # the limit as given, when the first step raised it
+        self.extend = extend
 
     def on_step_post(self, rec, optimizer, step) -> None:
+        if step.step == self.EXTEND_AT and self.extend:
+            self._lengthen(rec)
         if step.step not in (1, 2) or rec.time_limit_s is None:
             return
         per_step = step.duration_s
@@ -126,6 +142,26 @@ class StepFit:
             return
         self._raise(rec, need, f"time limit raised from {rec.time_limit_s:.0f} s to {need:.0f} s to fit {self.STEPS} steps "
                                f"(a step took {per_step:.2f} s)")
+
+    def _lengthen(self, rec) -> None:
+        durations = sorted(s.duration_s for s in list(rec.recording.steps)[1:self.EXTEND_AT])
+        if not durations or not rec.max_steps:
+            return
+        if rec.recording.distributions:
+            rec.recording.notes.append(f"run not lengthened past {rec.max_steps} steps: the script builds "
+                                       f"torch.distributions objects from its model's outputs (a policy-gradient or "
+                                       f"likelihood objective, not a loss that must fall)")
+            return
+        per_step = durations[len(durations) // 2]
+        want = min(self.OBSERVE_MAX, int(self.OBSERVE_S / max(per_step, 1e-6)))
+        if want <= rec.max_steps:
+            return
+        if rec.limit_batches:
+            rec.limit_batches = math.ceil(rec.limit_batches * want / rec.max_steps)
+        rec.recording.notes.append(f"run lengthened from {rec.max_steps} to {want} optimizer steps (a step took "
+                                   f"{per_step * 1e3:.3g} ms)" + (f", batches per pass to {rec.limit_batches}"
+                                                                  if rec.limit_batches else ""))
+        rec.max_steps = want
 
     @staticmethod
     def _raise(rec, need: float, note: str) -> None:

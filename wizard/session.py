@@ -75,7 +75,7 @@ def _load_script_target(opts: Options, listener):
     firsts = FirstForwards()  # each model's first training call, keyword arguments too (probes/next_token.py)
     children = ChildProcesses()
     try:
-        run = run_script(script, opts.script_args, RunOptions(max_steps=steps, seed=opts.seed, listeners=[StepFit(), mixing, firsts],
+        run = run_script(script, opts.script_args, RunOptions(max_steps=steps, seed=opts.seed, listeners=[StepFit(extend=not opts.max_steps), mixing, firsts],
                                                               patches=[children]))
     except ScriptInterrupted as stop:  # Ctrl-C: what was recorded until then goes into a partial report
         run = stop.result
