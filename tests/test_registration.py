@@ -86,37 +86,15 @@ def test_scripted_diagnosis_ranks_the_fault_first():
     assert top.confidence >= 0.8 and any("'hidden'" in e for e in top.evidence)
 
 
-UNREGISTERED_ELSEWHERE = '''
-from torch import nn
-from examples._realdata import digits, loaders
+def _unregistered_elsewhere() -> str:
+    """broken_unregistered_parameters with its plain-list layers built on another device than the model (on a
+    GPU machine: left on the CPU while the model went to CUDA; emulated here with the meta device)."""
+    from tests.conftest import EXAMPLES
 
-
-class DeepMLP(nn.Module):
-    def __init__(self, width=64, depth=3):
-        super().__init__()
-        self.inp = nn.Linear(64, width)
-        # a plain list: .to(device) does not move these; built on another device than the model (on a GPU
-        # machine: left on the CPU while the model went to CUDA; emulated here with the meta device)
-        self.hidden = [nn.Linear(width, width, device="meta") for _ in range(depth)]
-        self.out = nn.Linear(width, 10)
-
-    def forward(self, x):
-        x = self.inp(x).relu()
-        for layer in self.hidden:
-            x = layer(x).relu()
-        return self.out(x)
-
-
-def build_model():
-    return DeepMLP()
-
-
-def build_data():
-    return loaders(*digits())
-
-
-loss_fn = nn.CrossEntropyLoss()
-'''
+    text = (EXAMPLES / "broken_unregistered_parameters.py").read_text()
+    old = "[nn.Linear(width, width) for _ in range(depth)]"
+    assert old in text
+    return text.replace(old, '[nn.Linear(width, width, device="meta") for _ in range(depth)]')
 
 
 def test_a_device_mismatch_from_unregistered_layers_is_blamed_on_the_registration(tmp_path):
@@ -127,7 +105,7 @@ def test_a_device_mismatch_from_unregistered_layers_is_blamed_on_the_registratio
     from nnwizard.session import Options, diagnose
 
     path = tmp_path / "unregistered_elsewhere.py"
-    path.write_text(UNREGISTERED_ELSEWHERE)
+    path.write_text(_unregistered_elsewhere())
     report = build(diagnose(Options(module=str(path), symptoms=["crash"], device="cpu")))
     ranked = [(h.id, h.confidence) for h in report.hypotheses]
     assert ranked[0][0] == "unregistered-parameters" and ranked[0][1] >= 0.9, ranked
