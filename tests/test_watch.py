@@ -139,6 +139,20 @@ def test_replay_names_the_bad_batch_and_the_line(tmp_path):
     assert "test_watch.py" in data["localised"]["where"]
 
 
+def test_replayed_batches_go_to_the_device_but_their_rng_state_stays_on_the_cpu(tmp_path):
+    """torch.random.set_rng_state takes a CPU tensor only: moved to CUDA with the batch, every replayed step
+    raised there (an H200: nan-in-inputs named, no rows localised). The meta device stands in for CUDA."""
+    from nnwizard.bundle import load_bundle
+    from nnwizard.replay import ReplayTarget
+
+    w, _, _ = _loop(tmp_path / "w", bad_step=70)
+    target = ReplayTarget.from_bundle(load_bundle(w.bundles[0]), torch.device("meta"))
+    inputs, targets, about = target.batches(1)[0]
+    assert inputs["calls"][0]["args"][0].device.type == "meta" and targets["targets"][0].device.type == "meta"
+    assert about["rng"].device.type == "cpu"
+    torch.random.set_rng_state(about["rng"])   # what the replayed step does first
+
+
 def test_replay_of_a_finite_step_is_not_reproduced_as_nan(tmp_path):
     """A bundle of a healthy step (forced trigger) must not produce NaN findings."""
     from nnwizard.replay import replay, report_dict

@@ -163,7 +163,9 @@ class ReplayTarget(Target):
     def batches(self, n: int, split: str = "train") -> list:
         if split != "train":
             return []
-        return [to_device(b, self.device) for b in self._replay_batches[:n]]
+        # inputs and targets to the device; the step's RNG state stays a CPU tensor (set_rng_state takes no other:
+        # moved with the rest, every replayed step raised on CUDA and the replay localised nothing)
+        return [(to_device(b[0], self.device), to_device(b[1], self.device), *b[2:]) for b in self._replay_batches[:n]]
 
     def batch(self, split: str = "train", size: int | None = None):
         batches = self.batches(1, split)
