@@ -138,3 +138,26 @@ def test_a_script_that_kills_the_cuda_context_is_diagnosed_again_on_the_cpu(tmp_
     report = json.loads(out.read_text())
     assert report["mode"] == "script" and "device-side assert" in report["environment"]["cuda_lost"]
     assert report["hypotheses"][0]["id"] == "labels-out-of-range", [h["id"] for h in report["hypotheses"]]
+
+
+def test_the_re_run_gets_the_symptoms_and_answers_the_user_already_gave(monkeypatch, tmp_path):
+    from nnwizard.catalog import load_catalog
+    from nnwizard.engine import Engine
+    from nnwizard.prompts import ScriptedPrompter, load_answers
+    from nnwizard.session import Options
+    from nnwizard.tree import load_trees
+    from tests.conftest import load_example
+
+    monkeypatch.setattr(cuda_lost, "_context_error", lambda: RuntimeError("CUDA error: device-side assert triggered"))
+    trees = load_trees(None)
+    engine = Engine(load_example("healthy_mlp"), trees, load_catalog(), ScriptedPrompter({}))
+    try:
+        with pytest.raises(cuda_lost.CudaContextLost) as info:
+            engine.run(["flat"], {"some-question": "yes"})
+    finally:
+        cuda_lost._seen.clear()
+    lost = info.value
+    assert lost.symptoms == ["flat"] and lost.answers == {"some-question": "yes"}
+    opts = Options(module="m.py", interactive=True)
+    args = cuda_lost.cli_args(opts, lost.symptoms, str(tmp_path / "a.yaml"))
+    assert args[args.index("--symptom") + 1] == "flat" and "--answers" in args and "--non-interactive" not in args

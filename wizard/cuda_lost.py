@@ -19,7 +19,9 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from contextlib import contextmanager
+from pathlib import Path
 
 from nnwizard.errors import ExitCode, NNWizardError
 
@@ -39,6 +41,8 @@ class CudaContextLost(NNWizardError):
 
     def __init__(self, error: str, where: str):
         self.error, self.where = error, where
+        self.symptoms: list[str] = []        # what the user had chosen and answered when it was raised (the engine
+        self.answers: dict[str, str] = {}    # fills them in), handed to the CPU re-run
         super().__init__(f"{error} (seen {where}): this CUDA error leaves the process's CUDA context unusable, so "
                          f"nothing more can be measured on the GPU here. Run the diagnosis again with --device cpu "
                          f"(the CLI does this by itself), or with CUDA_LAUNCH_BLOCKING=1 to see the failing op.")
@@ -114,13 +118,14 @@ def rerun_note() -> str | None:
             f"ran again in a fresh process with CUDA hidden, where the same code raises a readable error")
 
 
-def cli_args(opts) -> list[str]:
-    """The ``nnwizard diagnose`` arguments that ask for the diagnosis ``opts`` describes, on the CPU."""
+def cli_args(opts, symptoms: list[str] | None = None, answers_file: str | None = None) -> list[str]:
+    """The ``nnwizard diagnose`` arguments that ask for the diagnosis ``opts`` describes, on the CPU;
+    ``symptoms`` and ``answers_file`` (what the user chose and answered by then) replace the options'."""
     args = ["--script", opts.script] if opts.script else ["--module", opts.module]
     args += ["--device", "cpu", "--seed", str(opts.seed)]
-    for symptom in opts.symptoms:
+    for symptom in symptoms or opts.symptoms:
         args += ["--symptom", symptom]
-    for flag, value in (("--answers", opts.answers), ("--json", opts.json_path), ("--report", opts.report_path),
+    for flag, value in (("--answers", answers_file or opts.answers), ("--json", opts.json_path), ("--report", opts.report_path),
                         ("--fail-on", opts.fail_on), ("--trees", opts.trees_dir), ("--probe-timeout", opts.probe_timeout),
                         ("--budget", opts.budget), ("--save-answers", opts.save_answers), ("--max-steps", opts.max_steps)):
         if value is not None:
@@ -142,7 +147,15 @@ def rerun_on_cpu(opts, lost: CudaContextLost) -> int:
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", ENV: f"{lost.error} (seen {lost.where})"}
     print(f"nnwizard: on CUDA, {lost.error} (seen {lost.where}). This error leaves the CUDA context unusable; "
           f"running the diagnosis again on the CPU, where the same code raises a readable error…", file=sys.stderr, flush=True)
-    try:
-        return subprocess.run([sys.executable, "-m", "nnwizard", "diagnose", *cli_args(opts)], env=env).returncode
-    except KeyboardInterrupt:
-        return int(ExitCode.INTERRUPTED)
+    with tempfile.TemporaryDirectory(prefix="nnwizard-cpu-rerun-") as scratch:
+        answers = None
+        if lost.answers:
+            from nnwizard.prompts import save_answers
+
+            answers = os.path.join(scratch, "answers.yaml")
+            save_answers(Path(answers), lost.symptoms, lost.answers)
+        try:
+            return subprocess.run([sys.executable, "-m", "nnwizard", "diagnose", *cli_args(opts, lost.symptoms, answers)],
+                                  env=env).returncode
+        except KeyboardInterrupt:
+            return int(ExitCode.INTERRUPTED)

@@ -14,6 +14,7 @@ from nnwizard.budget import Budget, paused
 from nnwizard.catalog import Catalog
 from nnwizard.isolation import GRACE_S, run_probe
 from nnwizard.probes.api import ProbeContext, ProbeResult, cannot_run, could_not_run, get, moot_result
+from nnwizard.cuda_lost import CudaContextLost
 from nnwizard.ranking import Evidence, Ranked, rank
 from nnwizard.target import Target
 from nnwizard.tree import END, SYMPTOMS, Node, Tree
@@ -155,6 +156,9 @@ class Engine:
             diagnosis.interrupted = True
             # what was measured ahead of its tree walk still belongs in the partial report
             diagnosis.results += [r for k, r in self._cache.items() if k not in self._reported]
+        except CudaContextLost as lost:   # the CPU re-run asks nothing the user already answered
+            lost.symptoms, lost.answers = list(diagnosis.given_symptoms), dict(diagnosis.answers)
+            raise
         diagnosis.ranked = rank(diagnosis.evidence, self.catalog)
         diagnosis.duration_s = round(time.time() - diagnosis.started, 2)
         return diagnosis
