@@ -341,7 +341,9 @@ def _locate(model: nn.Module, inputs: torch.Tensor, row: int, n: int, files, ctx
                          op_where=op.where, op_module=op.module)
             # an op that collapsed the batch axis just before (h.mean(0), a view merging samples) and
             # feeds this one is where the samples met: name it, and this op as where they recombine
-            feeding = {id(n) for n in graph_nodes([op.out], limit=5000)}
+            # (the list held while the ids are compared: a grad_fn's Python object can be freed once unreferenced)
+            nodes = graph_nodes([op.out], limit=5000)
+            feeding = {id(n) for n in nodes}
             inside = [r for r in reducers if r.out.grad_fn is not None and id(r.out.grad_fn) in feeding]
             if inside:
                 last = inside[-1]

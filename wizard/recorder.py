@@ -690,7 +690,7 @@ class Recorder:
         self._pending: StepRecord | None = None
         self._pending_forwards: list[ForwardEvent] = []
         self._overflowed = 0   # full mode: forwards the pending cap dropped since the last graph search
-        self._dropped_outs: set[int] = set()   # full mode: ids of those forwards' output nodes (since the last backward)
+        self._dropped_outs: dict[int, Any] = {}   # full mode: id -> those forwards' output nodes (held, so ids stay theirs), since the last backward
         self._pending_losses: list[LossCall] = []
         self._last_step_t = 0.0
         self._zero_grad_since = self._zero_after_backward = False
@@ -1509,7 +1509,7 @@ class Recorder:
             stack.extend(fn for fn, _ in node.next_functions)
         # any output of a forward no backward has reached yet (a second output, e.g. an actor-critic's value
         # head, or an output saved over an episode before one backward)
-        outs = {id(n) for e in self._pending_forwards[-64:] for n in e.outs} | self._dropped_outs
+        outs = {id(n) for e in self._pending_forwards[-64:] for n in e.outs} | self._dropped_outs.keys()
         if outs and x.grad_fn is not None and _reached(x.grad_fn, outs, limit=200):
             return True, shape, None
         return False, shape, None
@@ -1723,7 +1723,7 @@ class Recorder:
             self._pending_forwards, self._pending_losses = [], []
         else:
             self._mark_reached(step, loss)
-        self._dropped_outs = set()
+        self._dropped_outs = {}
         if self._loader_stack:
             self._loader_stack[-1].backwards[-1] += 1
         if self._manual_open is not None or self._manual_key != (len(rec.models), len(rec.optimizers)):
@@ -2540,7 +2540,7 @@ class Recorder:
                 item.node = None
                 if isinstance(item, ForwardEvent):
                     if item.outs and len(self._dropped_outs) < DROPPED_OUTS:   # (an episode's outputs, saved for its loss)
-                        self._dropped_outs.update(map(id, item.outs))
+                        self._dropped_outs.update((id(n), n) for n in item.outs)
                     item.outs = []
         self._pending_forwards = self._pending_forwards[len(self._pending_forwards) - keep:] if keep else []
         self._pending_losses = self._pending_losses[len(self._pending_losses) - keep:] if keep else []
@@ -2663,12 +2663,12 @@ def _step_nodes(root, limit: int = SPAN_NODES) -> list:
     """The autograd nodes of one step's graph below ``root``, its parameters' AccumulateGrad nodes left
     out (every step's graph shares those): a later step's graph that reaches one of them runs through
     this step's graph (a hidden state or cached output carried over without detach())."""
-    nodes, queue, seen = [], collections.deque([root]), set()
+    nodes, queue, seen = [], collections.deque([root]), {}
     while queue and len(seen) < limit:
         node = queue.popleft()
         if node is None or id(node) in seen:
             continue
-        seen.add(id(node))
+        seen[id(node)] = node   # (held: see _reached)
         if type(node).__name__ != "AccumulateGrad":
             nodes.append(node)
         queue.extend(fn for fn, _ in node.next_functions)
@@ -2676,16 +2676,19 @@ def _step_nodes(root, limit: int = SPAN_NODES) -> list:
 
 
 def _reached(root, targets: set[int], limit: int = 4000) -> set[int]:
-    """Which of the autograd nodes (by id) in ``targets`` the graph below ``root`` reaches."""
+    """Which of the autograd nodes (by id) in ``targets`` the graph below ``root`` reaches. The
+    targets' nodes must be held by the caller, and the walk holds every node it visited: a grad_fn's
+    Python object may live only while referenced (torch 2.11 frees it and makes a new one on the next
+    access), so the id of a dropped one can come back as another node's and that node seem seen."""
     found: set[int] = set()
     if root is None or not targets:
         return found
-    queue, seen = collections.deque([root]), set()
+    queue, seen = collections.deque([root]), {}
     while queue and len(seen) < limit and len(found) < len(targets):
         node = queue.popleft()
         if node is None or id(node) in seen:
             continue
-        seen.add(id(node))
+        seen[id(node)] = node
         if id(node) in targets:
             found.add(id(node))
         queue.extend(fn for fn, _ in node.next_functions)
