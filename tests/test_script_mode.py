@@ -1082,12 +1082,20 @@ def test_a_fast_script_is_watched_for_about_three_seconds_not_sixty_steps(tmp_pa
     from nnwizard.script_run import StepFit
 
     text = BASE.replace("for epoch in range(3):", "for epoch in range(200):")
-    run = run_script(load_script(str(write(tmp_path, text=text))), [], RunOptions(listeners=[StepFit(extend=True)]))
+    fit = StepFit(extend=True)
+    fit.OBSERVE_S, fit.OBSERVE_MAX = 60.0, 120   # (a loaded CPU can make this MLP's step 70 ms: not the thing tested)
+    run = run_script(load_script(str(write(tmp_path, text=text))), [], RunOptions(listeners=[fit]))
     steps = len(run.recording.steps)
-    assert steps > 60 and any("run lengthened from 60" in n for n in run.recording.notes), (steps, run.recording.notes)
+    assert steps == 120 and any("run lengthened from 60 to 120" in n for n in run.recording.notes), (steps, run.recording.notes)
     assert run.recording.distributions == 0
     given = run_script(load_script(str(write(tmp_path, text=text))), [], RunOptions(listeners=[StepFit(extend=False)]))
     assert len(given.recording.steps) == 60   # --max-steps given: as asked
+    slow = BASE.replace("for epoch in range(3):", "for epoch in range(200):").replace(
+        "            opt.step()\n", "            opt.step()\n            __import__('time').sleep(0.06)\n")
+    fit = StepFit(extend=True)
+    fit.OBSERVE_S = 2.0    # 60 steps of at least 60 ms already fill it
+    kept = run_script(load_script(str(write(tmp_path, text=slow))), [], RunOptions(listeners=[fit]))
+    assert len(kept.recording.steps) == 60 and any("run kept at 60" in n for n in kept.recording.notes)
 
 
 def test_a_policy_gradient_script_keeps_the_sixty_step_run(tmp_path):
@@ -1095,7 +1103,9 @@ def test_a_policy_gradient_script_keeps_the_sixty_step_run(tmp_path):
     blow-up (session 11). The policy's Categorical built from the model's output in grad mode is seen."""
     from nnwizard.script_run import StepFit
 
-    run = run_script(load_script(str(write(tmp_path, text=REINFORCE))), [], RunOptions(listeners=[StepFit(extend=True)]))
+    fit = StepFit(extend=True)
+    fit.OBSERVE_S = 60.0   # however fast or slow this machine is now, only the distributions keep it at 60
+    run = run_script(load_script(str(write(tmp_path, text=REINFORCE))), [], RunOptions(listeners=[fit]))
     assert len(run.recording.steps) == 60, run.recording.notes
     assert run.recording.distributions == 5 * 60   # five an episode from the model's output; the no_grad ones not
     assert any("not lengthened" in n for n in run.recording.notes)
