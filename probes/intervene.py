@@ -38,6 +38,7 @@ from nnwizard.probes.sanity import overfit_outcome
 from nnwizard.probes.trace import _fmt
 
 MIN_OVERFIT = 20      # rerun steps below which memorising one batch cannot be told from slow learning
+JUDGED_STEPS = 60     # the observed steps whose progress can hold off "too low" (the default observed run's length)
 MIN_SWEEP = 10        # steps per learning rate below which the sweep compares noise
 STEP_SLACK = 3.0      # a rerun's time limit: this many times its planned cost (plus LIMIT_FLOOR_S)
 LIMIT_FLOOR_S = 5.0
@@ -367,7 +368,10 @@ def _sweep_judged(ctx, target, reruns: dict, steps: int, wanted: int, objective:
     count = len(runs) - 1
     # "too low" is about the run, not the sweep's window: the observed run must barely move over all
     # its recorded steps too (a healthy rate is slower than lr*10 over the first few steps)
-    whole = (start - _tail(observed)) / start if math.isfinite(_tail(observed)) and start > 0 else -math.inf
+    # (over the first max(60, 2n) steps: what "barely moves" means must not change with how long the run was watched,
+    # and a fast script's ~3 s run gives a 100x-too-low rate hundreds of steps to creep down 27%)
+    window = observed[:max(JUDGED_STEPS, 2 * n)]
+    whole = (start - _tail(window)) / start if math.isfinite(_tail(window)) and start > 0 else -math.inf
     held = outcome == "too-low" and whole >= MOVES
     if held:
         outcome = "ok"
@@ -381,7 +385,7 @@ def _sweep_judged(ctx, target, reruns: dict, steps: int, wanted: int, objective:
             + (f", lr*100{lr_text(100.0)} {pct(100.0)}" if 100.0 in d else ""))
     if held:
         text += (f"; lr*10 is faster over these {n} steps, but the observed run removed {whole:.0%} of the loss over "
-                 f"its {len(observed)} steps at lr")
+                 f"its {'first ' if len(window) < len(observed) else ''}{len(window)} steps at lr")
     if longer is not None:
         text += (f"; over the observed run's {longer['steps']} steps lr*100{lr_text(100.0)} removed "
                  f"{longer['drop']:.0%}, the configured lr {longer['observed_drop']:.0%}")

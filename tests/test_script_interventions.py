@@ -324,3 +324,17 @@ def test_lr_sweep_scales_a_hand_written_update_through_its_gradients(tmp_path):
     assert far_too_high.outcome == "too-high" and far_too_high.data["hand_written"], far_too_high.summary
     good = run(target_of(script(tmp_path, name="good.py", text=HAND_WRITTEN.format(LR="0.5"))), "script-lr-sweep")
     assert good.status == "passed" and "by hand" in good.summary, good.summary
+
+
+def test_a_rate_too_low_is_judged_on_the_first_sixty_steps_however_long_the_run_was_watched(tmp_path):
+    """SGD at 3e-3 on a problem lr 3e-2 solves: over a fast script's ~3 s run (here 400 steps) the loss creeps
+    down more than 10%, which held off "too low" when the whole observed run counted (pytorch/tutorials' BoW
+    classifier at lr/100 read healthy); the first 60 steps barely move, and lr*10 moves in 30."""
+    text = BASE.format(LR="3e-3", OPT="SGD", LOSS="F.cross_entropy(out, yb)", SEED="torch.manual_seed(0)").replace(
+        "range(8)", "range(60)")
+    target = target_of(script(tmp_path, text=text), steps=400)
+    observed = [s.loss for s in target.recording.steps]
+    assert len(observed) == 400 and (observed[0] - sum(observed[-10:]) / 10) / observed[0] >= 0.1   # crept >= 10%
+    result = run(target, "script-lr-sweep")
+    assert result.outcome == "too-low", result.summary
+    assert result.data["drop_observed"] < 0.1 and result.data["observed_steps"] == 400
