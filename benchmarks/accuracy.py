@@ -68,20 +68,15 @@ def run_one_cli(name: str, expected: dict, auto: bool, seed: int, device: str) -
     """One example diagnosed through the CLI in its own process (``--device cuda``: a kernel assertion
     kills its process's CUDA context, and the CLI then re-runs that diagnosis on the CPU; in-process,
     every later example would inherit the dead context)."""
-    import subprocess
+    from examples._scripts import diagnose_with_cli
 
     symptoms = ["auto"] if auto else expected.get("symptoms", ["auto"])
     with tempfile.TemporaryDirectory(prefix="nnwizard-bench-") as scratch:
-        out = Path(scratch) / "report.json"
-        cmd = [sys.executable, "-m", "nnwizard", "diagnose", "-m", str(ROOT / "examples" / f"{name}.py"), "--device", device,
-               "--seed", str(seed), "--non-interactive", "--json", str(out), "-q"] + [a for s in symptoms for a in ("-s", s)]
-        started = time.monotonic()
-        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
-        seconds = time.monotonic() - started
-        report = json.loads(out.read_text()) if out.exists() else None
-    error = None if report else f"exit {done.returncode}: {(done.stderr.strip().splitlines() or [''])[-1]}"
+        report, error, seconds = diagnose_with_cli(ROOT / "examples" / f"{name}.py", symptoms, Path(scratch), seed,
+                                                   timeout_s=600, device=device, kind="--module")
     ranked = [(h["id"], h["confidence"]) for h in report["hypotheses"]] if report else []
-    row = _row(name, symptoms, expected.get("hypotheses", []), ranked, report["verdict"] if report else "error", seconds, error)
+    row = _row(name, symptoms, expected.get("hypotheses", []), ranked, report["verdict"] if report else "error", seconds,
+               error and error.splitlines()[-1])
     row["device"] = report["device"] if report else device
     row["cuda_lost"] = (report or {}).get("environment", {}).get("cuda_lost")
     return row

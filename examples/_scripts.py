@@ -73,11 +73,12 @@ def script_mode_available() -> bool:
 
 
 def diagnose_with_cli(path: Path, symptoms, workdir: Path, seed: int = 0, timeout_s: float = 300,
-                      env: dict | None = None, device: str = "cpu") -> tuple[dict | None, str | None, float]:
-    """``nnwizard diagnose --script PATH --non-interactive`` in a subprocess run from ``workdir``, as
-    a user would: (JSON report or None, error or None, wall seconds)."""
+                      env: dict | None = None, device: str = "cpu", kind: str = "--script"
+                      ) -> tuple[dict | None, str | None, float]:
+    """``nnwizard diagnose --script PATH --non-interactive`` (``kind="--module"``: a training module) in a
+    subprocess run from ``workdir``, as a user would: (JSON report or None, error or None, wall seconds)."""
     out = Path(workdir) / "report.json"
-    cmd = [sys.executable, "-m", "nnwizard", "diagnose", "--script", str(path), "--non-interactive",
+    cmd = [sys.executable, "-m", "nnwizard", "diagnose", kind, str(path), "--non-interactive",
            "--device", device, "--seed", str(seed), "--json", str(out), "--quiet"]
     for symptom in symptoms:
         cmd += ["--symptom", symptom]

@@ -202,8 +202,9 @@ def _cuda_report(target, seed: int) -> dict:
     return info
 
 
-def _deterministic_pair_agrees(target, seed: int, steps: int, globals_too: bool) -> bool:
-    """Two runs with deterministic CUDA algorithms (cuDNN too; ops without one only warn) agree bitwise."""
+def _deterministic_pair_agrees(target, seed: int, steps: int) -> bool:
+    """Two runs with deterministic CUDA algorithms (cuDNN too; ops without one only warn) agree bitwise.
+    Every generator is seeded, as in the pair that differed (the code seeds the globals, or the probe did)."""
     saved = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
              torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
     try:
@@ -211,7 +212,7 @@ def _deterministic_pair_agrees(target, seed: int, steps: int, globals_too: bool)
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return _same(one_run(target, seed, steps, globals_too), one_run(target, seed, steps, globals_too))
+            return _same(one_run(target, seed, steps, True), one_run(target, seed, steps, True))
     except Exception:  # noqa: BLE001 - then the kernels are not shown to be the source
         return False
     finally:
@@ -303,7 +304,7 @@ def determinism(ctx):
         return failed("model", f"{head}; the batches and initial weights agree but the same forward pass gives different "
                       f"outputs: the model code draws from an unseeded generator ({data['where']})", [table], **data)
     ops = data.get("nondeterministic_ops") or []
-    if target.device.type == "cuda" and _deterministic_pair_agrees(target, seed, steps, seeds_globals or len(rows) > 1):
+    if target.device.type == "cuda" and _deterministic_pair_agrees(target, seed, steps):
         rows.append(["the same, deterministic CUDA algorithms", "yes", "identical: the kernels were the source"])
         data.update(source="kernels", where=", ".join(ops[:4]) or "cuDNN / atomic-add kernels")
         return failed("kernels", f"{head}; batches, initial weights and forward agree, and with "

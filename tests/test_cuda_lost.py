@@ -44,6 +44,13 @@ MODULE = textwrap.dedent('''
 ''')
 
 
+# the CLI, in a process whose synchronize answers as a dead context does once the user's code has "asserted"
+# (set FAKE_CUDA_DEAD); the re-run it starts (python -m nnwizard, CUDA hidden) is the real CLI, unpatched
+FAKE_DEAD_CONTEXT = ("import os, sys; from nnwizard import cuda_lost; cuda_lost._context_error = lambda: RuntimeError("
+                     "'CUDA error: device-side assert triggered') if os.environ.get('FAKE_CUDA_DEAD') else None; "
+                     "from nnwizard.cli import main; main(sys.argv[1:])")
+
+
 def test_sticky_errors_are_told_from_others():
     assert cuda_lost.sticky(RuntimeError("CUDA error: device-side assert triggered"))
     assert cuda_lost.sticky("torch.AcceleratorError: CUDA error: an illegal memory access was encountered")
@@ -83,12 +90,7 @@ def test_cli_args_ask_for_the_same_diagnosis_on_the_cpu():
 def test_a_device_side_assert_is_diagnosed_again_on_the_cpu_with_its_real_cause(tmp_path):
     (tmp_path / "labels.py").write_text(MODULE)
     out, md = tmp_path / "r.json", tmp_path / "r.md"
-    # the first process answers a synchronize as a dead context does once the module's loss has "asserted";
-    # the re-run (python -m nnwizard, CUDA hidden) is the real CLI, unpatched
-    fake = ("import os, sys; from nnwizard import cuda_lost; cuda_lost._context_error = lambda: RuntimeError("
-            "'CUDA error: device-side assert triggered') if os.environ.get('FAKE_CUDA_DEAD') else None; "
-            "from nnwizard.cli import main; main(sys.argv[1:])")
-    done = subprocess.run([sys.executable, "-c", fake, "diagnose", "-m", str(tmp_path / "labels.py"), "-s", "crash",
+    done = subprocess.run([sys.executable, "-c", FAKE_DEAD_CONTEXT, "diagnose", "-m", str(tmp_path / "labels.py"), "-s", "crash",
                            "--non-interactive", "--json", str(out), "--report", str(md)],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -128,10 +130,7 @@ SCRIPT = textwrap.dedent('''
 def test_a_script_that_kills_the_cuda_context_is_diagnosed_again_on_the_cpu(tmp_path):
     (tmp_path / "train.py").write_text(SCRIPT)
     out = tmp_path / "r.json"
-    fake = ("import os, sys; from nnwizard import cuda_lost; cuda_lost._context_error = lambda: RuntimeError("
-            "'CUDA error: device-side assert triggered') if os.environ.get('FAKE_CUDA_DEAD') else None; "
-            "from nnwizard.cli import main; main(sys.argv[1:])")
-    done = subprocess.run([sys.executable, "-c", fake, "diagnose", "--script", "train.py", "-s", "crash",
+    done = subprocess.run([sys.executable, "-c", FAKE_DEAD_CONTEXT, "diagnose", "--script", "train.py", "-s", "crash",
                            "--non-interactive", "--json", str(out)], cwd=tmp_path, capture_output=True, text=True,
                           timeout=300, env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr[-3000:]

@@ -53,17 +53,14 @@ def sticky(error: object) -> bool:
     return bool(STICKY.search(f"{type(error).__name__}: {error}" if isinstance(error, BaseException) else str(error)))
 
 
-def _first_line(error: object) -> str:
-    text = f"{type(error).__name__}: {error}" if isinstance(error, BaseException) else str(error)
-    return next((line.strip() for line in text.splitlines() if line.strip()), text)[:300]
-
-
-def remember(error: object, where: str) -> bool:
+def remember(error: BaseException, where: str) -> bool:
     """Note ``error`` when it is sticky (the first one is kept); True if it was."""
+    from nnwizard.probes._instrument import first_line
+
     if not sticky(error):
         return False
     if not _seen:
-        _seen.append(f"{_first_line(error)}\x00{where}")
+        _seen.append(f"{first_line(error)}\x00{where}")
     return True
 
 

@@ -161,7 +161,7 @@ class Target:
     def _caches(self, model: nn.Module) -> bool:
         if self.cache_builds is not None:
             return self.cache_builds
-        if self.device.type != "cuda" or len(self._pristine) >= 2:
+        if self.device.type != "cuda" or len(self._pristine) >= 2:   # the probes ask for seed and seed + 1
             return False
         size = sum(t.numel() * t.element_size() for t in itertools.chain(model.parameters(), model.buffers()))
         return 4 * size < torch.cuda.mem_get_info(self.device)[0]   # a copy kept, with room to spare
