@@ -183,7 +183,10 @@ def judge(x: torch.Tensor, out: torch.Tensor, rows: int = ROWS) -> dict[str, Any
         return {**base, "mixed": False, "rows_checked": 0}
     used = whole != 0
     n = len(x)
-    picked = sorted({round(i * (n - 1) / (min(rows, n) - 1)) for i in range(min(rows, n))})
+    # rows drawn at random (seeded), not on an evenly spaced grid: a grid from the first row to the last lands on
+    # the fixed points of a flatten-order permutation (rows 0 and n-1 always; for a (T, B) = (64, 8) transpose
+    # every multiple of 73, i.e. all eight evenly spaced rows), where a misaligned or mixing layout reads right
+    picked = sorted(torch.randperm(n, generator=gen)[:rows].tolist())
     feature_last = out.dim() >= 2
     candidates = [a for a in range(out.dim() - (1 if feature_last else 0))] or [0]
     matching = [a for a in candidates if out.shape[a] == n]

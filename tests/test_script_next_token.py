@@ -336,3 +336,16 @@ def test_padded_targets_given_to_the_model_are_judged_on_the_positions_the_loss_
     assert result.outcome == outcome, result.summary
     if outcome in ("ok", "sees-future"):
         assert "argument 0" in result.summary and "ignore_index -1 left out" in result.summary
+
+
+def test_misaligned_rows_are_found_where_evenly_spaced_rows_are_all_fixed_points_of_the_transpose(tmp_path):
+    """(T, B) = (64, 8): flattening a (B, T) layout against a (T, B) one moves row r = t*B + b to b*T + t; its
+    fixed points are the multiples of (B*T - 1) / 7 = 73, i.e. rows 0, 73, ..., 511: exactly eight evenly
+    spaced rows from first to last. The checked rows must not be picked on such a grid."""
+    source = (TIME_FIRST_SCRIPT.replace("VOCAB, T, B = 30, 12, 6", "VOCAB, T, B = 30, 64, 8")
+              .replace("(2000,)", "(8000,)").replace("{LOSS_INPUT}", "out.transpose(0, 1).reshape(-1, VOCAB)")
+              .replace("{TARGET}", "y.reshape(-1)"))
+    target = _recorded(tmp_path, source)
+    result = _probe("trace-target-alignment", target)
+    assert result.outcome == "misaligned", result.summary
+    assert _probe("trace-sample-mixing", target).outcome == "ok"
