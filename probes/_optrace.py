@@ -26,7 +26,7 @@ walk per kept record). ``locate`` (default True) fills ``where``. ``backward=Tru
 node of each traced output so that the first backward node that turned finite incoming gradients
 into non-finite ones is reported as ``first_nonfinite_backward`` (an :class:`OpRecord` of the forward
 op that created that node). ``optimizer`` marks ops run inside its ``step`` as phase ``"update"``.
-``on_op(record, func, args, output)`` is called for every op (after the record is built, whether it is
+``on_op(record, func, args, output, kwargs)`` is called for every op (after the record is built, whether it is
 kept or not), so callers can take their own measurements (activation statistics, batch mixing...).
 
 The tracer never changes values; it runs inside a ``TorchFunctionMode`` which is thread-local, so it
@@ -137,7 +137,7 @@ class OpTracer:
     def __init__(self, model: nn.Module | None = None, files: list[Path] | None = None, *,
                  record: str = "interesting", locate: bool = True, backward: bool = False,
                  optimizer: torch.optim.Optimizer | None = None,
-                 on_op: Callable[[OpRecord, Any, tuple, Any], None] | None = None, max_records: int = 20000):
+                 on_op: Callable[[OpRecord, Any, tuple, Any, dict], None] | None = None, max_records: int = 20000):
         self.model, self.record, self.locate, self.backward = model, record, locate, backward
         self.optimizer, self.on_op, self.max_records = optimizer, on_op, max_records
         self.files = {str(Path(f).resolve()) for f in files or []}
@@ -272,7 +272,7 @@ class OpTracer:
                 if t.grad_fn is not None and t.requires_grad:
                     self._hook_node(t.grad_fn, rec)
         if self.on_op is not None:
-            self.on_op(rec, func, args, out)
+            self.on_op(rec, func, args, out, kwargs)
 
     def _hook_node(self, node, rec: OpRecord) -> None:
         if id(node) in self._hooked:

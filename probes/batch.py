@@ -289,7 +289,7 @@ def _locate(model: nn.Module, inputs: torch.Tensor, row: int, n: int, files, ctx
         first = args[0] if args and isinstance(args[0], torch.Tensor) else None
         done.append((paths[module], module, shape_of(args[0]) if args else None, output, first))
 
-    def on_op(rec, func, args, out):
+    def on_op(rec, func, args, out, kwargs):
         first = out[0] if isinstance(out, tuple) and out and isinstance(out[0], torch.Tensor) else out
         if (isinstance(first, torch.Tensor) and first.requires_grad and first.dim() > 0 and first.shape[0] == n
                 and rec.phase == "forward" and len(ops) < 2000):

@@ -1,5 +1,6 @@
 """Is the model still random in eval mode? ``model.eval()`` turns off ``nn.Dropout`` modules, but not
 ``F.dropout(x, p)`` called without ``training=self.training`` (its default is ``training=True``), nor
+``F.scaled_dot_product_attention(..., dropout_p=p)`` with a ``dropout_p`` that ignores the mode, nor
 noise the forward adds by hand. Such a model evaluates with units dropped: its validation loss is
 worse and noisier than the model's, and two evaluations of the same weights disagree."""
 
@@ -63,9 +64,12 @@ def eval_stochastic(ctx: ProbeContext):
             f"of the output's scale ({changed:.0%} of the output values changed)")
     if found:
         op, where, module = found[0]
+        fix = ("drops attention weights whatever the mode (its dropout_p is applied in eval mode too; pass "
+               "dropout_p=p if self.training else 0.0)" if op == "scaled_dot_product_attention" else
+               f"still drops units in eval mode (F.{op}(x, p) defaults to training=True; pass training=self.training "
+               f"or use an nn.Dropout module)")
         return failed("stochastic", f"{head}: {op} at {where or '?'}" + (f" (in '{module}')" if module else "")
-                      + f" still drops units in eval mode (F.{op}(x, p) defaults to training=True; pass "
-                      f"training=self.training or use an nn.Dropout module)", table, **data)
+                      + f" {fix}", table, **data)
     # no dropout-family op: the forward samples on purpose (a VAE's reparameterisation, noise layers), not a fault
     return passed(f"{head}, but no dropout op is active: the forward draws random numbers by design (sampling), "
                   "which eval mode does not turn off", "random-by-design", **data)
@@ -75,12 +79,17 @@ def _random_ops(model, x, files) -> list[tuple[str, str | None, str]]:
     """The random ops that changed their input in one more eval-mode forward, in call order, deduplicated."""
     found: list[tuple[str, str | None, str]] = []
 
-    def on_op(rec, func, args, out):
+    def on_op(rec, func, args, out, kwargs):
+        dropped = False
         if rec.op in RANDOM_OPS and args and isinstance(args[0], torch.Tensor) and isinstance(out, torch.Tensor):
-            if out.shape == args[0].shape and not torch.equal(out, args[0]):
-                key = (rec.op, rec.where, rec.module)
-                if key not in found:
-                    found.append(key)
+            dropped = out.shape == args[0].shape and not torch.equal(out, args[0])
+        elif rec.op == "scaled_dot_product_attention":   # attention dropout: dropout_p, its 5th argument
+            p = (kwargs or {}).get("dropout_p", args[4] if len(args) > 4 else 0.0)
+            dropped = isinstance(p, (int, float)) and p > 0
+        if dropped:
+            key = (rec.op, rec.where, rec.module)
+            if key not in found:
+                found.append(key)
 
     try:
         with torch.random.fork_rng(devices=[]), torch.no_grad(), OpTracer(model, files, record="all", on_op=on_op):

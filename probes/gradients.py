@@ -137,7 +137,7 @@ _SQUASH = {"sigmoid", "sigmoid_", "tanh", "tanh_"}
 def _activation_stats(model, inputs, files) -> dict[str, dict]:
     stats: dict[str, dict] = {}
 
-    def on_op(rec, func, args, out):
+    def on_op(rec, func, args, out, kwargs):
         op = rec.op
         if op not in _RELU and op not in _SQUASH:
             return

@@ -163,7 +163,7 @@ def _evaluate(target, model, batch, files=None):
         torch.random.set_rng_state(batch[2]["rng"])
     ops: list[tuple] = []
 
-    def on_op(rec, func, args, out):
+    def on_op(rec, func, args, out, kwargs):
         if isinstance(out, torch.Tensor) and out.is_floating_point() and out.numel() and rec.phase in ("forward", "loss"):
             ops.append((rec, float(out.detach().float().nan_to_num(0.0, 0.0, 0.0).abs().max()), not bool(torch.isfinite(out).all())))
 

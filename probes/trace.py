@@ -257,11 +257,11 @@ def trace_backward_step(ctx: ProbeContext, rec):
                       **data)
     norms = [s.grad_norm or 0.0 for s in rec.steps]
     data.update(grad_norm=max(norms), first_grad_norm=norms[0])
-    if max(norms) == 0 and all(s.grads_none == s.grads_total for s in rec.steps):
+    if gradless(rec):
         opt = rec.optimizers[rec.steps[0].optimizer] if rec.steps[0].optimizer >= 0 else None
         data["foreign"] = opt.foreign if opt else 0
         cleared, cut = _no_grad_cause(rec, opt, rec.steps)
-        data.update(zero_after_backward=cleared == len(rec.steps), zero_after_backward_steps=cleared, graph_cut=cut)
+        data.update(zero_after_backward=_cleared_every_time(cleared, rec.steps), zero_after_backward_steps=cleared, graph_cut=cut)
         why = (f"; zero_grad() ran after the backward and before optimizer.step() in {cleared} of them" if cleared else
                f"; the optimizer holds {', '.join(rec.models[i].name for i in opt.models)}'s own parameters, and no "
                f"backward reached any of its forwards: the graph between the model and the loss is cut" if cut else "")
@@ -275,7 +275,7 @@ def trace_backward_step(ctx: ProbeContext, rec):
                                    if s.optimizer >= 0 and s.optimizer != opt.index}))
         cleared, cut = _no_grad_cause(rec, opt, own)
         names = ", ".join(rec.models[i].name for i in opt.models) or "?"
-        data.update(foreign=opt.foreign, zero_after_backward=cleared == len(own), zero_after_backward_steps=cleared,
+        data.update(foreign=opt.foreign, zero_after_backward=_cleared_every_time(cleared, own), zero_after_backward_steps=cleared,
                     graph_cut=cut, starved=opt.name, starved_index=opt.index, starved_models=names)
         why = (f"; zero_grad() ran after the backward and before its step() in {cleared} of them" if cleared else
                f"; it holds {names}'s own parameters, and no backward reached any of {names}'s forwards: the graph "
@@ -304,6 +304,11 @@ def trace_backward_step(ctx: ProbeContext, rec):
                   f"{norms[0]:.3g} at the first step; largest parameter change {max(updates, default=0.0):.3g}", **data)
 
 
+def gradless(rec) -> bool:
+    """Optimizer steps ran, and not one of them found a gradient on any of its parameters."""
+    return bool(rec.steps) and all((s.grad_norm or 0.0) == 0 and s.grads_none == s.grads_total for s in rec.steps)
+
+
 def _no_grad_cause(rec, opt, steps) -> tuple[int, bool]:
     """Why an optimizer's steps found no gradient: in how many zero_grad() ran between the backward and the step,
     and whether the graph was cut (it holds a model's own parameters and no backward ever reached that model's
@@ -311,6 +316,12 @@ def _no_grad_cause(rec, opt, steps) -> tuple[int, bool]:
     cleared = sum(s.zero_grad_after_backward for s in steps)
     cut = bool(opt and opt.models and not opt.foreign and not cleared and set(opt.models) <= _cut_models(rec))
     return cleared, cut
+
+
+def _cleared_every_time(cleared: int, steps) -> bool:
+    """zero_grad() ran between the backward and the step at every step that had a backward before it (a loop
+    that calls step() before backward() has none before its first step)."""
+    return cleared > 0 and cleared == sum(s.backwards > 0 for s in steps)
 
 
 def _starved_optimizer(rec):

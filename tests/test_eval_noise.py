@@ -54,3 +54,19 @@ def test_sampling_by_design_is_not_a_dropout_fault(tmp_path):
 def test_nn_dropout_modules_in_eval_mode_are_quiet():
     result = run_probe_on("eval-stochastic", load_example("healthy_cnn"))
     assert result.outcome == "ok", result.summary
+
+
+# self-attention over the hidden units seen as 4 tokens of 8 features; attention dropout through SDPA's dropout_p
+ATTENTION = ("q = h.view(-1, 4, 8); h = F.scaled_dot_product_attention(q, q, q, dropout_p={p}).reshape(-1, 32)")
+
+
+def test_attention_dropout_that_ignores_the_mode_fires(tmp_path):
+    result = run_probe_on("eval-stochastic", module_target(tmp_path, ATTENTION.format(p="0.5"), "mod_sdpa"))
+    assert result.outcome == "stochastic", result.summary
+    assert "scaled_dot_product_attention at mod_sdpa.py:14" in result.summary and "dropout_p" in result.summary
+
+
+def test_attention_dropout_that_follows_the_mode_is_quiet(tmp_path):
+    noise = ATTENTION.format(p="0.5 if self.training else 0.0")
+    result = run_probe_on("eval-stochastic", module_target(tmp_path, noise, "mod_sdpa_quiet"))
+    assert result.outcome == "ok", result.summary

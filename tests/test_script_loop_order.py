@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from nnwizard.probes.api import ProbeContext, load_all
 from nnwizard.script_run import RunOptions, load_script, run_script
 from nnwizard.script_target import ScriptTarget
@@ -29,6 +31,9 @@ for epoch in range(3):
 '''
 GOOD = "optimizer.zero_grad(); loss = F.cross_entropy(model(xb), yb); loss.backward(); optimizer.step()"
 BETWEEN = "loss = F.cross_entropy(model(xb), yb); loss.backward(); optimizer.zero_grad(); optimizer.step()"
+# zero_grad at the top of the loop, but step() before backward(): each step() follows a zero_grad of the previous
+# iteration's gradients, and the first step() has no backward before it
+STEP_FIRST = "optimizer.zero_grad(); loss = F.cross_entropy(model(xb), yb); optimizer.step(); loss.backward()"
 FROZEN = "for p in model.parameters():\n    p.requires_grad = False"
 
 
@@ -48,9 +53,25 @@ def test_zero_grad_between_backward_and_step_is_seen(tmp_path):
     assert "zero_grad() ran after the backward and before optimizer.step() in 8 of them" in result.summary
 
 
+def test_step_before_backward_is_a_zero_grad_between_them_from_the_second_step(tmp_path):
+    result = _probe(_target(tmp_path, STEP_FIRST), "trace-backward-step")
+    assert result.outcome == "no-grad-at-step" and result.data["zero_after_backward"], result.summary
+    assert "in 7 of them" in result.summary
+
+
+def test_steps_that_never_found_a_gradient_are_no_training_never_healthy(tmp_path):
+    from nnwizard.script_view import untrained_note
+
+    target = _target(tmp_path, STEP_FIRST)
+    assert target.untrained and "None of the script's 8 optimizer steps found a gradient" in untrained_note(target)
+
+
 def test_zero_grad_before_backward_is_quiet(tmp_path):
     target = _target(tmp_path, GOOD)
     assert _probe(target, "trace-backward-step").outcome == "ok"
+    from nnwizard.script_view import untrained_note
+
+    assert not target.untrained and untrained_note(target) is None
     assert not any(s.zero_grad_after_backward for s in target.recording.steps)
 
 
@@ -64,8 +85,9 @@ def _diagnose(tmp_path: Path, body: str, freeze: str = ""):
     return {h.id: h.confidence for h in report.hypotheses}
 
 
-def test_the_tree_names_the_misplaced_zero_grad(tmp_path):
-    found = _diagnose(tmp_path, BETWEEN)
+@pytest.mark.parametrize("body", [BETWEEN, STEP_FIRST])
+def test_the_tree_names_the_misplaced_zero_grad(tmp_path, body):
+    found = _diagnose(tmp_path, body)
     assert max(found, key=found.get) == "zero-grad-misplaced" and found["zero-grad-misplaced"] >= 0.85, found
     assert found.get("optimizer-missing-params", 0) < 0.5
 

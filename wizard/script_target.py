@@ -231,8 +231,11 @@ class ScriptTarget(Target):
 
     @property
     def untrained(self) -> bool:
-        """No torch.optim step was taken: the loop audits had nothing to read, so never healthy."""
-        return not self.recording.steps
+        """No torch.optim step was taken (the loop audits had nothing to read), or every step found no
+        gradient (nothing trained): never healthy."""
+        from nnwizard.probes.trace import gradless
+
+        return not self.recording.steps or gradless(self.recording)
 
     @property
     def crashed(self) -> bool:

@@ -107,12 +107,18 @@ def script_problem(target) -> str | None:
 
 
 def untrained_note(target) -> str | None:
-    """The run trained, but not through a torch.optim step: the loop audits cannot read it."""
+    """Why the run cannot be healthy although it ran: no torch.optim step found a gradient (nothing trained),
+    or it trained, if at all, without a torch.optim step (the loop audits cannot read it)."""
     rec = target.recording
-    if rec.steps or rec.error is not None:
+    if rec.error is not None:
         return None
-    from nnwizard.probes.trace import _moved
+    from nnwizard.probes.trace import _moved, gradless
 
+    if gradless(rec):
+        return (f"None of the script's {len(rec.steps)} optimizer steps found a gradient on any parameter, so nothing "
+                f"trained: the verdict cannot be healthy.")
+    if rec.steps:
+        return None
     how = ("its parameters changed, so it updates them by hand" if _moved(rec)
            else "its parameters never changed")
     return (f"The script never took a torch.optim optimizer step ({rec.backwards} backward passes; {how}), so the "
