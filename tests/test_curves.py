@@ -181,3 +181,16 @@ def test_a_loss_below_zero_that_falls_ever_faster_is_unbounded_not_normal():
     # a loss that goes below zero and slows down (a Gaussian NLL with a learned scale) is ordinary progress
     bounded = [-1.0 - 2.0 * (1 - 0.93 ** i) for i in range(60)]
     assert classify(Curves(bounded)).shape in ("falling", "plateau")
+
+
+@pytest.mark.parametrize("peak,spiked", [(5.2, True), (3.6, False)])
+def test_a_warm_up_that_overshoots_by_more_than_half_is_a_spike_a_small_bump_is_not(peak, spiked):
+    """A GPT-style run with AdamW at 100x its rate under a 20-step warm-up: 3.07 (ln 21) before any update, up to
+    5.2 (1.7x, 0.7 of the reference) by step 8, then down to 2.5. A bump to 3.6 (1.17x) is minibatch noise
+    of a healthy start."""
+    r = random.Random(2)
+    rise = [3.07 + (peak - 3.07) * i / 8 for i in range(9)]
+    curve = rise + [peak - (peak - 2.5) * (1 - math.exp(-i / 12)) + r.gauss(0, 0.03) for i in range(51)]
+    shape = classify(Curves(curve), reference=math.log(21))
+    assert (shape.shape == "spiked") == spiked, shape.evidence
+    assert shape.normal != spiked

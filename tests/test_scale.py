@@ -121,7 +121,13 @@ def test_calibrate_uses_a_measured_step_time_and_slices_dear_batches():
     budget = calibrate(target)
     assert budget.step_s == 0.25 and budget.total_s == pytest.approx(0.8 * max(20.0, 40 * 0.25))
     assert budget.how == "measured in the real run" and budget.batch is None
-    del target.measured_step_s
+    # a script's target sizes the default from its reruns (their steps and start-up: ScriptTarget.default_plain_steps)
+    target.default_plain_steps = 130 + 4 * 5.0 / 0.25
+    assert calibrate(target).total_s == pytest.approx(0.8 * 210 * 0.25)
+    target.default_plain_steps = 50    # a fast script: the 20 s floor
+    target.measured_step_s = 0.01
+    assert calibrate(target).total_s == pytest.approx(0.8 * 20.0)
+    del target.measured_step_s, target.default_plain_steps
     timed = calibrate(target, total_s=0.05)  # so small a budget that the user's batch is too dear
     assert timed.user_step_s > 0 and timed.how == "timed on the user's step" and timed.explicit
     # sliced only where a 16-sample step is measurably cheaper than the user's 64-sample one

@@ -103,3 +103,12 @@ def test_a_crash_in_the_first_backward_is_not_a_missing_step(tmp_path):
 def test_a_loop_that_never_steps_is_still_a_missing_step(tmp_path):
     found = _diagnose(tmp_path, "optimizer.zero_grad(); loss = F.cross_entropy(model(xb), yb); loss.backward()")
     assert max(found, key=found.get) == "missing-optimizer-step", found
+
+
+def test_a_scripts_default_budget_counts_its_reruns_and_their_start_up(tmp_path):
+    from nnwizard.script_target import BUDGET_RERUNS
+
+    target = _target(tmp_path, GOOD)
+    step = target.measured_step_s
+    assert step and target.startup_s > 0
+    assert target.default_plain_steps == pytest.approx(sum(BUDGET_RERUNS) + len(BUDGET_RERUNS) * target.startup_s / step)

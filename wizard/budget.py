@@ -8,7 +8,8 @@ diagnosis of a small model takes, the probes work on the first ``SLICE`` samples
 ``SMALL_SLICE`` when that is still too dear), and the step time of that slice is measured too.
 
 The session has one budget in seconds (``--budget``; by default ``max(20 s, 40 plain steps)`` less a
-fifth for loading and reporting). Fixed-cost probes (the loop audits: a handful of steps each) run
+fifth for loading and reporting; in script mode the plain steps are those of the reruns a stuck curve calls for,
+each with the script's start-up: ``ScriptTarget.default_plain_steps``). Fixed-cost probes (the loop audits: a handful of steps each) run
 first and get a time limit sized by their own declared cost. Probes that train for many steps plan
 their step counts with ``plan_steps`` from an allowance ``allot`` gives them out of what is left,
 where the engine keeps, for the probes of the session's queued trees that are still to run:
@@ -191,8 +192,11 @@ def plan_steps(budget: Budget | None, allowance: float | None, wanted: int, mini
     return affordable if affordable >= minimum else 0
 
 
-def default_total(user_step_s: float | None) -> float:
-    return DEFAULT_SHARE * max(DEFAULT_MIN_S, DEFAULT_STEPS * (user_step_s or 0.0))
+def default_total(user_step_s: float | None, plain_steps: float | None = None) -> float:
+    """The default budget: ``plain_steps`` of the user's step (a script's target sizes them from its reruns and
+    their start-up: ScriptTarget.default_plain_steps; DEFAULT_STEPS otherwise), at least DEFAULT_MIN_S, less the
+    part kept for start-up, loading and reports."""
+    return DEFAULT_SHARE * max(DEFAULT_MIN_S, (plain_steps or DEFAULT_STEPS) * (user_step_s or 0.0))
 
 
 def _timed_steps(target, batch, give_up_s: float) -> float:
@@ -275,5 +279,5 @@ def calibrate(target, total_s: float | None = None, limit_s: float = 60.0) -> Bu
         else:
             budget.how = f"the user's step raised ({result.summary[:120]})"
     if total_s is None:
-        budget.total_s = default_total(budget.user_step_s)
+        budget.total_s = default_total(budget.user_step_s, getattr(target, "default_plain_steps", None))
     return budget

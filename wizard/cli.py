@@ -94,7 +94,7 @@ def diagnose(
     non_interactive: bool = typer.Option(False, "--non-interactive", help="Never prompt: answers file, then defaults."),
     trees: Optional[Path] = typer.Option(None, "--trees", help="A folder of extra trees (and catalog.yaml) that add to or override the built-in ones."),
     probe_timeout: Optional[float] = typer.Option(None, "--probe-timeout", help="Seconds before a probe is stopped (default: sized by the measured step time)."),
-    budget: Optional[float] = typer.Option(None, "--budget", help="Seconds for the whole diagnosis; probes that train plan their steps from it (default: max(20 s, 40 plain steps) less a fifth, printed at the start)."),
+    budget: Optional[float] = typer.Option(None, "--budget", help="Seconds for the whole diagnosis; probes that train plan their steps from it (default: max(20 s, 40 plain steps; a script's: its reruns with their start-up) less a fifth, printed at the start)."),
     save_answers_path: Optional[Path] = typer.Option(None, "--save-answers", help="Where an interactive session saves its answers (default nnwizard-answers.yaml)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Only the final table."),
 ) -> None:

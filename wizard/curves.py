@@ -199,7 +199,7 @@ def _make(shape: str, evidence: str, step: float | None = None, **data: Any) -> 
 #                of R of each other (a learning curve moves by more than that within a few dozen steps).
 #   oscillating  less than 25% of R progress (first to last quarter), and the typical step-to-step
 #                jump is over 25% of R (minibatch noise of a healthy run is ~5-10% of R).
-#   oscillating  also: within the first third the loss rises to 2x its first value (and by half of R),
+#   oscillating  also: within the first third the loss rises to 1.5x its first value (and by half of R),
 #                and the run ends less than 10% of R below that first value (a blow-up it only undid).
 #   spiked       the same early blow-up in a run that then ends 10% of R or more below its first value.
 #   diverged     after real, smooth progress (>= 10% of R, step-to-step jumps under 30% of the level),
@@ -214,7 +214,7 @@ DIVERGE_PROGRESS = 0.10
 OVERFIT_RISE, OVERFIT_REL = 0.05, 0.10
 STALL_GAIN, STALL_LEVEL = 0.03, 0.40
 PLATEAU_GAIN = 0.03
-EARLY_BLOWUP = 2.0
+EARLY_BLOWUP = 1.5
 
 
 UNBOUNDED_MIN = 12   # points a curve needs before its descent below zero can be called unbounded

@@ -35,6 +35,9 @@ from nnwizard.recorder import LossCall, ModelInfo, Recording
 from nnwizard.script_run import DEFAULT_LIMIT_BATCHES, RunOptions, RunResult, Script, run_script
 from nnwizard.target import Target
 
+# the reruns the default budget is sized for, in optimizer steps: script-overfit (40) and script-lr-sweep's x0.1,
+# x10 and x100 (30 each, the x100 one when neither of the others moves the loss)
+BUDGET_RERUNS = (40, 30, 30, 30)
 CLASSIFICATION_FNS = ("cross_entropy", "nll_loss", "multi_margin_loss")
 BINARY_FNS = ("binary_cross_entropy", "binary_cross_entropy_with_logits", "soft_margin_loss")
 
@@ -283,6 +286,12 @@ class ScriptTarget(Target):
         """A rerun of ``steps`` optimizer steps, in plain steps of the observed run (start-up included)."""
         step = self.measured_step_s or 0.0
         return steps + (self.startup_s / step if step else 0.0)
+
+    @property
+    def default_plain_steps(self) -> float:
+        """What the default budget is sized for (budget.default_total), in plain steps: the reruns a flat or
+        stuck curve calls for at their wanted lengths, each with the script's start-up (BUDGET_RERUNS)."""
+        return sum(self.rerun_cost(n) for n in BUDGET_RERUNS)
 
     @property
     def feeds_one_batch(self) -> bool | None:
