@@ -304,8 +304,12 @@ def script_lr_sweep(ctx: ProbeContext, target):
     keys = list(objs.series) if objs.several else [None]   # several objectives: each optimizer's own series
     wanted = int(ctx.param("steps", 30))
     shortest = min(len(losses_of(target.run, k)) for k in keys)
-    # two reruns (x0.1, x10), a third (x100) when none of them moves the loss
-    steps = ctx.plan_steps(min(wanted, shortest), minimum=MIN_SWEEP, runs=3, fixed=3 * target.rerun_cost(0))
+    # two reruns (x0.1, x10), a third (x100) when none of them moves the loss; when the observed run blew up within
+    # its first updates and then learnt, room for lr/10 over the observed run's judged length too (_sweep_judged)
+    fixed = 3 * target.rerun_cost(0)
+    long = min(shortest, JUDGED_STEPS) if any(_overshot(losses_of(target.run, k)) for k in keys) else 0
+    steps = (long and ctx.plan_steps(min(wanted, shortest), minimum=MIN_SWEEP, runs=3, fixed=fixed + target.rerun_cost(long))) \
+        or ctx.plan_steps(min(wanted, shortest), minimum=MIN_SWEEP, runs=3, fixed=fixed)
     if not steps:
         return ctx.unaffordable(MIN_SWEEP, "rerun steps each learning rate needs", wanted=wanted)
     reruns = {}
@@ -322,6 +326,17 @@ def script_lr_sweep(ctx: ProbeContext, target):
             r.data.update(objectives=objs.text, judged=optimizer_label(target.recording, k))
     # each objective is judged on its own series: the first that fails (or cannot be measured) speaks
     return next((r for r in results if r.status == "failed"), next((r for r in results if r.status != "passed"), results[0]))
+
+
+def _overshot(losses: list[float]) -> bool:
+    """Within the first third of the judged steps the loss rose to EARLY_BLOWUP times its first value (the curve
+    shapes' early blow-up), and over those steps it ended below that first value: the configured rate overshot, then learnt."""
+    from nnwizard.curves import EARLY_BLOWUP
+
+    window = losses[:JUDGED_STEPS]
+    if len(window) < 2 * MIN_SWEEP or not all(math.isfinite(x) for x in window) or window[0] <= 0:
+        return False
+    return max(window[: len(window) // 3]) >= EARLY_BLOWUP * window[0] and _tail(window) < window[0]
 
 
 def _sweep_judged(ctx, target, reruns: dict, steps: int, wanted: int, objective: int | None):
@@ -362,16 +377,26 @@ def _sweep_judged(ctx, target, reruns: dict, steps: int, wanted: int, objective:
     # gets the observed run's whole length, against what the observed run removed over the same steps
     longer = None
     if outcome == "none-learns" and 100.0 in d and len(observed) >= n + MIN_SWEEP and ctx.param("extend", True):
-        longer = _longer_arm(ctx, target, reruns, observed, objective)
+        longer = _longer_arm(ctx, target, reruns, observed, objective, 100.0)
         if longer is not None and longer["drop"] >= MOVES and longer["drop"] >= longer["observed_drop"] + BETTER:
             outcome = "too-low"
+    # "too high" from the sweep's window while the observed run, finite throughout, went on to remove clearly more
+    # than lr/10 did in that window: the window may only show the configured rate's first overshoot (Adam's first
+    # steps at 1e-3 throw a wide layer's loss up 5x, and it recovers within ten). lr/10 then gets the observed run's
+    # whole judged length, against the observed run over the same steps; when that does not fit, nothing is concluded
+    window = observed[:max(JUDGED_STEPS, 2 * n)]
+    whole = (start - _tail(window)) / start if math.isfinite(_tail(window)) and start > 0 else -math.inf
+    recovered = (outcome == "too-high" and math.isfinite(d[0.1]) and len(window) >= n + MIN_SWEEP
+                 and all(math.isfinite(x) for x in window) and whole >= d[0.1] + BETTER)
+    if recovered:
+        longer = _longer_arm(ctx, target, reruns, window, objective, 0.1) if ctx.param("extend", True) else None
+        if longer is None or longer["drop"] < longer["observed_drop"] + BETTER:
+            outcome = "ok" if longer is not None else "unsettled"
     count = len(runs) - 1
     # "too low" is about the run, not the sweep's window: the observed run must barely move over all
     # its recorded steps too (a healthy rate is slower than lr*10 over the first few steps)
     # (over the first max(60, 2n) steps: what "barely moves" means must not change with how long the run was watched,
     # and a fast script's ~3 s run gives a 100x-too-low rate hundreds of steps to creep down 27%)
-    window = observed[:max(JUDGED_STEPS, 2 * n)]
-    whole = (start - _tail(window)) / start if math.isfinite(_tail(window)) and start > 0 else -math.inf
     held = outcome == "too-low" and whole >= MOVES
     if held:
         outcome = "ok"
@@ -387,14 +412,19 @@ def _sweep_judged(ctx, target, reruns: dict, steps: int, wanted: int, objective:
         text += (f"; lr*10 is faster over these {n} steps, but the observed run removed {whole:.0%} of the loss over "
                  f"its {'first ' if len(window) < len(observed) else ''}{len(window)} steps at lr")
     if longer is not None:
-        text += (f"; over the observed run's {longer['steps']} steps lr*100{lr_text(100.0)} removed "
-                 f"{longer['drop']:.0%}, the configured lr {longer['observed_drop']:.0%}")
+        arm = "lr*100" if longer["factor"] == 100.0 else "lr/10"
+        text += (f"; over the observed run's {'first ' if longer['steps'] < len(observed) else ''}{longer['steps']} steps "
+                 f"{arm}{lr_text(longer['factor'])} removed {longer['drop']:.0%}, the configured lr {longer['observed_drop']:.0%}")
+    elif recovered:
+        text += (f"; lr/10 is ahead over these {n} steps, but the observed run went on to remove {whole:.0%} over its "
+                 f"{len(window)} steps, and lr/10 over as many steps did not fit the time left")
     data = dict(lr=lr, steps=n, drop_observed=whole, observed_steps=len(observed), planned_steps=steps, wanted_steps=wanted, start_loss=start, drop_lr10=d[0.1],
                 drop_lr=d[1.0], drop_lrx10=d[10.0], drop_lrx100=d.get(100.0), reruns=count, errors=errors, text=text, moves=MOVES, better=BETTER)
     if lr is not None:
         data.update(lr_low=lr * 0.1, lr_high=lr * 10, best_lr=lr * max(d, key=lambda f: d[f]))
     if longer is not None:
-        data.update(long_steps=longer["steps"], drop_long_lrx100=longer["drop"], drop_long_observed=longer["observed_drop"])
+        data.update(long_steps=longer["steps"], long_factor=longer["factor"], drop_long_observed=longer["observed_drop"],
+                    **{"drop_long_lrx100" if longer["factor"] == 100.0 else "drop_long_lr10": longer["drop"]})
         if outcome == "too-low" and lr is not None:
             data["best_lr"] = lr * 100.0
     longest = max(len(v) for v in runs.values())
@@ -406,6 +436,8 @@ def _sweep_judged(ctx, target, reruns: dict, steps: int, wanted: int, objective:
                    for f in sorted(runs)], marked=[sorted(runs).index(max(d, key=lambda f: d[f]))])
     if outcome in ("too-low", "too-high"):
         return failed(outcome, text, [plot, table], **data)
+    if outcome == "unsettled":
+        return cannot_run(text, reason="budget", **data)
     if outcome == "none-learns":
         if n < wanted:
             return cannot_run(f"{text}: no setting moved the loss within the {n} steps the budget fits (of {wanted})",
@@ -414,25 +446,31 @@ def _sweep_judged(ctx, target, reruns: dict, steps: int, wanted: int, objective:
     return passed(text, artifacts=[plot, table], **data)
 
 
-def _longer_arm(ctx, target, reruns: dict, observed: list[float], objective: int | None) -> dict | None:
-    """lr*100 rerun for the observed run's length (when the time left fits it): the share of the loss
-    it removed and the share the observed run removed over the same steps; None when it cannot tell."""
+def _longer_arm(ctx, target, reruns: dict, observed: list[float], objective: int | None, factor: float) -> dict | None:
+    """A rerun at lr*factor for as many steps as ``observed`` (when the time left fits it): the share of the
+    loss it removed and the share the observed run removed over the same steps; None when it cannot tell."""
     steps = len(observed)
-    run = reruns.get("x100-long")   # several objectives: one rerun serves each one's series
+    key = f"x{factor:g}-long"
+    run = reruns.get(key)   # several objectives: one rerun serves each one's series
     if run is None:
         need = target.rerun_cost(steps) * (target.measured_step_s or 0.0)
-        # within this probe's allowance: the ladder after it (when nothing learns) needs its own share
+        # lr*100 within this probe's allowance: the ladder after it (when nothing learns) needs its own share; lr/10
+        # (the run learns: no ladder follows) within the session's time left
         spent = time.monotonic() - ctx.started
-        if ctx.time_left() < 1.5 * need + 2 or (ctx.allowance_s is not None and spent + need > ctx.allowance_s):
+        if factor == 100.0:
+            fits = ctx.time_left() >= 1.5 * need + 2 and (ctx.allowance_s is None or spent + need <= ctx.allowance_s)
+        else:
+            fits = ctx.time_left() >= need + 2 and (ctx.budget is None or need <= ctx.budget.spare())
+        if not fits:
             return None
-        run = reruns["x100-long"] = _rerun(ctx, target, steps, lr_scale=100.0)
+        run = reruns[key] = _rerun(ctx, target, steps, lr_scale=factor)
     losses = losses_of(run, objective)[:steps]
     if len(losses) < steps or _raised(run):
         return None
     start, tail, mine = observed[0], _tail(losses), _tail(observed)
     if not (start > 0 and math.isfinite(tail) and math.isfinite(mine)):
         return None
-    return dict(steps=steps, drop=(start - tail) / start, observed_drop=(start - mine) / start)
+    return dict(steps=steps, factor=factor, drop=(start - tail) / start, observed_drop=(start - mine) / start)
 
 
 # ------------------------------------------------------------------------------------ determinism

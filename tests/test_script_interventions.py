@@ -338,3 +338,68 @@ def test_a_rate_too_low_is_judged_on_the_first_sixty_steps_however_long_the_run_
     result = run(target, "script-lr-sweep")
     assert result.outcome == "too-low", result.summary
     assert result.data["drop_observed"] < 0.1 and result.data["observed_steps"] == 400
+
+
+def test_overshot_is_an_early_blow_up_the_run_then_learnt_from():
+    from nnwizard.probes.intervene import _overshot
+
+    recovered = [2.4, 4.2, 3.8, 3.8, 3.8, 4.1, 2.9, 2.6, 2.8, 2.4] + [2.3 - 0.03 * i for i in range(50)]
+    assert _overshot(recovered)
+    assert not _overshot([2.4, 2.5, 2.35] + [2.3 - 0.03 * i for i in range(57)])       # minibatch noise
+    assert not _overshot([2.4, 5.0, 4.0] + [3.5] * 57)                                   # never learnt
+    assert not _overshot(recovered[:15])                                                 # too short to judge
+
+
+# Adam at 1e-3 on a CNN with a 4096-wide fully connected layer (BatchNorm, dropout): its first update throws the
+# loss up ~1.8x, and it recovers within ten steps. A short sweep window sees lr/10 ahead; the judgement must
+# come from lr/10 over the observed run's length
+OVERSHOOT = '''
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+torch.manual_seed(1)
+gen = torch.Generator().manual_seed(0)
+templates = torch.randn(10, 3, 16, 16, generator=gen)
+y = torch.randint(0, 10, (2048,), generator=gen)
+x = 0.6 * templates[y] + torch.randn(2048, 3, 16, 16, generator=gen)
+loader = DataLoader(TensorDataset(x, y), batch_size=64, shuffle=True)
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(3, 128, 3, padding=1), nn.BatchNorm2d(128)
+        self.conv2, self.bn2 = nn.Conv2d(128, 256, 3, padding=1), nn.BatchNorm2d(256)
+        self.dropout = nn.Dropout(0.25)
+        self.fc1, self.fc2 = nn.Linear(256 * 4 * 4, 256), nn.Linear(256, 10)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.bn1(self.conv1(x))), 2)
+        x = F.max_pool2d(F.relu(self.bn2(self.conv2(x))), 2)
+        x = self.dropout(torch.flatten(x, 1))
+        return self.fc2(self.dropout(F.relu(self.fc1(x))))
+
+model = Net()
+optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+for epoch in range(3):
+    for xb, yb in loader:
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(xb), yb)
+        loss.backward()
+        optimizer.step()
+'''
+
+
+@pytest.mark.slow
+def test_an_early_overshoot_is_judged_on_lr10_over_the_observed_runs_length(tmp_path):
+    from nnwizard.probes.intervene import _overshot, losses_of
+
+    target = target_of(script(tmp_path, text=OVERSHOOT), steps=60)
+    assert _overshot(losses_of(target.run))
+    result = run(target, "script-lr-sweep", steps=10)   # a window of 10 steps (a slow step's budget): lr/10 ahead
+    data = result.data
+    assert data["drop_lr10"] >= data["drop_lr"] + 0.1 and data["drop_observed"] >= data["drop_lr10"] + 0.1, result.summary
+    assert data.get("long_factor") == 0.1 and data["long_steps"] == 60, result.summary
+    better = data["drop_long_lr10"] >= data["drop_long_observed"] + 0.1
+    assert result.outcome == ("too-high" if better else "ok"), result.summary
+    assert "over the observed run's 60 steps lr/10" in result.summary

@@ -8,7 +8,7 @@ diagnosis of a small model takes, the probes work on the first ``SLICE`` samples
 ``SMALL_SLICE`` when that is still too dear), and the step time of that slice is measured too.
 
 The session has one budget in seconds (``--budget``; by default ``max(20 s, 40 plain steps)`` less a
-fifth for loading and reporting; in script mode the plain steps are those of the reruns a stuck curve calls for,
+fifth for loading and reporting; in script mode at least the plain steps of the reruns a stuck curve calls for,
 each with the script's start-up: ``ScriptTarget.default_plain_steps``). Fixed-cost probes (the loop audits: a handful of steps each) run
 first and get a time limit sized by their own declared cost. Probes that train for many steps plan
 their step counts with ``plan_steps`` from an allowance ``allot`` gives them out of what is left,
@@ -193,10 +193,11 @@ def plan_steps(budget: Budget | None, allowance: float | None, wanted: int, mini
 
 
 def default_total(user_step_s: float | None, plain_steps: float | None = None) -> float:
-    """The default budget: ``plain_steps`` of the user's step (a script's target sizes them from its reruns and
-    their start-up: ScriptTarget.default_plain_steps; DEFAULT_STEPS otherwise), at least DEFAULT_MIN_S, less the
-    part kept for start-up, loading and reports."""
-    return DEFAULT_SHARE * max(DEFAULT_MIN_S, (plain_steps or DEFAULT_STEPS) * (user_step_s or 0.0))
+    """The default budget: max(DEFAULT_MIN_S, DEFAULT_STEPS of the user's step) less the part kept for start-up,
+    loading and reports; for a script, at least ``plain_steps`` of its step (ScriptTarget.default_plain_steps:
+    the reruns a stuck curve calls for, each with the script's own start-up already counted)."""
+    total = DEFAULT_SHARE * max(DEFAULT_MIN_S, DEFAULT_STEPS * (user_step_s or 0.0))
+    return max(total, (plain_steps or 0.0) * (user_step_s or 0.0))
 
 
 def _timed_steps(target, batch, give_up_s: float) -> float:

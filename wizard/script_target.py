@@ -35,9 +35,10 @@ from nnwizard.recorder import LossCall, ModelInfo, Recording
 from nnwizard.script_run import DEFAULT_LIMIT_BATCHES, RunOptions, RunResult, Script, run_script
 from nnwizard.target import Target
 
-# the reruns the default budget is sized for, in optimizer steps: script-overfit (40) and script-lr-sweep's x0.1,
-# x10 and x100 (30 each, the x100 one when neither of the others moves the loss)
-BUDGET_RERUNS = (40, 30, 30, 30)
+# the reruns the default budget is sized for, in optimizer steps: script-overfit (40), script-lr-sweep's x0.1, x10
+# and x100 (30 each, the x100 one when neither of the others moves the loss) and its one long arm (the observed run's
+# default 60 steps: lr*100 when nothing moved, lr/10 when the configured rate's early overshoot may be all it saw)
+BUDGET_RERUNS = (40, 30, 30, 30, 60)
 CLASSIFICATION_FNS = ("cross_entropy", "nll_loss", "multi_margin_loss")
 BINARY_FNS = ("binary_cross_entropy", "binary_cross_entropy_with_logits", "soft_margin_loss")
 
