@@ -329,14 +329,14 @@ def script_lr_sweep(ctx: ProbeContext, target):
 
 
 def _overshot(losses: list[float]) -> bool:
-    """Within the first third of the judged steps the loss rose to EARLY_BLOWUP times its first value (the curve
+    """Within the first third of the judged steps the loss rose to SPIKE_BLOWUP times its first value (the curve
     shapes' early blow-up), and over those steps it ended below that first value: the configured rate overshot, then learnt."""
-    from nnwizard.curves import EARLY_BLOWUP
+    from nnwizard.curves import SPIKE_BLOWUP
 
     window = losses[:JUDGED_STEPS]
     if len(window) < 2 * MIN_SWEEP or not all(math.isfinite(x) for x in window) or window[0] <= 0:
         return False
-    return max(window[: len(window) // 3]) >= EARLY_BLOWUP * window[0] and _tail(window) < window[0]
+    return max(window[: len(window) // 3]) >= SPIKE_BLOWUP * window[0] and _tail(window) < window[0]
 
 
 def _sweep_judged(ctx, target, reruns: dict, steps: int, wanted: int, objective: int | None):

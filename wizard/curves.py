@@ -199,9 +199,11 @@ def _make(shape: str, evidence: str, step: float | None = None, **data: Any) -> 
 #                of R of each other (a learning curve moves by more than that within a few dozen steps).
 #   oscillating  less than 25% of R progress (first to last quarter), and the typical step-to-step
 #                jump is over 25% of R (minibatch noise of a healthy run is ~5-10% of R).
-#   oscillating  also: within the first third the loss rises to 1.5x its first value (and by half of R),
+#   oscillating  also: within the first third the loss rises to 2x its first value (and by half of R),
 #                and the run ends less than 10% of R below that first value (a blow-up it only undid).
-#   spiked       the same early blow-up in a run that then ends 10% of R or more below its first value.
+#   spiked       an early blow-up to 1.5x (and half of R) in a run that then ends 10% of R or more below its
+#                first value: not normal progress, and what the lr reruns then measure (a lower bar than
+#                oscillating's: this shape concludes nothing by itself, the reruns do).
 #   diverged     after real, smooth progress (>= 10% of R, step-to-step jumps under 30% of the level),
 #                the loss leaves its best level and ends above the starting level (or turns non-finite).
 #   overfitting  validation ends at least 5% of R (and 10% of its best value) above its best point,
@@ -214,7 +216,8 @@ DIVERGE_PROGRESS = 0.10
 OVERFIT_RISE, OVERFIT_REL = 0.05, 0.10
 STALL_GAIN, STALL_LEVEL = 0.03, 0.40
 PLATEAU_GAIN = 0.03
-EARLY_BLOWUP = 1.5
+EARLY_BLOWUP = 2.0   # an early blow-up the run never got below its start from: read as the shape itself (oscillating)
+SPIKE_BLOWUP = 1.5   # one the run then learnt from (spiked): a trigger for the lr reruns, which measure it
 
 
 UNBOUNDED_MIN = 12   # points a curve needs before its descent below zero can be called unbounded
@@ -293,17 +296,19 @@ def classify(curves: Curves, reference: float | None = None) -> Shape:
     early = train[: max(n // 3, 3)]
     peak_i = max(range(len(early)), key=lambda i: early[i])
     peak = early[peak_i]
-    if n >= 8 and first > 0 and peak >= EARLY_BLOWUP * first and (peak - first) / scale >= 0.5:
+    if n >= 8 and first > 0 and peak >= SPIKE_BLOWUP * first and (peak - first) / scale >= 0.5:
         rose = (f"the loss rose from {_fmt(first)} at step {_at(xs, 0)} (before any update had an effect) to {_fmt(peak)} "
                 f"by step {_at(xs, peak_i)}, {peak / first:.1f}x its first value")
         blown = dict(first=first, peak=peak, peak_step=_at(xs, peak_i), peak_ratio=peak / first, **base)
-        if (first - end) / scale < DIVERGE_PROGRESS:
+        learnt = (first - end) / scale >= DIVERGE_PROGRESS
+        if not learnt and peak >= EARLY_BLOWUP * first:
             return _make("oscillating", f"{rose}, and ended at {_fmt(end)}: no progress below where it began in {n} steps",
                          _at(xs, peak_i), **blown)
         # the same blow-up in a run that went on to learn (smoothly: not a curve that jumps all along, judged
         # below): what it learnt came after undoing the first updates
-        spiked = _make("spiked", f"{rose}, and only then fell, to {_fmt(end)} after {n} steps: the first updates "
-                       f"overshoot", _at(xs, peak_i), **blown)
+        if learnt:
+            spiked = _make("spiked", f"{rose}, and only then fell, to {_fmt(end)} after {n} steps: the first updates "
+                           f"overshoot", _at(xs, peak_i), **blown)
 
     # flat: the start, every quarter of the run and the end all sit within FLAT_RANGE of each other
     # (quarter medians, so that minibatch noise does not count as movement)
