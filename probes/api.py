@@ -279,6 +279,11 @@ def load_all() -> dict[str, ProbeSpec]:
     return dict(_REGISTRY)
 
 
+def registered(id: str) -> bool:
+    """A probe of the registry (not work of the session's own run like one, e.g. the step timing)."""
+    return id in _REGISTRY
+
+
 def get(id: str) -> ProbeSpec:
     from nnwizard.errors import ProbeNotFound
 

@@ -160,3 +160,21 @@ def test_the_re_run_gets_the_symptoms_and_answers_the_user_already_gave(monkeypa
     opts = Options(module="m.py", interactive=True)
     args = cuda_lost.cli_args(opts, lost.symptoms, str(tmp_path / "a.yaml"))
     assert args[args.index("--symptom") + 1] == "flat" and "--answers" in args and "--non-interactive" not in args
+
+
+@pytest.mark.parametrize("probe_id,where", [("trace-run", "in probe trace-run"),
+                                             ("step-cost", "while nnwizard timed one plain training step")])
+def test_where_a_dead_context_was_seen_names_a_probe_or_what_the_session_did(monkeypatch, probe_id, where):
+    from nnwizard.isolation import run_probe
+    from nnwizard.probes.api import ProbeContext, ProbeResult, ProbeSpec, load_all
+
+    load_all()
+    monkeypatch.setattr(cuda_lost, "_context_error", lambda: RuntimeError("CUDA error: device-side assert triggered"))
+    spec = ProbeSpec(probe_id, lambda ctx: ProbeResult("passed", "ok", "", {}),
+                     "timed one plain training step", {"ok": ""}, 10.0, __name__)
+    try:
+        with pytest.raises(cuda_lost.CudaContextLost) as info:
+            run_probe(spec, ProbeContext(None), 10.0)
+        assert info.value.where == where
+    finally:
+        cuda_lost._seen.clear()

@@ -265,7 +265,7 @@ def calibrate(target, total_s: float | None = None, limit_s: float = 60.0) -> Bu
                     out["small"] = _timed_steps(target, smaller, limit_s / 8)
             return ProbeResult("passed", "ok", "timed", out)
 
-        spec = ProbeSpec("step-cost", work, "time one plain step", {"ok": "timed", **BUILTIN_OUTCOMES}, limit_s, __name__)
+        spec = ProbeSpec("step-cost", work, "timed one plain training step", {"ok": "timed", **BUILTIN_OUTCOMES}, limit_s, __name__)
         result = run_probe(spec, ProbeContext(target), limit_s)
         if result.status == "passed":
             budget.user_step_s = budget.step_s = result.data["user"]

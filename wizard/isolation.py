@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from nnwizard import cuda_lost
-from nnwizard.probes.api import ProbeContext, ProbeResult, ProbeSpec
+from nnwizard.probes.api import ProbeContext, ProbeResult, ProbeSpec, registered
 
 
 @contextmanager
@@ -149,7 +149,9 @@ def run_probe(spec: ProbeSpec, ctx: ProbeContext, timeout_s: float | None = None
     if box.get("warnings"):
         result.data.setdefault("warnings", box["warnings"])
     result.id, result.duration_s, result.params = spec.id, round(duration, 3), dict(ctx.params)
-    cuda_lost.check(f"in probe {spec.id}")  # a dead CUDA context (a sticky error): nothing more can run on the GPU
+    # a dead CUDA context (a sticky error): nothing more can run on the GPU. (Where: a probe by its id; the session's
+    # own work run like one, the step timing, by what it does)
+    cuda_lost.check(f"in probe {spec.id}" if registered(spec.id) else f"while nnwizard {spec.title}")
     return result
 
 
