@@ -372,26 +372,32 @@ def _sweep_judged(ctx, target, reruns: dict, steps: int, wanted: int, objective:
         tail = _tail(runs[100.0]) if len(runs[100.0]) >= n else math.nan
         d[100.0] = (start - tail) / start if math.isfinite(tail) and start > 0 else -math.inf
     outcome = sweep_outcome(d)
-    # nothing moved within the sweep's window, but the observed run is longer: a model trained from
-    # scratch (a transformer) can sit on its plateau for a few dozen steps at any rate. lr*100 then
-    # gets the observed run's whole length, against what the observed run removed over the same steps
+    window = observed[:max(JUDGED_STEPS, 2 * n)]
+    whole = (start - _tail(window)) / start if math.isfinite(_tail(window)) and start > 0 else -math.inf
+    # nothing moved within the sweep's window, nor over the observed run: a model trained from scratch (a transformer)
+    # can sit on its plateau for a few dozen steps at any rate. lr*100 then gets the observed run's whole length,
+    # against what the observed run removed over the same steps
     longer = None
-    if outcome == "none-learns" and 100.0 in d and len(observed) >= n + MIN_SWEEP and ctx.param("extend", True):
+    if outcome == "none-learns" and 100.0 in d and whole < MOVES and len(observed) >= n + MIN_SWEEP \
+            and ctx.param("extend", True):
         longer = _longer_arm(ctx, target, reruns, observed, objective, 100.0)
         if longer is not None and longer["drop"] >= MOVES and longer["drop"] >= longer["observed_drop"] + BETTER:
             outcome = "too-low"
-    # "too high" from the sweep's window while the observed run, finite throughout, went on to remove clearly more
-    # than lr/10 did in that window: the window may only show the configured rate's first overshoot (Adam's first
-    # steps at 1e-3 throw a wide layer's loss up 5x, and it recovers within ten). lr/10 then gets the observed run's
-    # whole judged length, against the observed run over the same steps; when that does not fit, nothing is concluded
-    window = observed[:max(JUDGED_STEPS, 2 * n)]
-    whole = (start - _tail(window)) / start if math.isfinite(_tail(window)) and start > 0 else -math.inf
-    recovered = (outcome == "too-high" and math.isfinite(d[0.1]) and len(window) >= n + MIN_SWEEP
-                 and all(math.isfinite(x) for x in window) and whole >= d[0.1] + BETTER)
-    if recovered:
+    # the sweep's window says "too high" (lr/10 ahead) or that nothing learns, while the observed run, finite
+    # throughout, went on to remove clearly more than lr/10 did in that window: the window is too short to judge,
+    # and may only show the configured rate's first overshoot (Adam's first steps at 1e-3 throw a wide layer's loss up
+    # 2-5x, and it recovers within ten). When the run overshot, lr/10 gets the observed run's whole judged length,
+    # against the observed run over the same steps; when that does not fit, nothing is concluded
+    recovered = (outcome in ("too-high", "none-learns") and whole >= MOVES and math.isfinite(d[0.1])
+                 and len(window) >= n + MIN_SWEEP and all(math.isfinite(x) for x in window) and whole >= d[0.1] + BETTER)
+    if recovered and outcome == "none-learns" and not _overshot(window):
+        outcome = "ok"       # the configured rate learns over the run; no setting did better within the window
+    elif recovered:
         longer = _longer_arm(ctx, target, reruns, window, objective, 0.1) if ctx.param("extend", True) else None
-        if longer is None or longer["drop"] < longer["observed_drop"] + BETTER:
-            outcome = "ok" if longer is not None else "unsettled"
+        if longer is None:
+            outcome = "unsettled"
+        else:
+            outcome = "too-high" if longer["drop"] >= longer["observed_drop"] + BETTER else "ok"
     count = len(runs) - 1
     # "too low" is about the run, not the sweep's window: the observed run must barely move over all
     # its recorded steps too (a healthy rate is slower than lr*10 over the first few steps)
@@ -416,8 +422,9 @@ def _sweep_judged(ctx, target, reruns: dict, steps: int, wanted: int, objective:
         text += (f"; over the observed run's {'first ' if longer['steps'] < len(observed) else ''}{longer['steps']} steps "
                  f"{arm}{lr_text(longer['factor'])} removed {longer['drop']:.0%}, the configured lr {longer['observed_drop']:.0%}")
     elif recovered:
-        text += (f"; lr/10 is ahead over these {n} steps, but the observed run went on to remove {whole:.0%} over its "
-                 f"{len(window)} steps, and lr/10 over as many steps did not fit the time left")
+        text += (f"; {'lr/10 is ahead' if d[0.1] >= d[1.0] + BETTER else 'little moves'} over these {n} steps, but the "
+                 f"observed run went on to remove {whole:.0%} over its {len(window)} steps at lr"
+                 + (", and lr/10 over as many steps did not fit the time left" if outcome == "unsettled" else ""))
     data = dict(lr=lr, steps=n, drop_observed=whole, observed_steps=len(observed), planned_steps=steps, wanted_steps=wanted, start_loss=start, drop_lr10=d[0.1],
                 drop_lr=d[1.0], drop_lrx10=d[10.0], drop_lrx100=d.get(100.0), reruns=count, errors=errors, text=text, moves=MOVES, better=BETTER)
     if lr is not None:

@@ -279,6 +279,58 @@ def test_lr_sweep_makes_no_long_rerun_when_the_rate_moves_the_loss(tmp_path):
     assert len(target.reruns) == 2
 
 
+def _fake_run(losses):
+    from types import SimpleNamespace
+
+    steps = [SimpleNamespace(loss=v, optimizer=0, step=i + 1, lrs=[1e-3]) for i, v in enumerate(losses)]
+    return SimpleNamespace(recording=SimpleNamespace(steps=steps, error=None))
+
+
+def _judged(monkeypatch, observed, window_arms, long_lr10=None):
+    """script-lr-sweep's judgement on made-up loss series: the observed run, each short rerun's (factor -> losses),
+    and the lr/10 rerun over the observed run's length (None: asking for it fails the test)."""
+    from types import SimpleNamespace
+
+    from nnwizard.probes import intervene
+
+    asked = []
+
+    def rerun(ctx, target, steps, lr_scale=None, **kw):
+        asked.append((lr_scale, steps))
+        if lr_scale == 0.1 and steps > 10 and long_lr10 is not None:
+            return _fake_run(long_lr10[:steps])
+        return _fake_run(window_arms[lr_scale][:steps])
+
+    monkeypatch.setattr(intervene, "_rerun", rerun)
+    target = SimpleNamespace(run=_fake_run(observed), recording=_fake_run(observed).recording, measured_step_s=0.1,
+                             rerun_cost=lambda steps: steps + 5)
+    reruns = {f: _fake_run(v) for f, v in window_arms.items() if f in (0.1, 10.0)}
+    result = intervene._sweep_judged(ProbeContext(target, params={}), target, reruns, 10, 30, None)
+    return result, asked
+
+
+def _descent(start, end, n):
+    return [start + (end - start) * i / (n - 1) for i in range(n)]
+
+
+def test_a_window_where_nothing_moves_is_no_verdict_on_a_run_that_learnt(monkeypatch):
+    flat = [2.3] * 10
+    observed = [2.3] * 10 + _descent(2.3, 1.2, 50)      # a plateau, then it learns (no overshoot)
+    result, asked = _judged(monkeypatch, observed, {0.1: flat, 10.0: flat, 100.0: flat})
+    assert result.outcome == "ok" and "long_steps" not in result.data, result.summary
+    assert "little moves over these 10 steps, but the observed run went on to remove" in result.summary
+    assert all(steps == 10 for _, steps in asked)        # no long rerun: the observed run answers it
+
+
+@pytest.mark.parametrize("lr10_end,outcome", [(1.6, "ok"), (0.6, "too-high")])
+def test_a_too_high_window_on_an_overshoot_is_judged_by_lr10_over_the_observed_run(monkeypatch, lr10_end, outcome):
+    observed = [2.3, 5.0, 4.2, 3.5, 3.0, 2.6] + _descent(2.5, 1.2, 54)    # up 2.2x at the first update, then learns
+    arms = {0.1: _descent(2.3, 2.0, 10), 10.0: [2.3] + [9.0] * 9}
+    result, asked = _judged(monkeypatch, observed, arms, long_lr10=_descent(2.3, lr10_end, 60))
+    assert result.outcome == outcome and result.data["long_factor"] == 0.1 and result.data["long_steps"] == 60, result.summary
+    assert (0.1, 60) in asked and "over the observed run's 60 steps lr/10" in result.summary
+
+
 def test_lr_sweep_runs_on_a_hand_written_update_and_says_how(tmp_path):
     text = BASE.format(LR="1e-2", OPT="SGD", LOSS="F.cross_entropy(out, yb)", SEED="torch.manual_seed(0)").replace(
         "optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)\n", "").replace(
