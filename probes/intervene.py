@@ -434,13 +434,26 @@ def _sweep_judged(ctx, target, reruns: dict, steps: int, wanted: int, objective:
                     **{"drop_long_lrx100" if longer["factor"] == 100.0 else "drop_long_lr10": longer["drop"]})
         if outcome == "too-low" and lr is not None:
             data["best_lr"] = lr * 100.0
-    longest = max(len(v) for v in runs.values())
+    series = {f"lr x{f:g}": v for f, v in sorted(runs.items())}
+    rows = [[f"x{f:g}" + (f" ({lr * f:.3g})" if lr is not None else ""), f"{n}", _fmt(_tail(runs[f][:n])), pct(f)]
+            for f in sorted(runs)]
+    if longer is not None:   # the long arm against the observed run over the same steps, beside the window's arms
+        f, k = longer["factor"], longer["steps"]
+        series.update({f"lr x{f:g}, {k} steps": longer["losses"], f"lr x1 (observed), {k} steps": longer["observed"]})
+        rows += [[f"x{f:g}" + (f" ({lr * f:.3g})" if lr is not None else ""), f"{k}", _fmt(_tail(longer["losses"])),
+                  f"{longer['drop']:.0%}"],
+                 ["x1 (observed)" + (f" ({lr:.3g})" if lr is not None else ""), f"{k}", _fmt(_tail(longer["observed"])),
+                  f"{longer['observed_drop']:.0%}"]]
+    longest = max(len(v) for v in series.values())
+    shown = [x for v in series.values() for x in v if math.isfinite(x)]
     plot = LinePlot("script-lr-sweep", "The script's training loss at lr/10, lr (observed) and lr*10",
-                    {f"lr x{f:g}": [x if math.isfinite(x) else math.nan for x in v] + [math.nan] * (longest - len(v))
-                     for f, v in sorted(runs.items())})
-    table = Table("script-lr-sweep", "Learning-rate reruns", ["lr", "loss at the end (mean of the last steps)", "share removed"],
-                  [[f"x{f:g}" + (f" ({lr * f:.3g})" if lr is not None else ""), _fmt(_tail(runs[f][:n])), pct(f)]
-                   for f in sorted(runs)], marked=[sorted(runs).index(max(d, key=lambda f: d[f]))])
+                    {name: [x if math.isfinite(x) else math.nan for x in v] + [math.nan] * (longest - len(v))
+                     for name, v in series.items()},
+                    # a blown-up arm (lr*10 at 170) would flatten the others on a linear axis
+                    logy=bool(shown) and min(shown) > 0 and max(shown) > 10 * min(shown))
+    table = Table("script-lr-sweep", "Learning-rate reruns", ["lr", "steps", "loss at the end (mean of the last steps)",
+                                                                "share removed"],
+                  rows, marked=[sorted(runs).index(max(d, key=lambda f: d[f]))])
     if outcome in ("too-low", "too-high"):
         return failed(outcome, text, [plot, table], **data)
     if outcome == "unsettled":
@@ -477,7 +490,8 @@ def _longer_arm(ctx, target, reruns: dict, observed: list[float], objective: int
     start, tail, mine = observed[0], _tail(losses), _tail(observed)
     if not (start > 0 and math.isfinite(tail) and math.isfinite(mine)):
         return None
-    return dict(steps=steps, factor=factor, drop=(start - tail) / start, observed_drop=(start - mine) / start)
+    return dict(steps=steps, factor=factor, drop=(start - tail) / start, observed_drop=(start - mine) / start,
+                losses=losses, observed=observed[:steps])
 
 
 # ------------------------------------------------------------------------------------ determinism

@@ -329,6 +329,10 @@ def test_a_too_high_window_on_an_overshoot_is_judged_by_lr10_over_the_observed_r
     result, asked = _judged(monkeypatch, observed, arms, long_lr10=_descent(2.3, lr10_end, 60))
     assert result.outcome == outcome and result.data["long_factor"] == 0.1 and result.data["long_steps"] == 60, result.summary
     assert (0.1, 60) in asked and "over the observed run's 60 steps lr/10" in result.summary
+    table = next(a for a in result.artifacts if getattr(a, "rows", None))    # the long arm and the observed run beside it
+    assert [r[1] for r in table.rows][-2:] == ["60", "60"] and table.rows[-1][0].startswith("x1 (observed)")
+    plot = next(a for a in result.artifacts if not getattr(a, "rows", None))
+    assert "lr x0.1, 60 steps" in plot.series and "lr x1 (observed), 60 steps" in plot.series
 
 
 def test_lr_sweep_runs_on_a_hand_written_update_and_says_how(tmp_path):
