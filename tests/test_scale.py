@@ -124,6 +124,9 @@ def test_calibrate_uses_a_measured_step_time_and_slices_dear_batches():
     # a script's target sizes the default from its reruns (their steps and start-up: ScriptTarget.default_plain_steps)
     target.default_plain_steps = 130 + 4 * 5.0 / 0.25
     assert calibrate(target).total_s == pytest.approx(210 * 0.25)
+    target.measured_step_s = 4.0       # 4 s steps (a loaded CPU): the reruns' steps would take 14 minutes; capped
+    target.default_plain_steps = 210
+    assert calibrate(target).total_s == pytest.approx(180.0)
     target.default_plain_steps = 50    # a fast script: the 20 s floor
     target.measured_step_s = 0.01
     assert calibrate(target).total_s == pytest.approx(0.8 * 20.0)

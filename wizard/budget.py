@@ -44,6 +44,7 @@ SMALL_SLICE = 8       # ... and when even that slice is too dear
 DEFAULT_MIN_S = 20.0  # the default budget: max(DEFAULT_MIN_S, DEFAULT_STEPS plain steps) ...
 DEFAULT_STEPS = 40
 DEFAULT_SHARE = 0.8   # ... of which this part is for the probes (the rest: start-up, loading, reports)
+SCRIPT_MAX_S = 180.0  # a script's reruns raise its default budget up to this (4 s steps on a loaded CPU: not 14 minutes)
 AFFORD_STEPS = 300    # a budget below this many plain steps at the user's batch makes the probes slice
 CEILING = 2.0         # past this multiple of the budget, nothing more runs the user's code
 LIMIT_MARGIN = 3.0    # a fixed-cost probe's time limit: this many times its cost in measured steps ...
@@ -195,9 +196,9 @@ def plan_steps(budget: Budget | None, allowance: float | None, wanted: int, mini
 def default_total(user_step_s: float | None, plain_steps: float | None = None) -> float:
     """The default budget: max(DEFAULT_MIN_S, DEFAULT_STEPS of the user's step) less the part kept for start-up,
     loading and reports; for a script, at least ``plain_steps`` of its step (ScriptTarget.default_plain_steps:
-    the reruns a stuck curve calls for, each with the script's own start-up already counted)."""
+    the reruns a stuck curve calls for, each with the script's own start-up already counted), up to SCRIPT_MAX_S."""
     total = DEFAULT_SHARE * max(DEFAULT_MIN_S, DEFAULT_STEPS * (user_step_s or 0.0))
-    return max(total, (plain_steps or 0.0) * (user_step_s or 0.0))
+    return max(total, min(SCRIPT_MAX_S, (plain_steps or 0.0) * (user_step_s or 0.0)))
 
 
 def _timed_steps(target, batch, give_up_s: float) -> float:
