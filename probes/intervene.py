@@ -101,6 +101,19 @@ def _rerun(ctx, target, steps: int, **how):
     return target.rerun(max_steps=max(1, math.ceil(steps * per)), time_limit_s=_limit_s(target, steps), **how)
 
 
+def _losses_only(run):
+    """What the lr sweep reads of a rerun (its step records and the error it raised, if any): the rest of its
+    recording (its models, optimizer state, DataLoader and data set, the exception's frames) is let go at once,
+    not held through the sweep's later reruns (a script that loads its data in memory holds it once per rerun)."""
+    from dataclasses import replace
+
+    from nnwizard.recorder import Recording
+
+    rec = run.recording
+    error = replace(rec.error, exception=None) if rec.error is not None else None
+    return replace(run, recording=Recording(steps=rec.steps, error=error, mode=rec.mode, total_steps=rec.total_steps))
+
+
 def _raised(run) -> str | None:
     err = run.recording.error
     if err is None:
@@ -314,7 +327,7 @@ def script_lr_sweep(ctx: ProbeContext, target):
         return ctx.unaffordable(MIN_SWEEP, "rerun steps each learning rate needs", wanted=wanted)
     reruns = {}
     for factor in (0.1, 10.0):
-        reruns[factor] = _rerun(ctx, target, steps, lr_scale=factor)
+        reruns[factor] = _losses_only(_rerun(ctx, target, steps, lr_scale=factor))
     results = [_sweep_judged(ctx, target, reruns, steps, wanted, k) for k in keys]
     if manual:   # the script's own p -= lr * p.grad: each rerun scaled the gradients its update reads
         for r in results:
@@ -367,7 +380,7 @@ def _sweep_judged(ctx, target, reruns: dict, steps: int, wanted: int, objective:
     # finite, try lr*100
     if max(d.values()) < MOVES and math.isfinite(d[10.0]) and ctx.param("extend", True):
         if 100.0 not in reruns:
-            reruns[100.0] = _rerun(ctx, target, n, lr_scale=100.0)
+            reruns[100.0] = _losses_only(_rerun(ctx, target, n, lr_scale=100.0))
         runs[100.0] = losses_of(reruns[100.0], objective)[:n]
         tail = _tail(runs[100.0]) if len(runs[100.0]) >= n else math.nan
         d[100.0] = (start - tail) / start if math.isfinite(tail) and start > 0 else -math.inf
@@ -483,7 +496,7 @@ def _longer_arm(ctx, target, reruns: dict, observed: list[float], objective: int
             fits = ctx.time_left() >= need + 2 and (ctx.budget is None or need <= ctx.budget.spare())
         if not fits:
             return None
-        run = reruns[key] = _rerun(ctx, target, steps, lr_scale=factor)
+        run = reruns[key] = _losses_only(_rerun(ctx, target, steps, lr_scale=factor))
     losses = losses_of(run, objective)[:steps]
     if len(losses) < steps or _raised(run):
         return None

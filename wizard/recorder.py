@@ -2638,13 +2638,20 @@ def _not_a_model(module: nn.Module, frame) -> bool:
 _TRAINING_READ = re.compile(r"\bself\.training\b")
 
 
-@functools.lru_cache(maxsize=256)
 def _forward_reads_training(cls: type) -> bool:
     """Does this (user-defined) module class's forward branch on ``self.training`` (a functional dropout
     with ``training=self.training``, noise added only while training)? Read from its source."""
+    code = getattr(getattr(cls, "forward", None), "__code__", None)
+    return code is not None and _code_reads_training(code)
+
+
+@functools.lru_cache(maxsize=256)
+def _code_reads_training(code) -> bool:
+    """(Cached by the forward's code object, not its class: a class holds its script's globals, and each rerun of a
+    script defines its classes anew, so a cache of classes would keep every rerun's data alive.)"""
     try:
-        return bool(_TRAINING_READ.search(inspect.getsource(cls.forward)))
-    except (OSError, TypeError, AttributeError):
+        return bool(_TRAINING_READ.search(inspect.getsource(code)))
+    except (OSError, TypeError):
         return False
 
 
