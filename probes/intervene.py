@@ -296,6 +296,12 @@ def _tail(losses: list[float]) -> float:
     return sum(losses[-k:]) / len(losses[-k:])
 
 
+def _removed(start: float, losses: list[float]) -> float:
+    """The share of ``start`` a run of ``losses`` removed by its end (_tail); -inf when that is not finite."""
+    tail = _tail(losses)
+    return (start - tail) / start if math.isfinite(tail) and start > 0 else -math.inf
+
+
 @probe(
     "script-lr-sweep",
     title="The script with its learning rates x0.1 and x10, from the same seed, against the observed run",
@@ -374,19 +380,17 @@ def _sweep_judged(ctx, target, reruns: dict, steps: int, wanted: int, objective:
     start = observed[0]
     d = {}
     for f, v in runs.items():
-        tail = math.nan if f in diverged else _tail(v[:n])
-        d[f] = (start - tail) / start if math.isfinite(tail) and start > 0 else -math.inf
+        d[f] = -math.inf if f in diverged else _removed(start, v[:n])
     # a short range test, as the module sweep makes: when no setting moved the loss and lr*10 stayed
     # finite, try lr*100
     if max(d.values()) < MOVES and math.isfinite(d[10.0]) and ctx.param("extend", True):
         if 100.0 not in reruns:
             reruns[100.0] = _losses_only(_rerun(ctx, target, n, lr_scale=100.0))
         runs[100.0] = losses_of(reruns[100.0], objective)[:n]
-        tail = _tail(runs[100.0]) if len(runs[100.0]) >= n else math.nan
-        d[100.0] = (start - tail) / start if math.isfinite(tail) and start > 0 else -math.inf
+        d[100.0] = _removed(start, runs[100.0]) if len(runs[100.0]) >= n else -math.inf
     outcome = sweep_outcome(d)
     window = observed[:max(JUDGED_STEPS, 2 * n)]
-    whole = (start - _tail(window)) / start if math.isfinite(_tail(window)) and start > 0 else -math.inf
+    whole = _removed(start, window)
     # nothing moved within the sweep's window, nor over the observed run: a model trained from scratch (a transformer)
     # can sit on its plateau for a few dozen steps at any rate. lr*100 then gets the observed run's whole length,
     # against what the observed run removed over the same steps
@@ -448,15 +452,12 @@ def _sweep_judged(ctx, target, reruns: dict, steps: int, wanted: int, objective:
         if outcome == "too-low" and lr is not None:
             data["best_lr"] = lr * 100.0
     series = {f"lr x{f:g}": v for f, v in sorted(runs.items())}
-    rows = [[f"x{f:g}" + (f" ({lr * f:.3g})" if lr is not None else ""), f"{n}", _fmt(_tail(runs[f][:n])), pct(f)]
-            for f in sorted(runs)]
+    rows = [[f"x{f:g}{lr_text(f)}", f"{n}", _fmt(_tail(runs[f][:n])), pct(f)] for f in sorted(runs)]
     if longer is not None:   # the long arm against the observed run over the same steps, beside the window's arms
         f, k = longer["factor"], longer["steps"]
         series.update({f"lr x{f:g}, {k} steps": longer["losses"], f"lr x1 (observed), {k} steps": longer["observed"]})
-        rows += [[f"x{f:g}" + (f" ({lr * f:.3g})" if lr is not None else ""), f"{k}", _fmt(_tail(longer["losses"])),
-                  f"{longer['drop']:.0%}"],
-                 ["x1 (observed)" + (f" ({lr:.3g})" if lr is not None else ""), f"{k}", _fmt(_tail(longer["observed"])),
-                  f"{longer['observed_drop']:.0%}"]]
+        rows += [[f"x{f:g}{lr_text(f)}", f"{k}", _fmt(_tail(longer["losses"])), f"{longer['drop']:.0%}"],
+                 [f"x1 (observed){lr_text(1.0)}", f"{k}", _fmt(_tail(longer["observed"])), f"{longer['observed_drop']:.0%}"]]
     longest = max(len(v) for v in series.values())
     shown = [x for v in series.values() for x in v if math.isfinite(x)]
     plot = LinePlot("script-lr-sweep", "The script's training loss at lr/10, lr (observed) and lr*10",
