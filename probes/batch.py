@@ -304,7 +304,7 @@ def _locate(model: nn.Module, inputs: torch.Tensor, row: int, n: int, files, ctx
     x, entries, handles = _leaves(model, inputs)
     handles += [m.register_forward_hook(post) for m in model.modules()]
     try:
-        with torch.enable_grad(), OpTracer(model, files, record="all", on_op=on_op):
+        with torch.enable_grad(), _eval_backward(x), OpTracer(model, files, record="all", on_op=on_op):
             model(x)
     except Exception:  # noqa: BLE001 - the untraced pass ran; a tracing failure only loses the location
         return {}

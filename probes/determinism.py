@@ -15,6 +15,8 @@ about.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import hashlib
 import inspect
 import math
@@ -70,7 +72,24 @@ def _digest(obj) -> str:
 
 
 def _params(model) -> torch.Tensor:
-    return torch.cat([p.detach().float().reshape(-1).cpu() for p in model.parameters()]) if any(True for _ in model.parameters()) else torch.zeros(0)
+    """Every parameter, flat, where the model is (a GPU compares its own copies without a transfer)."""
+    params = [p.detach().float().reshape(-1) for p in model.parameters()]
+    return torch.cat(params) if params else torch.zeros(0)
+
+
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _fingerprint(tensors) -> list[int]:
+    """Integer sums of each tensor's bit patterns (all of them, and every 7th), on its device: equal for
+    bitwise-equal tensors, and integer sums do not depend on the order a parallel reduction adds in. For the
+    initial weights, where a SHA-1 of an 85M-parameter model's bytes took a second on the CPU."""
+    sums = []
+    for t in tensors:
+        flat = t.detach().reshape(-1)
+        bits = flat.view(_BITS[flat.element_size()]) if flat.is_floating_point() or flat.is_complex() else flat
+        sums += [bits.sum(dtype=torch.int64), bits[::7].sum(dtype=torch.int64)]
+    return torch.stack([x.cpu() for x in sums]).tolist() if sums else []
 
 
 class _Tap:
@@ -101,13 +120,17 @@ def _seed(seed: int, globals_too: bool) -> None:
         np.random.seed(int.from_bytes(os.urandom(4), "little"))
 
 
-def one_run(target, seed: int, steps: int, globals_too: bool) -> dict:
-    """seed -> build_data -> build_model -> optimizer -> ``steps`` steps of the user's loop."""
+def one_run(target, seed: int, steps: int, globals_too: bool, start: torch.nn.Module | None = None,
+            keep: bool = False) -> dict:
+    """seed -> build_data -> build_model -> optimizer -> ``steps`` steps of the user's loop. With ``start``,
+    a copy of that model instead of a build (a pair of runs compared with each other once the builds agree);
+    with ``keep``, the built model's initial state is kept as ``start`` for such a pair."""
     _seed(seed, globals_too)
     train, _ = target.namespace.build_data()
     loader = _as_loader(train, True)
-    model = target.namespace.build_model().to(target.device)
-    init = _digest([p.detach() for p in model.parameters()])  # a digest: two runs' copies would cost two models
+    model = copy.deepcopy(start) if start is not None else target.namespace.build_model().to(target.device)
+    init = _fingerprint(model.parameters())  # not a copy: two runs' copies would cost two models
+    kept = copy.deepcopy(model) if keep else None
     optimizer = target.make_optimizer(model)
     scheduler = target.make_scheduler(optimizer)
     batches: list[str] = []
@@ -119,7 +142,7 @@ def one_run(target, seed: int, steps: int, globals_too: bool) -> dict:
         step = target.user_train_step or reference.train_step
         for batch in tapped:
             losses.append(reference.as_float(step(model, batch, target.loss_fn, optimizer)))
-    return {"losses": losses, "batches": batches, "init": init, "final": _params(model), "loader": loader}
+    return {"losses": losses, "batches": batches, "init": init, "final": _params(model), "loader": loader, "start": kept}
 
 
 def _equal(x: torch.Tensor, y: torch.Tensor) -> bool:
@@ -190,31 +213,54 @@ def _cuda_report(target, seed: int) -> dict:
             model = target.fresh_model(seed)
             optimizer = target.make_optimizer(model)
             target.train_step(model, target.batch(), optimizer)
-        for w in caught:
-            text = str(w.message)
-            if "deterministic" in text:
-                ops.append(text.split(" does not have a deterministic implementation")[0].strip()[:120])
+        ops = _warned_ops(caught)
     except Exception as exc:  # noqa: BLE001
         info["deterministic_error"] = first_line(exc)
     finally:
         torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
-    info["nondeterministic_ops"] = sorted(set(ops))
+    info["nondeterministic_ops"] = ops
     return info
 
 
-def _deterministic_pair_agrees(target, seed: int, steps: int) -> bool:
-    """Two runs with deterministic CUDA algorithms (cuDNN too; ops without one only warn) agree bitwise.
-    Every generator is seeded, as in the pair that differed (the code seeds the globals, or the probe did)."""
+def _warned_ops(caught) -> list[str]:
+    """The ops ``torch.use_deterministic_algorithms(True, warn_only=True)`` warned about: those with no
+    deterministic implementation (their name), cuBLAS without ``CUBLAS_WORKSPACE_CONFIG``, attention kernels."""
+    ops = []
+    for w in caught:
+        text = str(w.message)
+        if "CUBLAS_WORKSPACE_CONFIG" in text:
+            ops.append("cuBLAS matmuls (CUBLAS_WORKSPACE_CONFIG unset)")
+        elif "deterministic" in text:
+            ops.append(text.split(" does not have a deterministic implementation")[0].split(". ")[0].strip()[:120])
+    return sorted(set(ops))
+
+
+def _math_attention():
+    """scaled_dot_product_attention on its math kernel (matmuls and a softmax), whose backward adds in a
+    fixed order; the flash and memory-efficient kernels' backward does not."""
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except ImportError:  # an older torch
+        return contextlib.nullcontext()
+    return sdpa_kernel([SDPBackend.MATH])
+
+
+def _deterministic_pair(target, seed: int, steps: int, start: torch.nn.Module | None) -> tuple[bool, list[str]]:
+    """(whether two runs with deterministic CUDA algorithms agree bitwise, the ops that ran without a
+    deterministic implementation there). cuDNN deterministic and not autotuned, attention on its math
+    kernel, ops without a deterministic kernel only warn; every generator is seeded, as in the pair that
+    differed (the code seeds the globals, or the probe did)."""
     saved = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
              torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
     try:
         torch.use_deterministic_algorithms(True, warn_only=True)
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return _same(one_run(target, seed, steps, True), one_run(target, seed, steps, True))
+        with warnings.catch_warnings(record=True) as caught, _math_attention():
+            warnings.simplefilter("always")
+            same = _same(one_run(target, seed, steps, True, start), one_run(target, seed, steps, True, start))
+        return same, _warned_ops(caught)
     except Exception:  # noqa: BLE001 - then the kernels are not shown to be the source
-        return False
+        return False, []
     finally:
         torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved[2], saved[3]
@@ -244,7 +290,8 @@ def determinism(ctx):
     data = {"steps": steps, "seeds_globals": seeds_globals, "unseeded": unseeded[:6], "global_draws": draws[:6], "cost": COST}
     data.update(_cuda_report(target, seed))
     try:
-        a = one_run(target, seed, steps, seeds_globals)
+        cuda = target.device.type == "cuda"  # there a pair with deterministic kernels may follow: from a's initial state
+        a = one_run(target, seed, steps, seeds_globals, keep=cuda)
         b = one_run(target, seed, steps, seeds_globals)
     except Exception as exc:  # noqa: BLE001
         return cannot_run(f"a short run of the user's loop raised: {first_line(exc)}", "crashed", reason="raised",
@@ -264,7 +311,7 @@ def determinism(ctx):
     head = f"two runs from seed {seed}: {at}; parameters differ by up to {delta:.3g}"
     rows = [["torch only" + (" + globals (the code seeds them)" if seeds_globals else ""), "no", head]]
     if not seeds_globals:
-        c = one_run(target, seed, steps, True)
+        c = one_run(target, seed, steps, True, keep=cuda)
         d = one_run(target, seed, steps, True)
         if _same(c, d):
             rows.append(["torch + Python + NumPy", "yes", "identical once the global generators are seeded"])
@@ -304,14 +351,24 @@ def determinism(ctx):
         return failed("model", f"{head}; the batches and initial weights agree but the same forward pass gives different "
                       f"outputs: the model code draws from an unseeded generator ({data['where']})", [table], **data)
     ops = data.get("nondeterministic_ops") or []
-    if target.device.type == "cuda" and _deterministic_pair_agrees(target, seed, steps):
-        rows.append(["the same, deterministic CUDA algorithms", "yes", "identical: the kernels were the source"])
-        data.update(source="kernels", where=", ".join(ops[:4]) or "cuDNN / atomic-add kernels")
-        return failed("kernels", f"{head}; batches, initial weights and forward agree, and with "
-                      f"torch.use_deterministic_algorithms(True) and cudnn.deterministic the two runs are identical: the "
-                      f"difference is nondeterministic CUDA kernels ({data['where']}), normal on a GPU (float-rounding "
-                      f"order of parallel sums), not a defect of the code",
-                      [Table("stages", "Determinism stages", ["seeded", "identical", "result"], rows)], **data)
+    if target.device.type == "cuda":
+        same, left = _deterministic_pair(target, seed, steps, a["start"])
+        data.update(deterministic_identical=same, deterministic_left=left)
+        if same or left:
+            # identical: the kernels were the source. Still different, but only after ops that have no deterministic
+            # kernel ran: nothing in the code is shown to vary (batches, weights and forward agree), those ops are
+            rows.append(["the same, deterministic CUDA algorithms", "yes" if same else "no",
+                         "identical: the kernels were the source" if same else
+                         f"still different; no deterministic kernel exists for: {', '.join(left[:4])}"])
+            data.update(source="kernels", where=", ".join((ops or left)[:4]) or "cuDNN / atomic-add kernels")
+            shown = ("the two runs are identical: the difference is" if same else
+                     f"the runs still differ, and {', '.join(left[:4])} ran without a deterministic kernel: the "
+                     f"difference is most likely")
+            return failed("kernels", f"{head}; batches, initial weights and forward agree, and with "
+                          f"torch.use_deterministic_algorithms(True), cudnn.deterministic and attention on its math kernel "
+                          f"{shown} nondeterministic CUDA kernels ({data['where']}), normal on a GPU (float-rounding "
+                          f"order of parallel sums), not a defect of the code",
+                          [Table("stages", "Determinism stages", ["seeded", "identical", "result"], rows)], **data)
     bench = " with cudnn.benchmark=True" if data["cudnn_benchmark"] else ""
     data.update(source="loop", where=(", ".join(ops[:4]) or "the loop") + bench)
     return failed("loop", f"{head}; batches, initial weights and forward agree, so the difference arises in the "

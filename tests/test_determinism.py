@@ -154,3 +154,21 @@ def test_cuda_lists_nondeterministic_ops(tmp_path):
     # (bilinear interpolation's backward, the op this test used first, has had a deterministic kernel since torch 2.x)
     assert any("adaptive_avg_pool" in op for op in result.data["nondeterministic_ops"]), result.data
     assert not torch.are_deterministic_algorithms_enabled()  # the probe put the global flag back
+
+
+def test_the_deterministic_pair_starts_from_a_kept_model_without_building_again(monkeypatch):
+    # on a GPU the pair with deterministic kernels follows two real builds that agreed: it copies the first
+    # run's initial model instead of building an 85M-parameter model twice more on the CPU
+    from nnwizard.probes import determinism
+
+    target = load_example("healthy_mlp")
+    first = determinism.one_run(target, 0, 2, True, keep=True)
+    assert first["start"] is not None
+    builds = []
+    build = target.namespace.build_model
+    monkeypatch.setattr(target.namespace, "build_model", lambda: builds.append(1) or build())
+    same, left = determinism._deterministic_pair(target, 0, 2, first["start"])
+    assert same and left == [] and builds == []
+    again = determinism.one_run(target, 0, 2, True, first["start"])
+    assert again["init"] == first["init"] and again["losses"] == first["losses"]  # the same start, the same run
+    assert determinism.one_run(target, 1, 2, True)["init"] != first["init"]  # another seed's build: other weights

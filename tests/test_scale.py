@@ -79,6 +79,23 @@ def test_an_early_probe_leaves_later_probes_their_floors():
     assert small.allot(0.2, 1.0, 60.0, probe_id="overfit-one-batch", floor=23)[0] == pytest.approx(1.0, abs=0.05)
 
 
+def test_a_smallest_run_goes_ahead_past_nnwizards_own_budget_but_not_past_an_explicit_one():
+    # an 85M GPT on a GPU: 38 ms steps, a 16 s default budget, and the fixed-cost audits overran it (model builds
+    # that a step time does not price): overfit-one-batch still gets its floor (20 steps) and can conclude
+    budget = Budget(total_s=16.0, step_s=0.04)
+    budget.started -= 18.0
+    budget.pending = {"overfit-one-batch": 0.2, "triage-run": 0.3}
+    budget.floors = {"overfit-one-batch": 23, "triage-run": 30}
+    assert budget.allot(0.2, 1.0, 60.0, probe_id="overfit-one-batch", floor=23)[0] == pytest.approx(23 * 0.04)
+    assert budget.allot(0.3, 1.0, 60.0, probe_id="triage-run", floor=30)[0] == pytest.approx(30 * 0.04)
+    firm = Budget(total_s=16.0, step_s=0.04, explicit=True)  # --budget 16: the limit is the user's
+    firm.started -= 18.0
+    assert firm.allot(0.2, 1.0, 60.0, probe_id="overfit-one-batch", floor=23)[0] == 0.0
+    late = Budget(total_s=16.0, step_s=0.04)  # near the ceiling (2x): nothing more starts
+    late.started -= 31.5
+    assert late.allot(0.2, 1.0, 60.0, probe_id="overfit-one-batch", floor=23)[0] == 0.0
+
+
 def test_the_engine_tells_the_budget_what_its_queued_trees_still_run():
     from nnwizard.catalog import load_catalog
     from nnwizard.engine import Engine

@@ -22,7 +22,8 @@ where the engine keeps, for the probes of the session's queued trees that are st
   symptom may queue, so that the probes known now do not take the budget those trees will need.
 
 What is left beyond that is shared in proportion to the shares. One whose minimum does not fit is
-skipped and says so. A run may go past its plan while its own measured steps still fit its allowance
+skipped and says so; under nnwizard's own budget (no ``--budget``) a floor still runs while the session is
+short of ``CEILING`` times its budget (fixed costs the step time does not price can spend it early). A run may go past its plan while its own measured steps still fit its allowance
 (``ProbeContext.more_steps``), and one whose cut run cannot conclude may borrow up to ``LEND`` of what
 the probes after it (known, and those a measured symptom may queue) were to share above their floors,
 never their floors.
@@ -125,6 +126,11 @@ class Budget:
             # what is left may be nothing: the probe then plans 0 steps and says what it could not do
             left = max(0.0, self.spare())
             own = min(floor * step, left)
+            if own < floor * step and not self.explicit and self.elapsed() + floor * step <= CEILING * self.total_s:
+                # nnwizard's own budget is spent (fixed costs a step time does not price: building a large
+                # model again, a GPU's launch-bound steps): a smallest run still goes ahead, short of the
+                # ceiling, since a verdict needs it and it costs a few steps; --budget makes the limit firm
+                own = floor * step
             keep = self.keep_s(left - own, exclude=probe_id)
             others = sum(s for p, s in self.pending.items() if p != probe_id)
             ahead = share + others + self.future
