@@ -182,8 +182,8 @@ def script_ladder(ctx: ProbeContext, target):
                        f"rung by accuracy against those labels and swap the loss for a standard one against them, "
                        f"which measures nothing here", labels_in_input=where or True)
     wanted = int(ctx.param("steps", 40))
-    if target.run.exit == "finished" and len(observed) < wanted:
-        wanted = len(observed)   # the script ends by itself after this many
+    if target.run.exit == "finished" and len(observed) < wanted and not rec.capped_training:
+        wanted = len(observed)   # the script ends by itself after this many (not because the batch cap ended its epochs)
     if wanted < MIN_RUNG_STEPS:
         return cannot_run(f"the script takes only {wanted} optimizer steps: fewer than the {MIN_RUNG_STEPS} a rung needs",
                           reason="precondition")

@@ -140,6 +140,9 @@ def test_runner_caps_batches_per_epoch(tmp_path):
     assert target.run.exit == "finished"
     assert len(target.recording.steps) == 9  # 3 epochs x 3 batches
     assert "epoch 2" in target.run.output[-1]
+    assert target.recording.capped_training == 3   # each training pass ended by the cap, not by the script
+    uncapped = record(write(tmp_path, name="uncapped.py"), max_steps=100, limit_batches=None)
+    assert uncapped.run.exit == "finished" and uncapped.recording.capped_training == 0
 
 
 def test_sandbox_keeps_existing_files_byte_identical(tmp_path, monkeypatch):
@@ -1109,3 +1112,23 @@ def test_a_policy_gradient_script_keeps_the_sixty_step_run(tmp_path):
     assert len(run.recording.steps) == 60, run.recording.notes
     assert run.recording.distributions == 5 * 60   # five an episode from the model's output; the no_grad ones not
     assert any("not lengthened" in n for n in run.recording.notes)
+
+
+def test_a_script_whose_one_epoch_the_batch_cap_ended_is_observed_again_with_one_long_pass(tmp_path):
+    # a fine-tuning script of one epoch (Hugging Face's run_clm_no_trainer with --num_train_epochs 1): the cap of 20
+    # batches a pass, there to see an evaluation and the next epoch, ended its whole training at step 20
+    from nnwizard.session import Options, _load_script_target
+
+    one = write(tmp_path, ("batch_size=32, shuffle=True", "batch_size=4, shuffle=True"), ("range(3)", "range(1)"), name="one.py")
+    target = _load_script_target(Options(script=str(one), max_steps=60), None)
+    rec = target.recording
+    assert len(rec.steps) == 48 and target.run.exit == "finished"   # 64 batches in its epoch, 48 of them before its
+    assert any(c.eval for c in rec.loss_calls)                         # evaluation, which is recorded too
+    assert rec.notes[0].startswith("a first run took 20 optimizer steps in 1 training pass(es) ended by the batch cap")
+    three = write(tmp_path, ("batch_size=32, shuffle=True", "batch_size=4, shuffle=True"), name="three.py")
+    again = _load_script_target(Options(script=str(three), max_steps=60), None)   # three epochs: one run, as before
+    assert len(again.recording.steps) == 60 and not any("a first run" in n for n in again.recording.notes)
+    assert any(c.eval for c in again.recording.loss_calls)
+    short = write(tmp_path, ("range(3)", "range(1)"), name="short.py")   # 8 batches: never capped, never rerun
+    once = _load_script_target(Options(script=str(short), max_steps=60), None)
+    assert len(once.recording.steps) == 8 and not any("a first run" in n for n in once.recording.notes)

@@ -69,6 +69,7 @@ def test_a_slice_loop_ends_after_the_cap_so_evaluation_and_the_next_epoch_are_se
     assert len(evals) == 2 * 20                                   # two evaluations, each capped at 20 slices
     assert any("range()" in n and "capped at 20" in n for n in rec.notes)
     assert "epoch 2 val" in "\n".join(target.run.output)
+    assert rec.capped_training == 2   # epochs 1 and 2 ended by the cap; the run stopped inside epoch 3
 
 
 def test_train_mode_never_restored_is_found_in_a_slice_loop_script(tmp_path):
@@ -81,6 +82,7 @@ def test_train_mode_never_restored_is_found_in_a_slice_loop_script(tmp_path):
 def test_without_a_cap_the_first_epoch_outlasts_the_run(tmp_path):
     target = record(write(tmp_path, text=SLICES), limit_batches=None)
     assert len(target.recording.steps) == 60 and not any(c.eval for c in target.recording.loss_calls)
+    assert target.recording.capped_training == 0
 
 
 FULL_BATCH = '''

@@ -394,6 +394,7 @@ class Recording:
     distributions: int = 0
     error: RecordedError | None = None
     stopped: str | None = None   # why the run was cut short (budget), None when it ended by itself
+    capped_training: int = 0     # training passes (a DataLoader's or a slice loop's) the batch cap ended early
     listener_errors: int = 0
     failed_loss: tuple | None = None  # (function name, target) of a loss call that raised
     notes: list[str] = field(default_factory=list)   # what the recording changed (e.g. worker processes off)
@@ -2755,6 +2756,8 @@ class _LoaderIter:
     def _next(self):
         rec = self.rec
         if rec.limit_batches is not None and self.count >= rec.limit_batches and self._capped():
+            if self.info.backwards[-1] and not self.done:
+                rec.recording.capped_training += 1
             self._close()
             raise StopIteration
         try:

@@ -145,6 +145,8 @@ class _Loop:
             rec._epochs, rec._batch_index = self.epoch, self.n
         cap = rec.limit_batches
         if cap is not None and self.n >= cap and self._batch_loop(steps, forwards, recording.backwards):
+            if steps > self.s0:
+                recording.capped_training += 1
             self.done = True
             self.control.capped(cap)
             raise StopIteration

@@ -74,9 +74,10 @@ class BatchCap:
 
     MIN_BATCHES = 4
     PASSES = 2.5   # two training passes and an evaluation pass (a forward costs about a third of a step)
+    ONE_PASS = 1.4  # a script whose training is one pass: that pass and its evaluation
 
-    def __init__(self, limit: int, seconds: float):
-        self.limit, self.seconds = limit, seconds
+    def __init__(self, limit: int, seconds: float, passes: float = PASSES):
+        self.limit, self.seconds, self.passes = limit, seconds, passes
 
     def on_step_post(self, rec, optimizer, step) -> None:
         if step.step != 3:
@@ -84,7 +85,7 @@ class BatchCap:
         steps = rec.recording.steps[1:3]  # the first step pays for one-off work (copies, lazy init)
         per_step = sorted(s.duration_s for s in steps)[0] if steps else 0.0
         if per_step > 0 and rec.limit_batches:
-            fit = int((getattr(rec, "time_limit_s", None) or self.seconds) / (self.PASSES * per_step))  # StepFit may raise it
+            fit = int((getattr(rec, "time_limit_s", None) or self.seconds) / (self.passes * per_step))  # StepFit may raise it
             cap = max(self.MIN_BATCHES, min(self.limit, fit))
             if cap < rec.limit_batches:
                 rec.limit_batches = cap
@@ -179,6 +180,7 @@ class RunOptions:
     max_steps: int | None = DEFAULT_MAX_STEPS
     limit_batches: int | None = DEFAULT_LIMIT_BATCHES
     time_limit_s: float | None = DEFAULT_TIME_LIMIT_S
+    cap_passes: float = BatchCap.PASSES   # the passes BatchCap fits into the time limit (ONE_PASS: one epoch and its evaluation)
     mode: str = "full"
     sandbox: bool = True
     seed: int | None = 0
@@ -648,7 +650,7 @@ def _run_once(script: Script, args: list[str], opts: RunOptions, evaluation_caps
         scratch.mkdir(parents=True, exist_ok=True)
     listeners = list(opts.listeners)
     if opts.limit_batches and opts.time_limit_s:
-        listeners.append(BatchCap(opts.limit_batches, opts.time_limit_s))
+        listeners.append(BatchCap(opts.limit_batches, opts.time_limit_s, opts.cap_passes))
     recorder = Recorder(opts.mode, files=script.files, max_steps=opts.max_steps, time_limit_s=opts.time_limit_s,
                         limit_batches=opts.limit_batches, replace_batch=opts.replace_batch, listeners=listeners,
                         lr_scale=opts.lr_scale)

@@ -59,30 +59,70 @@ def _check_target(opts: Options) -> None:
         raise UsageError(f"--max-steps {opts.max_steps}: expected at least 1")
 
 
+ONE_STEPS = 0.8   # a one-epoch script's second observed run: its pass takes at most this share of the step budget
+
+
+def _one_pass_rerun(rec, steps: int, exit_kind: str) -> int:
+    """The batches a pass may take in a second observed run when the batch cap ended the training passes of a
+    script that then finished well short of its ``steps`` (its whole training one epoch): ONE_STEPS of the steps,
+    so that the pass ends before the step budget and its evaluation is recorded too, and what fits the time limit
+    at the first run's step time; 0 (no rerun) unless that is at least twice the steps the first run took."""
+    from nnwizard.script_run import DEFAULT_TIME_LIMIT_S, BatchCap
+
+    if exit_kind != "finished" or not rec.capped_training or rec.total_steps >= steps / 2:
+        return 0
+    times = sorted(s.duration_s for s in list(rec.steps)[1:] if s.duration_s)
+    per_step = times[len(times) // 2] if times else 0.0
+    fit = int(ONE_STEPS * steps)
+    if per_step > 0:
+        fit = min(fit, int(DEFAULT_TIME_LIMIT_S / (BatchCap.ONE_PASS * per_step)))
+    return fit if fit >= 2 * rec.total_steps else 0
+
+
 def _load_script_target(opts: Options, listener):
     from nnwizard.engine import Event
     from nnwizard.probes.mixing import SampleMixing
     from nnwizard.probes.next_token import FirstForwards
     from nnwizard.script_replace import ChildProcesses
-    from nnwizard.script_run import DEFAULT_MAX_STEPS, RunOptions, ScriptInterrupted, StepFit, load_script, run_script
+    from nnwizard.script_run import (DEFAULT_LIMIT_BATCHES, DEFAULT_MAX_STEPS, BatchCap, RunOptions, RunResult,
+                                     ScriptInterrupted, StepFit, load_script, run_script)
     from nnwizard.script_target import ScriptTarget
 
     script = load_script(opts.script)
     steps = opts.max_steps or DEFAULT_MAX_STEPS
     if listener is not None:
         listener(Event("script-start", data={"script": str(script.path), "args": opts.script_args, "max_steps": steps}))
-    mixing = SampleMixing()  # the reshape between model and loss, judged on the live graph (probes/mixing.py)
-    firsts = FirstForwards()  # each model's first training call, keyword arguments too (probes/next_token.py)
-    children = ChildProcesses()
+
+    def observe(limit_batches: int, passes: float = BatchCap.PASSES) -> "RunResult":
+        mixing = SampleMixing()  # the reshape between model and loss, judged on the live graph (probes/mixing.py)
+        firsts = FirstForwards()  # each model's first training call, keyword arguments too (probes/next_token.py)
+        children = ChildProcesses()
+        try:
+            run = run_script(script, opts.script_args, RunOptions(
+                max_steps=steps, seed=opts.seed, limit_batches=limit_batches, cap_passes=passes, patches=[children],
+                listeners=[StepFit(extend=not opts.max_steps), mixing, firsts]))
+        except ScriptInterrupted as stop:
+            stop.result.recording.child_processes = children.started
+            raise
+        finally:
+            mixing.close()
+            firsts.close()
+        run.recording.child_processes = children.started
+        return run
+
     try:
-        run = run_script(script, opts.script_args, RunOptions(max_steps=steps, seed=opts.seed, listeners=[StepFit(extend=not opts.max_steps), mixing, firsts],
-                                                              patches=[children]))
+        run = observe(DEFAULT_LIMIT_BATCHES)
+        longer = _one_pass_rerun(run.recording, steps, run.exit)
+        if longer:
+            # the cap, there so that the run sees an evaluation and the next epoch, ended the script's only training
+            # (one epoch, or two short ones): run it again with one pass as long as the step budget and the time allow
+            first = run.recording
+            run = observe(longer, BatchCap.ONE_PASS)
+            run.recording.notes.insert(0, f"a first run took {first.total_steps} optimizer steps in {first.capped_training} "
+                                          f"training pass(es) ended by the batch cap, and then the script finished: this "
+                                          f"run lets a pass take up to {longer} batches")
     except ScriptInterrupted as stop:  # Ctrl-C: what was recorded until then goes into a partial report
         run = stop.result
-    finally:
-        mixing.close()
-        firsts.close()
-    run.recording.child_processes = children.started
     target = ScriptTarget(run)
     if listener is not None:
         listener(Event("script-observed", data={"observed": target.observed()}))
