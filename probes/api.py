@@ -174,10 +174,14 @@ class ProbeContext:
             if need <= self.budget.spare():
                 self.allowance_s, steps = need, minimum
                 self.plan["borrowed_s"] = round(need, 2)
-                end = max(self.deadline or 0.0, time.monotonic() + 1.25 * need + 3)
-                self.deadline = end if self.cap is None else min(self.cap, end)
+                self.extend_deadline(need)
         self.plan.update(wanted=wanted, planned=steps, runs=runs)
         return steps
+
+    def extend_deadline(self, need_s: float) -> None:
+        """Move the safety-net deadline so that ``need_s`` more seconds of work fit (never past the probe's cap)."""
+        end = max(self.deadline or 0.0, time.monotonic() + 1.25 * need_s + 3)
+        self.deadline = end if self.cap is None else min(self.cap, end)
 
     def more_steps(self, done: int, planned: int, wanted: int, borrow: bool = False) -> bool:
         """Whether a run that ``plan_steps`` planned at ``planned`` of ``wanted`` steps takes another

@@ -494,7 +494,10 @@ def _longer_arm(ctx, target, reruns: dict, observed: list[float], objective: int
         if factor == 100.0:
             fits = ctx.time_left() >= 1.5 * need + 2 and (ctx.allowance_s is None or spent + need <= ctx.allowance_s)
         else:
-            fits = ctx.time_left() >= need + 2 and (ctx.budget is None or need <= ctx.budget.spare())
+            budget = ctx.budget
+            if budget is not None and (need <= budget.spare() or budget.stretch(need)):  # a verdict on the observed run
+                ctx.extend_deadline(need)
+            fits = ctx.time_left() >= need + 2 and (budget is None or need <= budget.spare() or budget.stretch(need))
         if not fits:
             return None
         run = reruns[key] = _losses_only(_rerun(ctx, target, steps, lr_scale=factor))

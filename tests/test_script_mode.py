@@ -1132,3 +1132,15 @@ def test_a_script_whose_one_epoch_the_batch_cap_ended_is_observed_again_with_one
     short = write(tmp_path, ("range(3)", "range(1)"), name="short.py")   # 8 batches: never capped, never rerun
     once = _load_script_target(Options(script=str(short), max_steps=60), None)
     assert len(once.recording.steps) == 8 and not any("a first run" in n for n in once.recording.notes)
+
+
+def test_a_rerun_takes_the_observed_runs_pass_cap_unless_told_otherwise(tmp_path):
+    # a fast script's observed run lengthens its passes, a one-epoch script's gets one long pass: a rerun as long as the
+    # observed run (the lr sweep's long arm) must get the same passes, not the default 20 batches (it ended early)
+    path = write(tmp_path, ("batch_size=32, shuffle=True", "batch_size=4, shuffle=True"))   # 64 batches an epoch
+    target = record(path, max_steps=60, limit_batches=30)
+    assert target.recording.pass_cap == 30 and [s.epoch for s in target.recording.steps][::30] == [1, 2]
+    again = target.rerun(max_steps=60)
+    assert [s.epoch for s in again.recording.steps][::30] == [1, 2] and again.recording.pass_cap == 30
+    told = target.rerun(max_steps=60, limit_batches=20)
+    assert [s.epoch for s in told.recording.steps][::20] == [1, 2, 3]

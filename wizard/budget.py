@@ -94,6 +94,11 @@ class Budget:
         """Seconds left beyond what the fixed-cost probes still to come cost."""
         return self.remaining() - self.reserve_s()
 
+    def stretch(self, need_s: float) -> bool:
+        """Whether a run a conclusion needs may take ``need_s`` seconds past the budget: only under nnwizard's own
+        default (``--budget`` makes the limit firm), and only while the session stays short of CEILING times it."""
+        return not self.explicit and self.elapsed() + need_s <= CEILING * self.total_s
+
     def keep_s(self, within: float, exclude: str = "") -> float:
         """Seconds the smallest runs of the budgeted probes still to come (but ``exclude``) need, in
         queue order, each one only while the floors so far fit ``within``: a floor that cannot fit
@@ -126,10 +131,10 @@ class Budget:
             # what is left may be nothing: the probe then plans 0 steps and says what it could not do
             left = max(0.0, self.spare())
             own = min(floor * step, left)
-            if own < floor * step and not self.explicit and self.elapsed() + floor * step <= CEILING * self.total_s:
+            if own < floor * step and self.stretch(floor * step):
                 # nnwizard's own budget is spent (fixed costs a step time does not price: building a large
-                # model again, a GPU's launch-bound steps): a smallest run still goes ahead, short of the
-                # ceiling, since a verdict needs it and it costs a few steps; --budget makes the limit firm
+                # model again, a GPU's launch-bound steps): a smallest run still goes ahead, since a verdict
+                # needs it and it costs a few steps
                 own = floor * step
             keep = self.keep_s(left - own, exclude=probe_id)
             others = sum(s for p, s in self.pending.items() if p != probe_id)

@@ -395,6 +395,7 @@ class Recording:
     error: RecordedError | None = None
     stopped: str | None = None   # why the run was cut short (budget), None when it ended by itself
     capped_training: int = 0     # training passes (a DataLoader's or a slice loop's) the batch cap ended early
+    pass_cap: int | None = None  # the batches a pass could take when the run ended (lengthened or lowered on the way)
     listener_errors: int = 0
     failed_loss: tuple | None = None  # (function name, target) of a loss call that raised
     notes: list[str] = field(default_factory=list)   # what the recording changed (e.g. worker processes off)
@@ -2556,6 +2557,7 @@ class Recorder:
             self._close_manual(budget=False)
         self._manual_candidates = {}
         rec.seconds = round(self.now(), 3)
+        rec.pass_cap = self.limit_batches
         self._confirm_kept(count=False)
         self._spent_all = []
         self._spent = {}

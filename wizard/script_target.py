@@ -254,15 +254,19 @@ class ScriptTarget(Target):
     # -- interventions ----------------------------------------------------------------------------
     def rerun(self, *, same_batch: bool = False, lr_scale: float | None = None, seed: int | None = 0,
               max_steps: int | None = None, time_limit_s: float | None = None, listeners: list | None = None,
-              limit_batches: int | None = DEFAULT_LIMIT_BATCHES, replace_batch: Any = None,
+              limit_batches: int | None | str = "observed", replace_batch: Any = None,
               patches: list | None = None, what: str | None = None) -> RunResult:
         """The script again, sandboxed, under an intervention: ``same_batch`` (every DataLoader batch is
         the first one), ``lr_scale`` (every optimizer's learning rates times this), ``seed`` (None: the
         script's own seeding only), ``listeners`` (recorder listeners, e.g. an op tracer),
         ``replace_batch`` (the recorder's ``replace_batch(batch, index)``), ``patches`` (context managers
         that replace one piece of the program while it runs, see wizard/script_replace.py) and ``what``
-        (the intervention in words, for the report)."""
+        (the intervention in words, for the report). Its DataLoader passes take at most ``limit_batches``
+        batches, by default as many as the observed run's could when it ended (lengthened for a fast script,
+        one long pass for a script of one epoch), so that a rerun as long as the observed run has its passes."""
         replace = replace_batch or (_SameBatch() if same_batch else None)
+        if limit_batches == "observed":
+            limit_batches = self.recording.pass_cap or DEFAULT_LIMIT_BATCHES
         opts = RunOptions(max_steps=max_steps or len(self.recording.steps) or 40, seed=seed,
                           time_limit_s=time_limit_s or 30.0, replace_batch=replace, lr_scale=lr_scale,
                           listeners=list(listeners or []), limit_batches=limit_batches, patches=list(patches or []),
