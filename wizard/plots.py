@@ -18,6 +18,17 @@ def _wide(series) -> bool:
     return bool(values) and min(values) > 0 and max(values) > 1e3 * min(values)
 
 
+def _plain_labels(ax, series) -> None:
+    """A log axis over less than two decades labels its ticks 6 and 7, not 6x10^0 and 7x10^0."""
+    from matplotlib.ticker import FuncFormatter
+
+    values = [v for vs in series for v in _finite(vs) if not math.isnan(v) and v > 0]
+    if values and max(values) < 100 * min(values):
+        plain = FuncFormatter(lambda v, _: f"{v:g}")
+        ax.yaxis.set_major_formatter(plain)
+        ax.yaxis.set_minor_formatter(plain)
+
+
 def render(artifact, folder: Path, prefix: str) -> Path | None:
     """Draw one artifact into ``folder``; returns the PNG path, or None for non-graphic artifacts."""
     if not isinstance(artifact, (LinePlot, BarPlot, ImageGrid)):
@@ -49,6 +60,7 @@ def render(artifact, folder: Path, prefix: str) -> Path | None:
                             va="top", ha="left")
             if (artifact.logy and any(v > 0 for vs in artifact.series.values() for v in _finite(vs))) or _wide(artifact.series.values()):
                 ax.set_yscale("log")  # (a log axis with nothing positive to show makes matplotlib raise)
+                _plain_labels(ax, artifact.series.values())
             if artifact.logx:
                 ax.set_xscale("log")
             ax.set_xlabel(artifact.xlabel)
