@@ -3,11 +3,11 @@ directions, on tiny scripts written into tmp_path."""
 
 from __future__ import annotations
 
-import math
-
 import hashlib
+import math
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -1114,17 +1114,22 @@ def test_a_policy_gradient_script_keeps_the_sixty_step_run(tmp_path):
     assert any("not lengthened" in n for n in run.recording.notes)
 
 
-def test_a_script_whose_one_epoch_the_batch_cap_ended_is_observed_again_with_one_long_pass(tmp_path):
+def test_a_script_whose_one_epoch_the_batch_cap_ended_is_observed_again_with_one_long_pass(tmp_path, monkeypatch):
     # a fine-tuning script of one epoch (Hugging Face's run_clm_no_trainer with --num_train_epochs 1): the cap of 20
     # batches a pass, there to see an evaluation and the next epoch, ended its whole training at step 20
     from nnwizard.session import Options, _load_script_target
 
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))   # where the runs' scratch folders go
     one = write(tmp_path, ("batch_size=32, shuffle=True", "batch_size=4, shuffle=True"), ("range(3)", "range(1)"), name="one.py")
     target = _load_script_target(Options(script=str(one), max_steps=60), None)
     rec = target.recording
     assert len(rec.steps) == 48 and target.run.exit == "finished"   # 64 batches in its epoch, 48 of them before its
     assert any(c.eval for c in rec.loss_calls)                         # evaluation, which is recorded too
     assert rec.notes[0].startswith("a first run took 20 optimizer steps in 1 training pass(es) ended by the batch cap")
+    # the first run's folder for what it wrote is gone: only the second run's remains
+    assert [p for p in temp.iterdir() if p.name.startswith("nnwizard-script-")] == [target.run.scratch]
     three = write(tmp_path, ("batch_size=32, shuffle=True", "batch_size=4, shuffle=True"), name="three.py")
     again = _load_script_target(Options(script=str(three), max_steps=60), None)   # three epochs: one run, as before
     assert len(again.recording.steps) == 60 and not any("a first run" in n for n in again.recording.notes)

@@ -3,6 +3,7 @@ engine, the prompters, the view and the report writers."""
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -116,8 +117,10 @@ def _load_script_target(opts: Options, listener):
         if longer:
             # the cap, there so that the run sees an evaluation and the next epoch, ended the script's only training
             # (one epoch, or two short ones): run it again with one pass as long as the step budget and the time allow
-            first = run.recording
+            first, superseded = run.recording, run.scratch
             run = observe(longer, BatchCap.ONE_PASS)
+            if superseded is not None:   # nnwizard's own folder for what the first run wrote: the second run's replaces it
+                shutil.rmtree(superseded, ignore_errors=True)
             run.recording.notes.insert(0, f"a first run took {first.total_steps} optimizer steps in {first.capped_training} "
                                           f"training pass(es) ended by the batch cap, and then the script finished: this "
                                           f"run lets a pass take up to {longer} batches")
