@@ -1149,3 +1149,19 @@ def test_a_rerun_takes_the_observed_runs_pass_cap_unless_told_otherwise(tmp_path
     assert [s.epoch for s in again.recording.steps][::30] == [1, 2] and again.recording.pass_cap == 30
     told = target.rerun(max_steps=60, limit_batches=20)
     assert [s.epoch for s in told.recording.steps][::20] == [1, 2, 3]
+
+
+def test_a_second_run_keeps_what_the_scripts_logging_writes(tmp_path, monkeypatch):
+    # logging.basicConfig binds its handler to the stderr of the first run (nnwizard's capture of it) and is a no-op
+    # after that: the second observed run of a one-epoch script, and every rerun, logged into a capture long closed
+    import logging
+
+    monkeypatch.setattr(logging.root, "handlers", [])   # as in a fresh process (pytest's capture handlers aside)
+    path = tmp_path / "logs.py"
+    path.write_text("import logging\nlogging.basicConfig(level=logging.INFO)\nlogging.getLogger('mine').info('epoch 0: perplexity 42')\n")
+    script = load_script(str(path))
+    first = run_script(script, [], RunOptions(max_steps=5))
+    second = run_script(script, [], RunOptions(max_steps=5))
+    assert any("perplexity 42" in line for line in first.output)
+    assert any("perplexity 42" in line for line in second.output)
+    assert sum("perplexity 42" in line for line in first.output) == 1   # not written into the ended run's lines

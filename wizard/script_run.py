@@ -259,17 +259,26 @@ def _syntax_check(path: Path, spec: str) -> None:
 
 
 # ------------------------------------------------------------------------------------ output
+_LIVE: dict[str, "_Capture | None"] = {"stdout": None, "stderr": None}   # the captures of the run under way
+
+
 class _Capture(io.TextIOBase):
-    """A stdout/stderr stand-in keeping the last lines (optionally also passing them through)."""
+    """A stdout/stderr stand-in keeping the last lines of one run. Once its run has ended, what is still written to
+    it goes to the capture of the run under way, if any: a logging handler that a first run's ``logging.basicConfig``
+    (or a library's logger, set up once a process) bound to this object keeps writing here in every later run."""
 
     def __init__(self, lines: collections.deque, stream_name: str):
         self.lines, self.name = lines, stream_name
         self.partial = ""
+        self.ended = False
 
     def writable(self) -> bool:
         return True
 
     def write(self, text: str) -> int:
+        if self.ended:
+            live = _LIVE.get(self.name)
+            return live.write(text) if live is not None and live is not self else len(str(text))
         text = str(text)
         parts = (self.partial + text).split("\n")
         self.partial = parts.pop()
@@ -677,6 +686,8 @@ def _run_once(script: Script, args: list[str], opts: RunOptions, evaluation_caps
             warnings.simplefilter("default")
             if opts.capture:
                 sys.stdout, sys.stderr = out, err
+                live = dict(_LIVE)
+                _LIVE.update(stdout=out, stderr=err)
             try:
                 with (sandbox or _null()), _timed_imports(imports, fresh if ranges else None), _process_group(), recorder, \
                         _entered(opts.patches), (_eager(recorder) if recorder.full else _null()), \
@@ -706,6 +717,9 @@ def _run_once(script: Script, args: list[str], opts: RunOptions, evaluation_caps
                 sys.stdout, sys.stderr = saved_out, saved_err
                 out.close_partial()
                 err.close_partial()
+                if opts.capture:
+                    out.ended = err.ended = True
+                    _LIVE.update(live)
     result = RunResult(script, args, recorder.recording, exit_kind, code, list(lines),
                        sandbox.written() if sandbox else [], scratch, round(time.monotonic() - started, 3),
                        list(dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught))[:8],
