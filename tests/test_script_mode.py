@@ -1165,3 +1165,21 @@ def test_a_second_run_keeps_what_the_scripts_logging_writes(tmp_path, monkeypatc
     assert any("perplexity 42" in line for line in first.output)
     assert any("perplexity 42" in line for line in second.output)
     assert sum("perplexity 42" in line for line in first.output) == 1   # not written into the ended run's lines
+
+
+def test_a_loader_pass_left_unfinished_does_not_take_the_next_loaders_steps(tmp_path):
+    # Lightning's sanity check takes two validation batches and leaves that pass unfinished; the training pass after
+    # it was counted as the validation loader's (its backwards, its forwards), so the cap ending the training pass
+    # looked like the end of an evaluation, and a one-epoch Lightning script was never observed in one long pass
+    path = write(tmp_path, ("def main():\n", "def main():\n    batches = iter(loader)   # built before the sanity check, as Lightning does\n"
+                                              "    for i, _ in enumerate(val_loader):\n        if i == 1:\n            break\n"),
+                 ("        for x, y in loader:\n            opt.zero_grad()", "        for x, y in batches:\n            opt.zero_grad()"),
+                 ("loader = DataLoader(TensorDataset(X, Y), batch_size=32, shuffle=True)",
+                  "loader = DataLoader(TensorDataset(X, Y), batch_size=4, shuffle=True)\nval_loader = DataLoader(TensorDataset(X, Y), batch_size=64)"),
+                 ("range(3)", "range(1)"))
+    target = record(path, max_steps=60, limit_batches=20)
+    rec = target.recording
+    val, train = sorted(rec.loaders, key=lambda info: info.length)   # 4 and 64 batches
+    assert train.length == 64 and train.backwards[0] == 20 and val.backwards == [0]
+    assert rec.capped_training == 1
+    assert all(e.loader == train.index for e in rec.forwards if e.grad_enabled and e.training)

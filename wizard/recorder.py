@@ -2767,9 +2767,17 @@ class _LoaderIter:
         except StopIteration:
             self._close()
             raise
+        stack = rec._loader_stack
         if self.done:  # the epoch re-entered after a cap: count it again
             self.done = False
-            rec._loader_stack.append(self.info)
+            stack.append(self.info)
+        elif not stack or stack[-1] is not self.info:
+            # the loader that last served a batch is the one under way: another's pass left unfinished (Lightning's
+            # sanity check takes 2 validation batches, a loop that breaks early) must not take this one's forwards
+            # and backwards
+            if self.info in stack:
+                stack.remove(self.info)
+            stack.append(self.info)
         if rec._manual_open is not None:
             rec._close_manual()
         if rec.replace_batch is not None:
