@@ -495,9 +495,10 @@ def _longer_arm(ctx, target, reruns: dict, observed: list[float], objective: int
             fits = ctx.time_left() >= 1.5 * need + 2 and (ctx.allowance_s is None or spent + need <= ctx.allowance_s)
         else:
             budget = ctx.budget
-            if budget is not None and (need <= budget.spare() or budget.stretch(need)):  # a verdict on the observed run
+            allowed = budget is None or need <= budget.spare() or budget.stretch(need)   # a verdict on the observed run
+            if allowed and budget is not None:
                 ctx.extend_deadline(need)
-            fits = ctx.time_left() >= need + 2 and (budget is None or need <= budget.spare() or budget.stretch(need))
+            fits = allowed and ctx.time_left() >= need + 2
         if not fits:
             return None
         run = reruns[key] = _losses_only(_rerun(ctx, target, steps, lr_scale=factor))

@@ -23,7 +23,8 @@ where the engine keeps, for the probes of the session's queued trees that are st
 
 What is left beyond that is shared in proportion to the shares. One whose minimum does not fit is
 skipped and says so; under nnwizard's own budget (no ``--budget``) a floor still runs while the session is
-short of ``CEILING`` times its budget (fixed costs the step time does not price can spend it early). A run may go past its plan while its own measured steps still fit its allowance
+short of ``CEILING`` times its budget (``Budget.stretch``: fixed costs the step time does not price can spend it
+early). A run may go past its plan while its own measured steps still fit its allowance
 (``ProbeContext.more_steps``), and one whose cut run cannot conclude may borrow up to ``LEND`` of what
 the probes after it (known, and those a measured symptom may queue) were to share above their floors,
 never their floors.

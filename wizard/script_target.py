@@ -47,6 +47,12 @@ class NotCapturable(Exception):
     """The recording holds no model/batch/loss that model-level probes could use."""
 
 
+def step_time(rec: Recording) -> float | None:
+    """The median wall time of one optimizer step in a recorded run (the first left out: it pays for one-off work)."""
+    times = [s.duration_s for s in list(rec.steps)[1:] if s.duration_s > 0]
+    return statistics.median(times) if times else None
+
+
 def main_model(rec: Recording) -> ModelInfo | None:
     """The model the training loop trained: most forward calls reached by a backward, trainable first."""
     trained: dict[int, int] = {}
@@ -248,8 +254,7 @@ class ScriptTarget(Target):
 
     @property
     def measured_step_s(self) -> float | None:
-        times = [s.duration_s for s in self.recording.steps[1:] if s.duration_s > 0]
-        return statistics.median(times) if times else None
+        return step_time(self.recording)
 
     # -- interventions ----------------------------------------------------------------------------
     def rerun(self, *, same_batch: bool = False, lr_scale: float | None = None, seed: int | None = 0,

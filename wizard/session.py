@@ -69,13 +69,13 @@ def _one_pass_rerun(rec, steps: int, exit_kind: str) -> int:
     so that the pass ends before the step budget and its evaluation is recorded too, and what fits the time limit
     at the first run's step time; 0 (no rerun) unless that is at least twice the steps the first run took."""
     from nnwizard.script_run import DEFAULT_TIME_LIMIT_S, BatchCap
+    from nnwizard.script_target import step_time
 
     if exit_kind != "finished" or not rec.capped_training or rec.total_steps >= steps / 2:
         return 0
-    times = sorted(s.duration_s for s in list(rec.steps)[1:] if s.duration_s)
-    per_step = times[len(times) // 2] if times else 0.0
+    per_step = step_time(rec)
     fit = int(ONE_STEPS * steps)
-    if per_step > 0:
+    if per_step:
         fit = min(fit, int(DEFAULT_TIME_LIMIT_S / (BatchCap.ONE_PASS * per_step)))
     return fit if fit >= 2 * rec.total_steps else 0
 
