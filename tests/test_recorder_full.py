@@ -230,3 +230,93 @@ def test_a_loss_call_is_placed_at_the_users_line_through_torchs_loss_module_or_t
         wheres = [c.where for c in rec.recording.loss_calls]
         assert len(wheres) == 3 and all(w.startswith("test_recorder_full.py:") and w.endswith(f" in {place}")
                                         for w in wheres), wheres
+
+
+def _mode_on(rec) -> bool:
+    from torch.overrides import _get_current_function_mode_stack
+    return any(m is rec._mode_obj for m in _get_current_function_mode_stack())
+
+
+def test_the_graph_mode_watches_the_first_steps_then_two_in_every_eight_and_an_evaluation_after_any_step():
+    """Off the stack on the steps between its windows (the ops there cost no Python call), back for two
+    consecutive steps in every MODE_EVERY (a graph kept from one step into the next still shows) and
+    from an evaluation forward on (its argmax marks it scored); off again after the next step."""
+    torch.manual_seed(0)
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    crit = nn.CrossEntropyLoss()
+    on = []
+    with Recorder("full") as rec:
+        for _ in range(40):
+            on.append(_mode_on(rec))   # before the step numbered len(on)
+            _step(model, opt, crit)
+        model.eval()
+        with torch.no_grad():
+            assert not _mode_on(rec)   # (step 41: off)
+            model(torch.randn(4, 6)).argmax(1)
+            assert _mode_on(rec)
+        model.train()
+        _step(model, opt, crit)        # step 41 ends: 42 is not in a window
+        assert not _mode_on(rec)
+        running = 0.0
+        for _ in range(8):             # steps 42-49: the window at 47, 48 sees the kept graph
+            loss = crit(model(torch.randn(8, 6)), torch.randint(0, 3, (8,)))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            running = running + loss
+    assert not _mode_on(rec)
+    due = [n <= recorder_mod.MODE_FIRST or n % recorder_mod.MODE_EVERY in (0, recorder_mod.MODE_EVERY - 1)
+           for n in range(1, 41)]
+    assert on == due and on[:8] == [True] * 8 and on[8:16] == [False] * 6 + [True] * 2
+    r = rec.recording
+    assert r.forwards[40].scored and not r.forwards[40].training
+    assert r.graph_kept   # seen inside a window, though the mode was off at the steps before
+
+
+def test_the_graph_mode_stays_on_for_a_hand_written_update_and_leaves_a_scripts_own_mode_in_place():
+    """A hand-written update is followed at every step (an lr intervention scales it each time); a mode the
+    script entered above ours keeps its place while ours comes and goes, and ours leaves at the end."""
+    from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
+
+    class Theirs(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    model = _mlp()
+    opt = torch.optim.SGD(model[3].parameters(), lr=0.01)   # the first layer is updated by hand
+    crit = nn.CrossEntropyLoss()
+    with Recorder("full") as rec:
+        for _ in range(30):
+            loss = crit(model(torch.randn(8, 6)), torch.randint(0, 3, (8,)))
+            opt.zero_grad()
+            model[0].zero_grad()
+            loss.backward()
+            with torch.no_grad():
+                for p in model[0].parameters():
+                    p -= 0.01 * p.grad
+            opt.step()
+            assert _mode_on(rec)
+        assert rec.recording.total_steps >= 30
+    assert rec.recording.manual_updated
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    crit = nn.CrossEntropyLoss()
+    theirs = Theirs()
+    with Recorder("full") as rec:
+        _step(model, opt, crit, 3)
+        with theirs:              # entered above ours: ours stays under it, on
+            _step(model, opt, crit, 20)
+            assert _get_current_function_mode_stack() == [rec._mode_obj, theirs]
+        _step(model, opt, crit, 10)   # step 34: off
+        assert _get_current_function_mode_stack() == []
+        with theirs:              # entered while ours is off: ours stays out until it leaves
+            _step(model, opt, crit, 20)
+            assert _get_current_function_mode_stack() == [theirs]
+        _step(model, opt, crit, 12)   # steps 54-65: back on in the window at 55, 56
+        assert _get_current_function_mode_stack() == []
+        _step(model, opt, crit, 6)    # before step 72
+        assert _get_current_function_mode_stack() == [rec._mode_obj]
+    assert _get_current_function_mode_stack() == []
+    assert rec.recording.total_steps == 71

@@ -358,6 +358,20 @@ def test_audit_fires_on_its_fault(tmp_path, fault):
         assert result.outcome == expected, result.summary
 
 
+@pytest.mark.parametrize("fault", ["wrong-target", "graph-kept", "eval-mode", "no-grad"])
+def test_audits_that_need_the_graph_mode_fire_over_a_long_run_whose_steps_it_mostly_skips(tmp_path, fault):
+    """After its first steps the graph mode watches two steps in every eight and any evaluation: a fault it
+    sees recurs at every step, and the audits count only the loss calls it watched (a target taken from the
+    output looks like a real one on the others)."""
+    edits, probe_id, expected = FAULTS[fault]
+    text = BASE.replace("range(3)", "range(12)")
+    target = record(write(tmp_path, *edits, text=text), max_steps=90)
+    assert target.recording.total_steps == 90
+    assert outcome(target, probe_id) == expected
+    healthy = record(write(tmp_path, text=text, name="healthy.py"), max_steps=90)
+    assert get(probe_id)(ProbeContext(healthy)).status == "passed"
+
+
 HEALTHY_VARIANTS = {
     # a sum of two backpropagated losses kept for the printout within the step (pytorch/examples DCGAN)
     "sum-for-print": ([("running += loss.item()", "both = loss + loss.detach() * 0\n            running += both.item()")], "trace-graph"),

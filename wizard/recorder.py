@@ -31,7 +31,11 @@ What is installed while the ``with`` block runs (and removed on exit, exceptions
   model inputs, loss inputs/targets and a deep copy of each model before its first forward. The mode
   watches only the user's own loop code: it leaves the mode stack while a model forward, a DataLoader
   fetch, ``optimizer.step()``, a loss function, backward or zero_grad runs (see ``Recorder._pause``),
-  so the ops inside them cost no Python call.
+  so the ops inside them cost no Python call. After the first MODE_FIRST steps it is on the stack for
+  two consecutive steps in every MODE_EVERY only (``Recorder._mode_due``: what it looks for recurs at
+  every step of a loop that has it), from any forward in eval mode or without grad to the next step's
+  end (an evaluation's predictions), and on every step once a hand-written update or a model fed with
+  labels is being followed.
 
 Listener API (watch mode): pass ``listeners=[obj]``; each method is optional and is called with the
 recorder first:
@@ -129,6 +133,8 @@ FULL_EVERY = 8    # then every FULL_EVERY-th step's, the last 3 of the step budg
 FULL_LARGE = 1_000_000  # full mode: an optimizer over more values than this has its gradient norm (one memory-bound pass over
 FULL_DETAIL_LARGE = 3   # every gradient: ~3 ms per 7M values on one core, several % of a dense model's step) and parameter change
 FULL_EVERY_LARGE = 8    # measured on its first FULL_DETAIL_LARGE steps, then every FULL_EVERY_LARGE-th (and the last 3, non-finite losses)
+MODE_FIRST = 8    # full mode: the graph mode watches every step up to this one (and while labels are followed),
+MODE_EVERY = 8    # then two consecutive steps in every MODE_EVERY (the second step sees a graph kept from the first)
 UPDATE_STEPS = 64  # full mode: the parameter change (StepRecord.update) is measured up to this step
 UPDATE_SAMPLE = 4096  # full mode: a parameter's change over a step is compared on at most this many evenly spaced values
 
@@ -309,6 +315,7 @@ class LossCall:
     # the positional argument of the latest model forward that holds the target itself (same storage): a model
     # given its targets to compute its own loss (nanoGPT's model(X, Y)); recorded with the copies above
     target_arg: int | None = None
+    watched: bool = True   # the graph mode was on the stack (full mode): ``target_is_output`` could be seen
 
 
 @dataclass
@@ -587,6 +594,7 @@ _KEEPS_PROVENANCE = {"view", "reshape", "flatten", "squeeze", "unsqueeze", "long
 _stack_len = torch._C._len_torch_function_stack
 _stack_pop = torch._C._pop_torch_function_stack
 _stack_push = torch._C._push_on_torch_function_stack
+_stack_at = torch._C._get_function_stack_at
 
 
 def _remove_mode(mode: TorchFunctionMode) -> None:
@@ -743,6 +751,8 @@ class Recorder:
         self._mode_obj: _GraphMode | None = None
         self._paused = 0                          # full mode: nested calls the mode is out of the stack for
         self._popped_at: int | None = None        # the stack length it left
+        self._live = False                        # the mode is on the stack now, or paused to go back (_set_live)
+        self._off_at = 0                          # the stack length _set_live took it off at
         self._opt_paused = False                  # paused for an optimizer.step() (its post hook resumes)
         self._step_wraps = 0                      # optimizer steps running inside _wrap_step's wrapper
         self._wrapped_steps: set = set()          # optimizer classes whose step is wrapped
@@ -1045,11 +1055,12 @@ class Recorder:
         if self.full:
             self._mode_obj = _GraphMode(self)
             self._mode_obj.__enter__()
+            self._live = True
 
     def _uninstall(self) -> None:
         if self._mode_obj is not None:
             _remove_mode(self._mode_obj)
-            self._mode_obj, self._paused, self._popped_at = None, 0, None
+            self._mode_obj, self._paused, self._popped_at, self._live = None, 0, None, False
         while self._undo:
             undo = self._undo.pop()
             try:
@@ -1130,7 +1141,7 @@ class Recorder:
     # entered meanwhile keeps its place; ours then stays where it is, or out).
     def _pause(self) -> None:
         self._paused += 1
-        if self._paused == 1:
+        if self._paused == 1 and self._live:
             n = _stack_len()
             if n:
                 top = _stack_pop()   # (ours, nearly always: one C call fewer than looking first)
@@ -1145,6 +1156,38 @@ class Recorder:
             if _stack_len() == self._popped_at:
                 _stack_push(self._mode_obj)
             self._popped_at = None
+
+    def _mode_due(self, step: int) -> bool:
+        """Is the graph mode on the stack during optimizer step ``step`` (counted over the run)? What it
+        looks for happens at every step of a loop that has it (``total += loss``, a prediction taken from
+        the output, a target derived from it): the first MODE_FIRST steps and then two consecutive ones in
+        every MODE_EVERY see it; always while the batch's labels are followed or once a hand-written
+        parameter update was seen (an lr intervention scales those at every step)."""
+        return step <= MODE_FIRST or step % MODE_EVERY in (0, MODE_EVERY - 1) or bool(self._labels) \
+            or bool(self.recording.manual_updated) or self._manual_open is not None
+
+    def _set_live(self, live: bool) -> None:
+        """Put the graph mode on the stack or take it off, only ever at the top and back onto the same
+        stack length it left (as ``_pause`` / ``_resume`` do): under a mode the script entered since it
+        stays where it is, on or off. Inside a paused call it is only marked; the call's ``_resume``
+        puts it back (or not)."""
+        if live == self._live or self._mode_obj is None:
+            return
+        if live:
+            n = _stack_len()
+            if n != self._off_at:   # a mode the script entered since sits where ours was
+                return
+            self._live = True
+            if self._paused:
+                self._popped_at = n
+            else:
+                _stack_push(self._mode_obj)
+        elif self._paused:
+            if self._popped_at is not None:   # (None: it stayed under a mode the script entered above it)
+                self._live, self._off_at, self._popped_at = False, self._popped_at, None
+        elif (n := _stack_len()) and _stack_at(n - 1) is self._mode_obj:
+            _stack_pop()
+            self._live, self._off_at = False, _stack_len()
 
     # -- models -----------------------------------------------------------------------------------
     def _model_index(self, module: nn.Module) -> int | None:
@@ -1265,6 +1308,8 @@ class Recorder:
         info, event = found
         rec = self.recording
         self._last_event = event
+        if not self._live and not (event.grad_enabled and event.training):
+            self._set_live(True)   # an evaluation's forward: its predictions (argmax) are watched until the next step
         rec.forwards.append(event)
         if self._labels:
             self._label_check(event, args)
@@ -1559,6 +1604,8 @@ class Recorder:
                 call.target_arg = _same_storage(y, self._inputs[-1])
         if is_tensor:
             call.node = value.grad_fn
+        if not self._live:   # (a target derived from the output by ops the mode did not see looks separate)
+            call.watched = False
         self.recording.loss_calls.append(call)
         if call.node is not None:
             self._pending_losses.append(call)
@@ -2348,6 +2395,8 @@ class Recorder:
         self._confirm_kept()
         self._window_values = []
         self._prev_nodes, self._trained_nodes = self._trained_nodes, []
+        if self._mode_obj is not None:
+            self._set_live(self._mode_due(rec.total_steps + 1))
         if self._listening:
             self._notify("on_step_post", optimizer, step)
         if self.max_steps is not None and rec.total_steps >= self.max_steps:
