@@ -206,6 +206,30 @@ def test_errored_probe_or_unclassified_crash_is_never_healthy():
     assert verdict(crash) == "inconclusive" and build(crash).not_run[0].why == "training-raised"
 
 
+
+def test_a_loss_that_does_not_move_with_no_hypothesis_explaining_it_is_never_healthy(tmp_path):
+    """The run's own curve is flat and no hypothesis reached 0.5: inconclusive, naming the curve (a report
+    calling it healthy would contradict the curve it shows). A finding, or a curve of another shape (a stall,
+    a spike: healthy runs have those on short runs), leaves the verdict as it was."""
+    from nnwizard.probes.api import ProbeResult
+    from nnwizard.ranking import Ranked
+    from nnwizard.markdown import render_markdown
+
+    target = load_example("healthy_mlp")
+    flat = ProbeResult("failed", "flat", "over 127 steps the loss does not move: start 2.391, end 2.367", id="trace-run")
+    quiet = Diagnosis(target, 0, ["flat"], ["auto"], results=[flat, ProbeResult("passed", "ok", "fine", id="a")],
+                      ranked=[Ranked("lr-too-low", "LR too low", "optimization", 0.33)])
+    report = build(quiet)
+    assert report.verdict == "inconclusive"
+    assert [(n.probe, n.why) for n in report.not_run] == [("trace-run", "loss-unmoved")]
+    text = render_markdown(report, quiet, tmp_path / "r.md").read_text()
+    assert "**Inconclusive**: over 127 steps the loss does not move" in text
+    found = Diagnosis(target, 0, ["flat"], ["auto"], results=[flat], ranked=[Ranked("lr-too-low", "LR too low", "optimization", 0.78)])
+    assert verdict(found) == "problems-found" and build(found).not_run == []
+    stalled = Diagnosis(target, 0, ["stalled-high"], ["auto"], ranked=[Ranked("lr-too-low", "LR too low", "optimization", 0.33)],
+                        results=[ProbeResult("failed", "stalled-high", "the loss stalls high", id="trace-run")])
+    assert verdict(stalled) == "healthy"
+
 @pytest.mark.gpu
 def test_real_cuda_device_mismatch():
     if not torch.cuda.is_available():

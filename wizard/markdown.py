@@ -45,10 +45,13 @@ def render_markdown(report: Report, diagnosis: Diagnosis, path: str | Path) -> P
         out += ["> **Interrupted**: this is a partial report of what was measured before Ctrl-C.", ""]
     findings = [h for h in report.hypotheses if h.confidence >= FINDING]
     raised = next((n.reason for n in report.not_run if n.why == "training-raised"), None)
+    unmoved = next((n.reason for n in report.not_run if n.why == "loss-unmoved"), None)
     verdict_line = {
         "problems-found": f"**{len(findings)} problem{'s' if len(findings) != 1 else ''} found**",
         "healthy": "**Healthy**: no hypothesis reached 0.5 confidence",
         "inconclusive": (f"**Inconclusive**: {raised}, and no hypothesis explains it (a crash is never healthy)" if raised
+                         else f"**Inconclusive**: {unmoved}, and no hypothesis reached 0.5 to explain it (a loss that "
+                         "does not move is not a clean bill of health)" if unmoved
                          else f"**Inconclusive**: no finding, but {len(report.not_run)} check{'s' if len(report.not_run) != 1 else ''} "
                          "could not run (see *Not run*), so this is not a clean bill of health" if report.not_run
                          else "**Inconclusive**: too little could be measured"),
@@ -83,7 +86,8 @@ def render_markdown(report: Report, diagnosis: Diagnosis, path: str | Path) -> P
                 out += ["```python", h.snippet.rstrip(), "```", ""]
     if report.not_run:
         out += ["## Not run", "", "These probes could not measure (they add no evidence for or against anything), or "
-                "training raised in a way no hypothesis explains (why: training-raised).", "",
+                "training raised in a way no hypothesis explains (why: training-raised), or the loss did not move and no "
+                "hypothesis explains it (why: loss-unmoved).", "",
                 *_table(["probe", "status", "why", "reason"], [[f"`{n.probe}`", n.status, n.why, n.reason] for n in report.not_run]), ""]
     if report.script:
         from nnwizard.script_view import markdown_lines

@@ -51,12 +51,13 @@ class ProbeOut(BaseModel):
 
 
 class NotRun(BaseModel):
-    """A probe whose evidence is missing (errored, timed out, or could not run), or a training crash
-    that no hypothesis explains: either keeps the verdict from being ``healthy``."""
+    """A probe whose evidence is missing (errored, timed out, or could not run), a training crash that no
+    hypothesis explains, or a run whose loss did not move that no hypothesis explains: each keeps the
+    verdict from being ``healthy``."""
 
     probe: str
     status: str
-    why: str  # errored | timed-out | raised | budget | not-needed | precondition | ... | training-raised
+    why: str  # errored | timed-out | raised | budget | not-needed | precondition | ... | training-raised | loss-unmoved
     reason: str
 
 
@@ -83,10 +84,18 @@ class Report(BaseModel):
     budget: dict[str, Any] = {}  # the cost model: step time measured, budget, plain steps used
 
 
+CURVE_PROBES = ("triage-run", "trace-run")   # the run's own loss curve (module mode, script mode)
+
+
 def not_run(diagnosis: Diagnosis) -> list[NotRun]:
     """What keeps a session without findings from being healthy: every probe the walked trees called
-    for that could not measure, and a training crash that no hypothesis explains."""
+    for that could not measure, a training crash that no hypothesis explains, and a run whose loss
+    did not move at all when no hypothesis explains that (the checks found the symptom, not its cause:
+    "healthy" would contradict the curve the report shows)."""
     out = []
+    if not any(h.confidence >= FINDING for h in diagnosis.ranked):
+        out += [NotRun(probe=r.id, status=r.status, why="loss-unmoved", reason=r.summary) for r in diagnosis.results
+                if r.id in CURVE_PROBES and r.status == "failed" and r.outcome == "flat"]
     for r in diagnosis.results:
         if could_not_run(r):
             why = "timed-out" if "timeout_s" in r.data else "errored" if r.status == "errored" else str(r.data["cannot_run"])

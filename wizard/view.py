@@ -95,7 +95,7 @@ class TerminalView:
         verdict_style = {"problems-found": "bold red", "healthy": "bold green", "inconclusive": "bold yellow"}[report.verdict]
         c.print(f"Verdict: [{verdict_style}]{report.verdict}[/]" + (" (interrupted: partial)" if report.interrupted else ""))
         if report.not_run:
-            head = "could not measure (or training raised, unexplained)"
+            head = "could not measure or left something unexplained (a crash, a loss that did not move)"
             if report.verdict == "inconclusive":
                 head += ", so the verdict cannot be healthy"
             c.print(f"[yellow]{len(report.not_run)} probe{'s' if len(report.not_run) != 1 else ''} {head}:[/]")
