@@ -347,6 +347,13 @@ def script_lr_sweep(ctx: ProbeContext, target):
     return next((r for r in results if r.status == "failed"), next((r for r in results if r.status != "passed"), results[0]))
 
 
+def _blew_up(losses: list[float]) -> bool:
+    """The loss rose to SPIKE_BLOWUP times its first value (or went non-finite) within these steps."""
+    from nnwizard.curves import SPIKE_BLOWUP
+
+    return len(losses) > 1 and losses[0] > 0 and any(not math.isfinite(x) or x >= SPIKE_BLOWUP * losses[0] for x in losses)
+
+
 def _overshot(losses: list[float]) -> bool:
     """Within the first third of the judged steps the loss rose to SPIKE_BLOWUP times its first value (the curve
     shapes' early blow-up), and over those steps it ended below that first value: the configured rate overshot, then learnt."""
@@ -391,6 +398,16 @@ def _sweep_judged(ctx, target, reruns: dict, steps: int, wanted: int, objective:
     outcome = sweep_outcome(d)
     window = observed[:max(JUDGED_STEPS, 2 * n)]
     whole = _removed(start, window)
+    # the same range test downwards: nothing moved, the configured rate threw the loss up (SPIKE_BLOWUP times its
+    # start) and never brought it below where it began, and lr/10 did not learn either. A rate 100x too high
+    # (Adadelta at 100) leaves lr/10 still far too high: lr/100 is the arm that tells "too high" from "nothing learns"
+    if outcome == "none-learns" and whole < MOVES and ctx.param("extend", True) and _blew_up(observed[:n]):
+        if 0.01 not in reruns:
+            reruns[0.01] = _losses_only(_rerun(ctx, target, n, lr_scale=0.01))
+        runs[0.01] = losses_of(reruns[0.01], objective)[:n]
+        d[0.01] = _removed(start, runs[0.01]) if len(runs[0.01]) >= n else -math.inf
+        if d[0.01] >= MOVES and d[0.01] >= max(d[0.1], d[1.0]) + BETTER:
+            outcome = "too-high"
     # nothing moved within the sweep's window, nor over the observed run: a model trained from scratch (a transformer)
     # can sit on its plateau for a few dozen steps at any rate. lr*100 then gets the observed run's whole length,
     # against what the observed run removed over the same steps
@@ -429,7 +446,8 @@ def _sweep_judged(ctx, target, reruns: dict, steps: int, wanted: int, objective:
 
     lr_text = (lambda f: f" ({lr * f:.3g})") if lr is not None else (lambda f: "")
     text = (f"{n} steps from the same seed ({count} reruns; x1 is the observed run), share of the loss {_fmt(start)} "
-            f"removed: lr/10{lr_text(0.1)} {pct(0.1)}, lr{lr_text(1.0)} {pct(1.0)}, lr*10{lr_text(10.0)} {pct(10.0)}"
+            f"removed: " + (f"lr/100{lr_text(0.01)} {pct(0.01)}, " if 0.01 in d else "")
+            + f"lr/10{lr_text(0.1)} {pct(0.1)}, lr{lr_text(1.0)} {pct(1.0)}, lr*10{lr_text(10.0)} {pct(10.0)}"
             + (f", lr*100{lr_text(100.0)} {pct(100.0)}" if 100.0 in d else ""))
     if held:
         text += (f"; lr*10 is faster over these {n} steps, but the observed run removed {whole:.0%} of the loss over "
@@ -443,7 +461,7 @@ def _sweep_judged(ctx, target, reruns: dict, steps: int, wanted: int, objective:
                  f"observed run went on to remove {whole:.0%} over its {len(window)} steps at lr"
                  + (", and lr/10 over as many steps did not fit the time left" if outcome == "unsettled" else ""))
     data = dict(lr=lr, steps=n, drop_observed=whole, observed_steps=len(observed), planned_steps=steps, wanted_steps=wanted, start_loss=start, drop_lr10=d[0.1],
-                drop_lr=d[1.0], drop_lrx10=d[10.0], drop_lrx100=d.get(100.0), reruns=count, errors=errors, text=text, moves=MOVES, better=BETTER)
+                drop_lr=d[1.0], drop_lrx10=d[10.0], drop_lrx100=d.get(100.0), drop_lr100=d.get(0.01), reruns=count, errors=errors, text=text, moves=MOVES, better=BETTER)
     if lr is not None:
         data.update(lr_low=lr * 0.1, lr_high=lr * 10, best_lr=lr * max(d, key=lambda f: d[f]))
     if longer is not None:

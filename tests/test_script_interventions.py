@@ -338,6 +338,24 @@ def test_a_too_high_window_on_an_overshoot_is_judged_by_lr10_over_the_observed_r
     assert "lr x0.1, 60 steps" in plot.series and "lr x1 (observed), 60 steps" in plot.series
 
 
+
+@pytest.mark.parametrize("lr100_end,outcome", [(1.5, "too-high"), (2.3, "skipped")])   # (skipped: nothing learnt in
+# the 10 steps this made-up budget fits, of 30 wanted)
+def test_a_rate_that_threw_the_loss_up_and_never_came_back_below_it_is_tried_at_lr100(monkeypatch, lr100_end, outcome):
+    """pytorch/examples' mnist at lr x100 (Adadelta at 100): the loss jumps 29000x at the first update and the
+    collapsed model sits at chance, lr/10 (still 10) too; only lr/100 learns. Without that arm the sweep read
+    'none-learns', which counted against lr-too-high. A loss that did not blow up gets no lr/100 arm."""
+    observed = [2.3, 6e4, 900.0] + [2.31] * 57
+    flat = [2.3] + [2.33] * 9
+    arms = {0.1: flat, 10.0: [2.3] + [80.0] * 9, 100.0: [2.3] + [5e3] * 9, 0.01: _descent(2.3, lr100_end, 10)}
+    result, asked = _judged(monkeypatch, observed, arms)
+    assert result.outcome == outcome, result.summary
+    assert (0.01, 10) in asked and "lr/100 (1e-05)" in result.summary
+    assert outcome != "too-high" or result.data["best_lr"] == 1e-5
+    calm = [2.3] + [2.29] * 59    # nothing moved, nothing blew up: no lr/100 arm
+    result, asked = _judged(monkeypatch, calm, {0.1: flat, 10.0: flat, 100.0: flat})
+    assert result.outcome == "skipped" and all(f != 0.01 for f, _ in asked), result.summary
+
 def test_lr_sweep_runs_on_a_hand_written_update_and_says_how(tmp_path):
     text = BASE.format(LR="1e-2", OPT="SGD", LOSS="F.cross_entropy(out, yb)", SEED="torch.manual_seed(0)").replace(
         "optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)\n", "").replace(
