@@ -833,10 +833,11 @@ def trace_loss_target(ctx: ProbeContext, rec):
     watched = [c for c in calls if c.watched]   # (the target's provenance is followed on the graph mode's steps)
     own = [c for c in watched if c.target_is_output]
     foreign = [c for c in calls if not c.from_model]
-    data = dict(calls=len(calls), target_from_output=len(own), not_from_model=len(foreign), fn=calls[0].fn,
+    data = dict(calls=len(calls), followed=len(watched), target_from_output=len(own), not_from_model=len(foreign), fn=calls[0].fn,
                 where=(own or foreign or calls)[0].where or "?")
     if len(own) > len(watched) / 2:
-        return failed("target-from-output", f"in {len(own)} of {len(watched)} training loss calls ({calls[0].fn} at "
+        followed = f" whose target was followed ({len(calls)} in all)" if len(watched) < len(calls) else ""
+        return failed("target-from-output", f"in {len(own)} of {len(watched)} training loss calls{followed} ({calls[0].fn} at "
                       f"{data['where']}) the target equals the model's own output (detached or its argmax): the loss "
                       f"pulls the model towards what it already predicts", **data)
     if len(foreign) > len(calls) / 2:

@@ -367,7 +367,11 @@ def test_audits_that_need_the_graph_mode_fire_over_a_long_run_whose_steps_it_mos
     text = BASE.replace("range(3)", "range(12)")
     target = record(write(tmp_path, *edits, text=text), max_steps=90)
     assert target.recording.total_steps == 90
-    assert outcome(target, probe_id) == expected
+    result = get(probe_id)(ProbeContext(target))
+    assert result.outcome == expected, result.summary
+    if fault == "wrong-target":   # counted among the calls the mode watched, and the report says so
+        assert f"training loss calls whose target was followed ({result.data['calls']} in all)" in result.summary
+        assert result.data["followed"] < result.data["calls"] == 90
     healthy = record(write(tmp_path, text=text, name="healthy.py"), max_steps=90)
     assert get(probe_id)(ProbeContext(healthy)).status == "passed"
 
