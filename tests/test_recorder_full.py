@@ -79,6 +79,41 @@ def test_backward_marks_only_what_it_reaches_with_and_without_the_graph_search()
     assert [s.forwards for s in r.steps] == [{0: 1}, {0: 1}, {0: 1}]
 
 
+
+def test_a_loss_one_op_from_its_call_is_linked_without_a_search_and_two_forwards_still_searched(monkeypatch):
+    """``loss_fn(...) / k`` (accumulation, per-sample loops) is one op from the loss call's node, whose own value
+    is gone: linked without a graph search, marking the same forward and call as a search would; an evaluation
+    forward run without grad before it does not send it to the search either. Two pending forwards with a graph
+    (a second model's output added) still go through the search."""
+    searched = []
+    real = recorder_mod._reached
+    monkeypatch.setattr(recorder_mod, "_reached", lambda *a, **k: searched.append(1) or real(*a, **k))
+    torch.manual_seed(0)
+    model, other = _mlp(), nn.Linear(6, 3)
+    opt = torch.optim.SGD([*model.parameters(), *other.parameters()], lr=0.01)
+    crit = nn.CrossEntropyLoss()
+    with Recorder("full") as rec:
+        for i in range(12):
+            if i == recorder_mod.SPAN_CHECKS + 1:
+                searched.clear()   # (the first steps also search for a graph carried over from the step before)
+            if i == 8:
+                with torch.no_grad():   # an evaluation forward, never reached: the next backward needs no search
+                    model(torch.randn(4, 6)).argmax(1)
+            loss = crit(model(torch.randn(8, 6)), torch.randint(0, 3, (8,))) / 4
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        assert searched == []
+        loss = crit(model(torch.randn(8, 6)), torch.randint(0, 3, (8,))) / 4 + other(torch.randn(8, 6)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        assert len(searched) == 1
+    r = rec.recording
+    assert [f.trained for f in r.forwards] == [True] * 8 + [False] + [True] * 6
+    assert all(not c.eval for c in r.loss_calls) and len(r.loss_calls) == 13
+    assert [s.forwards for s in r.steps][-2:] == [{0: 1}, {0: 1, 1: 1}]
+
 def _nan_step(model, opt, crit) -> None:
     """One more training step on a batch with a NaN input."""
     x = torch.randn(8, 6)

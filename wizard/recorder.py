@@ -1540,9 +1540,18 @@ class Recorder:
             return bool(x.requires_grad), shape, None
         if x is out:
             return True, shape, out.grad_fn
-        if x.untyped_storage().data_ptr() == out.untyped_storage().data_ptr() and x.numel():
-            return True, shape, None
         target = out.grad_fn
+        if x.untyped_storage().data_ptr() == out.untyped_storage().data_ptr() and x.numel():
+            # a view of the output (out.squeeze(1), out.view(-1, C)): its node leads to the output's in a step or two
+            fn = x.grad_fn
+            for _ in range(4):
+                if fn is None or target is None:
+                    break
+                if fn is target:
+                    return True, shape, target
+                nxt = fn.next_functions
+                fn = nxt[0][0] if nxt else None
+            return True, shape, None
         if target is None:
             return False, shape, None
         stack, seen = [x.grad_fn], 0
@@ -1869,20 +1878,27 @@ class Recorder:
 
     def _linked(self, loss: torch.Tensor) -> tuple[LossCall, ForwardEvent | None] | None:
         """The pending loss call and forward (None: none pending) a backward on ``loss`` reaches, known
-        without a search when ``loss`` is the value of the only pending loss call and the only pending
-        forward is the one that call's input came from (see ``_loss_link``); None when the graph must
-        be searched."""
+        without a search when ``loss`` is the value of the only pending loss call, or one op away from it
+        (divided by the accumulation steps, weighted, a penalty added), and the only pending forward is the
+        one that call's input came from, besides forwards run without grad (an evaluation's, which no backward
+        can reach: they leave the pending list); see ``_loss_link``. None when the graph must be searched."""
         link = self._loss_link
-        if link is None or link[0]() is not loss:
+        if link is None:
             return None
-        _, call, event = link
+        ref, call, event = link
+        if ref() is loss:
+            if loss.grad_fn is not call.node:   # (changed in place since the call)
+                return None
+        elif not _one_op_from(loss, call.node):   # (the call's own value may be gone: loss = loss_fn(...) / k)
+            return None
         pending_f, pending_l = self._pending_forwards, self._pending_losses
-        if len(pending_l) != 1 or pending_l[0] is not call or loss.grad_fn is not call.node:
+        if len(pending_l) != 1 or pending_l[0] is not call:
             return None
         if not pending_f:
             return call, None
-        if len(pending_f) > 1 or pending_f[0] is not event:
-            return None
+        if pending_f[-1] is not event or (len(pending_f) > 1 and not all(
+                f is event or not (f.grad_enabled or f.node is not None or f.outs) for f in pending_f)):
+            return None   # (forwards run without grad, an evaluation's, can never be reached: no search for them)
         return call, event
 
     def _carried(self) -> tuple[float | None, dict[int, float]]:
@@ -2637,6 +2653,13 @@ class Recorder:
                             "".join(traceback.format_exception(exc)[-8:]), self.steps_taken, exc)
         self.recording.error = err
         return err
+
+
+def _one_op_from(loss: torch.Tensor, node) -> bool:
+    """``loss`` is one op away from the graph node ``node`` (``loss_fn(...) / accumulation_steps``, ``loss * w``,
+    ``loss + penalty``): its own node takes ``node``'s output as an input."""
+    fn = loss.grad_fn
+    return fn is not None and node is not None and any(n is node for n, _ in fn.next_functions)
 
 
 def _owner(module: nn.Module, frame, depth: int = 12) -> nn.Module | None:
