@@ -357,12 +357,10 @@ def _blew_up(losses: list[float]) -> bool:
 def _overshot(losses: list[float]) -> bool:
     """Within the first third of the judged steps the loss rose to SPIKE_BLOWUP times its first value (the curve
     shapes' early blow-up), and over those steps it ended below that first value: the configured rate overshot, then learnt."""
-    from nnwizard.curves import SPIKE_BLOWUP
-
     window = losses[:JUDGED_STEPS]
-    if len(window) < 2 * MIN_SWEEP or not all(math.isfinite(x) for x in window) or window[0] <= 0:
+    if len(window) < 2 * MIN_SWEEP or not all(math.isfinite(x) for x in window):
         return False
-    return max(window[: len(window) // 3]) >= SPIKE_BLOWUP * window[0] and _tail(window) < window[0]
+    return _blew_up(window[: len(window) // 3]) and _tail(window) < window[0]
 
 
 def _sweep_judged(ctx, target, reruns: dict, steps: int, wanted: int, objective: int | None):
@@ -388,13 +386,17 @@ def _sweep_judged(ctx, target, reruns: dict, steps: int, wanted: int, objective:
     d = {}
     for f, v in runs.items():
         d[f] = -math.inf if f in diverged else _removed(start, v[:n])
+
+    def extra_arm(factor: float) -> None:   # one more rate over the same n steps (a rerun kept for the other objectives)
+        if factor not in reruns:
+            reruns[factor] = _losses_only(_rerun(ctx, target, n, lr_scale=factor))
+        runs[factor] = losses_of(reruns[factor], objective)[:n]
+        d[factor] = _removed(start, runs[factor]) if len(runs[factor]) >= n else -math.inf
+
     # a short range test, as the module sweep makes: when no setting moved the loss and lr*10 stayed
     # finite, try lr*100
     if max(d.values()) < MOVES and math.isfinite(d[10.0]) and ctx.param("extend", True):
-        if 100.0 not in reruns:
-            reruns[100.0] = _losses_only(_rerun(ctx, target, n, lr_scale=100.0))
-        runs[100.0] = losses_of(reruns[100.0], objective)[:n]
-        d[100.0] = _removed(start, runs[100.0]) if len(runs[100.0]) >= n else -math.inf
+        extra_arm(100.0)
     outcome = sweep_outcome(d)
     window = observed[:max(JUDGED_STEPS, 2 * n)]
     whole = _removed(start, window)
@@ -402,10 +404,7 @@ def _sweep_judged(ctx, target, reruns: dict, steps: int, wanted: int, objective:
     # start) and never brought it below where it began, and lr/10 did not learn either. A rate 100x too high
     # (Adadelta at 100) leaves lr/10 still far too high: lr/100 is the arm that tells "too high" from "nothing learns"
     if outcome == "none-learns" and whole < MOVES and ctx.param("extend", True) and _blew_up(observed[:n]):
-        if 0.01 not in reruns:
-            reruns[0.01] = _losses_only(_rerun(ctx, target, n, lr_scale=0.01))
-        runs[0.01] = losses_of(reruns[0.01], objective)[:n]
-        d[0.01] = _removed(start, runs[0.01]) if len(runs[0.01]) >= n else -math.inf
+        extra_arm(0.01)
         if d[0.01] >= MOVES and d[0.01] >= max(d[0.1], d[1.0]) + BETTER:
             outcome = "too-high"
     # nothing moved within the sweep's window, nor over the observed run: a model trained from scratch (a transformer)

@@ -1541,19 +1541,11 @@ class Recorder:
         if x is out:
             return True, shape, out.grad_fn
         target = out.grad_fn
-        if x.untyped_storage().data_ptr() == out.untyped_storage().data_ptr() and x.numel():
-            # a view of the output (out.squeeze(1), out.view(-1, C)): its node leads to the output's in a step or two
-            fn = x.grad_fn
-            for _ in range(4):
-                if fn is None or target is None:
-                    break
-                if fn is target:
-                    return True, shape, target
-                nxt = fn.next_functions
-                fn = nxt[0][0] if nxt else None
-            return True, shape, None
+        # a view of the output (out.squeeze(1), out.view(-1, C)) comes from it whether or not a graph says so; the
+        # search below still finds the output's node for it (the backward then needs none, see _linked)
+        shared = bool(x.numel()) and x.untyped_storage().data_ptr() == out.untyped_storage().data_ptr()
         if target is None:
-            return False, shape, None
+            return shared, shape, None
         stack, seen = [x.grad_fn], 0
         while stack and seen < 200:
             node = stack.pop()
@@ -1563,6 +1555,8 @@ class Recorder:
             if node == target:
                 return True, shape, target
             stack.extend(fn for fn, _ in node.next_functions)
+        if shared:
+            return True, shape, None
         # any output of a forward no backward has reached yet (a second output, e.g. an actor-critic's value
         # head, or an output saved over an episode before one backward)
         outs = {id(n) for e in self._pending_forwards[-64:] for n in e.outs} | self._dropped_outs.keys()
@@ -1896,8 +1890,8 @@ class Recorder:
             return None
         if not pending_f:
             return call, None
-        if pending_f[-1] is not event or (len(pending_f) > 1 and not all(
-                f is event or not (f.grad_enabled or f.node is not None or f.outs) for f in pending_f)):
+        if pending_f[-1] is not event or (len(pending_f) > 1 and any(
+                f is not event and (f.grad_enabled or f.node is not None or f.outs) for f in pending_f)):
             return None   # (forwards run without grad, an evaluation's, can never be reached: no search for them)
         return call, event
 

@@ -87,13 +87,18 @@ class Report(BaseModel):
 CURVE_PROBES = ("triage-run", "trace-run")   # the run's own loss curve (module mode, script mode)
 
 
+def _found(diagnosis: Diagnosis) -> bool:
+    """A hypothesis reached ``FINDING`` confidence."""
+    return any(h.confidence >= FINDING for h in diagnosis.ranked)
+
+
 def not_run(diagnosis: Diagnosis) -> list[NotRun]:
     """What keeps a session without findings from being healthy: every probe the walked trees called
     for that could not measure, a training crash that no hypothesis explains, and a run whose loss
     did not move at all when no hypothesis explains that (the checks found the symptom, not its cause:
     "healthy" would contradict the curve the report shows)."""
     out = []
-    if not any(h.confidence >= FINDING for h in diagnosis.ranked):
+    if not _found(diagnosis):
         out += [NotRun(probe=r.id, status=r.status, why="loss-unmoved", reason=r.summary) for r in diagnosis.results
                 if r.id in CURVE_PROBES and r.status == "failed" and r.outcome == "flat"]
     for r in diagnosis.results:
@@ -108,7 +113,7 @@ def not_run(diagnosis: Diagnosis) -> list[NotRun]:
 def verdict(diagnosis: Diagnosis, missing: list[NotRun] | None = None) -> Verdict:
     """CONTRACT §4: a finding makes ``problems-found``; ``healthy`` only when every probe the
     symptoms called for completed and training did not raise; otherwise ``inconclusive``."""
-    if any(h.confidence >= FINDING for h in diagnosis.ranked):
+    if _found(diagnosis):
         return "problems-found"
     ran = [r for r in diagnosis.results if r.status in ("passed", "failed")]
     missing = not_run(diagnosis) if missing is None else missing
