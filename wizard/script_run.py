@@ -156,8 +156,10 @@ class StepFit:
         per_step = durations[len(durations) // 2]
         want = min(self.OBSERVE_MAX, int(self.OBSERVE_S / max(per_step, 1e-6)))
         if want <= rec.max_steps:
-            rec.recording.notes.append(f"run kept at {rec.max_steps} optimizer steps: a step took {per_step * 1e3:.3g} ms, "
-                                       f"so they fill the ~{self.OBSERVE_S:.0f} s a fast script is watched for")
+            took = f"{per_step:.2f} s" if per_step >= 1 else f"{per_step * 1e3:.3g} ms"
+            rec.recording.notes.append(f"run kept at {rec.max_steps} optimizer steps: a step took {took}, so {rec.max_steps} "
+                                       f"already take longer than the ~{self.OBSERVE_S:.0f} s a fast script's run is "
+                                       f"lengthened to fill")
             return
         if rec.limit_batches:
             rec.limit_batches = math.ceil(rec.limit_batches * want / rec.max_steps)
