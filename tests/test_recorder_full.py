@@ -355,3 +355,71 @@ def test_the_graph_mode_stays_on_for_a_hand_written_update_and_leaves_a_scripts_
         assert _get_current_function_mode_stack() == [rec._mode_obj]
     assert _get_current_function_mode_stack() == []
     assert rec.recording.total_steps == 71
+
+
+class _Tracked(nn.Module):
+    """An MLP that keeps a weak reference to a tensor its graph saves for the backward (the hidden layer's
+    output, saved by the last Linear): alive exactly as long as something holds that forward's graph."""
+
+    def __init__(self):
+        super().__init__()
+        self.body, self.head = nn.Sequential(nn.Linear(6, 12), nn.ReLU(), nn.Dropout(0.1)), nn.Linear(12, 3)
+        self.saved = []
+
+    def forward(self, x):
+        h = self.body(x)
+        self.saved.append(__import__("weakref").ref(h))
+        return self.head(h)
+
+
+def _evaluate_without_no_grad(model, batches=5):
+    model.eval()
+    for _ in range(batches):   # (no torch.no_grad(): each batch builds a graph that no backward reaches)
+        out = model(torch.randn(8, 6))
+        nn.functional.cross_entropy(out, torch.randint(0, 3, (8,))).item()
+
+
+def test_an_evaluation_without_no_grad_leaves_its_graphs_to_the_script_and_still_reads_as_one():
+    """An evaluation that forgot torch.no_grad() builds a graph per batch that the script drops at once. The
+    recorder held each one (waiting for a backward to reach it) up to 64 forwards: a graph-attention model's
+    diagnosis ran out of memory. Now at most the newest evaluation graph stays held, until the next backward."""
+    torch.manual_seed(0)
+    model = _Tracked()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    held = []
+    with Recorder("full") as rec:
+        for _ in range(4):
+            model.train()
+            loss = nn.functional.cross_entropy(model(torch.randn(8, 6)), torch.randint(0, 3, (8,)))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            model.saved.clear()
+            _evaluate_without_no_grad(model)
+            held.append(sum(r() is not None for r in model.saved))
+    assert held == [1, 1, 1, 1], held   # (was 5, 5, 5, 5: every batch's graph)
+    forwards = rec.recording.forwards
+    evaluation = [f for f in forwards if not f.training]
+    assert len(evaluation) == 20 and all(f.grad_enabled and not f.trained for f in evaluation)
+    assert sum(f.trained for f in forwards if f.training) == 4
+    evals = [c for c in rec.recording.loss_calls if c.training is False]
+    assert len(evals) == 20 and all(c.eval for c in evals)
+
+
+def test_samples_run_one_by_one_in_eval_mode_and_backpropagated_together_still_all_trained():
+    """The other side: a model left in eval mode that runs a batch one sample at a time and backpropagates the
+    summed loss. Its older forwards drop their nodes as the newer ones come (see above); the backward that reaches
+    the newest still counts every one of them as trained (they are marked overflow, as the pending cap marks)."""
+    torch.manual_seed(0)
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with Recorder("full") as rec:
+        model.eval()   # (the fault: never model.train())
+        for _ in range(3):
+            opt.zero_grad()
+            total = sum(nn.functional.cross_entropy(model(torch.randn(1, 6)), torch.randint(0, 3, (1,))) for _ in range(5))
+            total.backward()
+            opt.step()
+    forwards = rec.recording.forwards
+    assert len(forwards) == 15 and all(f.trained and not f.training for f in forwards)
+    assert [sum(s.forwards.values()) for s in rec.recording.steps] == [5, 5, 5]
