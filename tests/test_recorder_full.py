@@ -409,7 +409,7 @@ def test_an_evaluation_without_no_grad_leaves_its_graphs_to_the_script_and_still
 def test_samples_run_one_by_one_in_eval_mode_and_backpropagated_together_still_all_trained():
     """The other side: a model left in eval mode that runs a batch one sample at a time and backpropagates the
     summed loss. Its older forwards drop their nodes as the newer ones come (see above); the backward that reaches
-    the newest still counts every one of them as trained (they are marked overflow, as the pending cap marks)."""
+    the newest still counts every one of them as trained (it absorbed them), and their loss calls as training ones."""
     torch.manual_seed(0)
     model = _mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -423,3 +423,43 @@ def test_samples_run_one_by_one_in_eval_mode_and_backpropagated_together_still_a
     forwards = rec.recording.forwards
     assert len(forwards) == 15 and all(f.trained and not f.training for f in forwards)
     assert [sum(s.forwards.values()) for s in rec.recording.steps] == [5, 5, 5]
+    assert len(rec.recording.loss_calls) == 15 and not any(c.eval for c in rec.recording.loss_calls)
+
+
+def _loader(n=6):
+    data = torch.utils.data.TensorDataset(torch.randn(8 * n, 6), torch.randint(0, 3, (8 * n,)))
+    return torch.utils.data.DataLoader(data, batch_size=8)
+
+
+def test_an_evaluation_pass_in_training_mode_without_no_grad_keeps_one_graph_and_accumulation_still_trains():
+    """Both model.eval() and torch.no_grad() forgotten: an evaluation pass over a DataLoader builds a training-mode
+    graph per batch. A forward on the next batch of the same loader lets go of the last one's graph; the other
+    side: losses summed over three batches of a loader and backpropagated once still train all three forwards."""
+    torch.manual_seed(0)
+    model = _Tracked()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    train, test = _loader(), _loader()
+    held = []
+    with Recorder("full") as rec:
+        for _ in range(2):
+            total = 0
+            for i, (x, y) in enumerate(train):   # losses of 3 batches, one backward
+                total = total + nn.functional.cross_entropy(model(x), y)
+                if i % 3 == 2:
+                    opt.zero_grad()
+                    total.backward()
+                    opt.step()
+                    total = 0
+            model.saved.clear()
+            for x, y in test:   # the evaluation: training mode, gradients on
+                nn.functional.cross_entropy(model(x), y).item()
+            held.append(sum(r() is not None for r in model.saved))
+    assert held == [1, 1], held   # (was 6, 6)
+    forwards = rec.recording.forwards
+    trained = [f for f in forwards if f.loader == 0]
+    evaluation = [f for f in forwards if f.loader == 1]
+    assert len(trained) == 12 and all(f.trained for f in trained)
+    assert len(evaluation) == 12 and not any(f.trained for f in evaluation)
+    assert [sum(s.forwards.values()) for s in rec.recording.steps] == [3, 3, 3, 3]
+    calls = rec.recording.loss_calls
+    assert sum(not c.eval for c in calls) == 12 and sum(c.eval for c in calls) == 12

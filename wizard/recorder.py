@@ -329,6 +329,9 @@ class ForwardEvent:
     iteration: int = -1
     scored: bool = False         # its output went into a loss or a prediction (argmax, max, threshold; full mode)
     overflow: bool = False       # dropped from the pending forwards by their cap, no backward since (full mode)
+    calls_at: int = 0            # loss calls recorded before it began (full mode)
+    fetch: int = 0               # DataLoader batches served before it began, all loaders (full mode)
+    absorbed: list | None = field(default=None, repr=False)  # forwards and loss calls trained if it is (see _absorb)
     node: Any = field(default=None, repr=False)
     outs: list = field(default_factory=list, repr=False)  # grad_fns of its output tensors (full mode)
 
@@ -700,6 +703,7 @@ class Recorder:
         self._pending: StepRecord | None = None
         self._pending_forwards: list[ForwardEvent] = []
         self._overflowed = 0   # full mode: forwards the pending cap dropped since the last graph search
+        self._fetches = 0      # DataLoader batches served (all loaders)
         self._dropped_outs: dict[int, Any] = {}   # full mode: id -> those forwards' output nodes (held, so ids stay theirs), since the last backward
         self._pending_losses: list[LossCall] = []
         self._last_step_t = 0.0
@@ -1307,6 +1311,7 @@ class Recorder:
                     self._overflowed += 1
         info, event = found
         rec = self.recording
+        event.calls_at, event.fetch = len(rec.loss_calls), self._fetches
         self._last_event = event
         if not self._live and not (event.grad_enabled and event.training):
             self._set_live(True)   # an evaluation's forward: its predictions (argmax) are watched until the next step
@@ -1344,31 +1349,46 @@ class Recorder:
         pending = self._pending_forwards
         if pending and pending[-1] is event:   # every output (an RNN's hidden state too): for graphs carried across steps
             event.node, event.outs = node, outs
-            if not event.training and node is not None and len(pending) > 1:
-                self._let_go_eval(pending)
+            if node is not None and len(pending) > 1 and event.grad_enabled:
+                if not event.training:
+                    self._absorb(pending, event, lambda e: not e.training)
+                elif event.loader is not None:
+                    self._absorb(pending, event, lambda e: e.model == event.model and e.loader == event.loader
+                                 and e.fetch < event.fetch)
 
     # -- graphs the script lets go of (full mode) ---------------------------------------------------
     # A forward or loss call waits for the backward that reaches it by holding its graph node, and a node
     # holds its whole graph (every tensor saved for the backward). An evaluation that forgot torch.no_grad()
-    # builds a graph per batch that no backward ever reaches; the script drops each one, and holding them
-    # kept a 5-layer MLP's run at 3 GB instead of 0.65 GB (a graph-attention model's ran out of memory).
-    # So a forward in eval mode with gradients on keeps its node only until the next forward in eval mode
-    # with gradients on, or the next backward, whichever comes first, and so does a loss call made with
-    # the model in eval mode. (Training-mode items keep theirs: a GAN's generator forward is reached by a
-    # backward after the discriminator's own.)
-    def _let_go_eval(self, pending: list) -> None:
-        """A new eval-mode forward with gradients on: the older such forwards no backward has reached drop their
-        nodes and leave ``pending``, marked ``overflow``: if a backward reaches the newest while it is the oldest
-        pending forward (samples run one by one in eval mode, then one backward), they trained with it
-        (:meth:`_overflow_reached`); else they stay evaluation forwards."""
-        newest = pending[-1]
-        keep = []
+    # builds a graph per batch that no backward ever reaches, and the script drops each one at the next
+    # batch: holding them kept a 5-layer MLP's run at 3 GB instead of 0.65 GB, and a graph-attention
+    # model's ran out of memory. So a forward lets go of the graphs of the pending forwards it follows in
+    # the same way: in eval mode with gradients on, any older eval-mode forward; in training mode, the same
+    # model's forwards on earlier batches of the same DataLoader with no backward to reach them since. They
+    # are "absorbed": should a backward reach the newer forward (losses summed over samples or batches and
+    # backpropagated once), they trained with it, and so did the loss calls made between them; if none
+    # does, they stay evaluation. Forwards of another model, or within one batch, are left alone (a GAN's
+    # generator forward is reached after the discriminator's own backward and step).
+    def _absorb(self, pending: list, newest: ForwardEvent, match: Callable) -> None:
+        keep, absorbed = [], newest.absorbed
         for e in pending:
-            if e is not newest and not e.training and e.node is not None:
-                e.node, e.outs, e.overflow = None, [], True
-                self._overflowed += 1
-            else:
+            if e is newest or e.node is None or not match(e):
                 keep.append(e)
+                continue
+            e.node, e.outs = None, []
+            if absorbed is None:
+                newest.absorbed = absorbed = []
+            if e.absorbed:
+                absorbed += e.absorbed
+                e.absorbed = None
+            absorbed.append(e)
+            calls = self.recording.loss_calls[e.calls_at:newest.calls_at]   # the loss calls made from it
+            if calls and self._pending_losses:
+                ids = set(map(id, calls))
+                for c in self._pending_losses:
+                    if id(c) in ids:
+                        c.node = None
+                        absorbed.append(c)
+                self._pending_losses = [c for c in self._pending_losses if c.node is not None]
         if len(keep) != len(pending):
             self._pending_forwards = keep
 
@@ -1638,7 +1658,7 @@ class Recorder:
             call.watched = False
         self.recording.loss_calls.append(call)
         if call.node is not None:
-            if training is False and self._pending_losses:   # an evaluation's loss with a graph: see _let_go_eval
+            if training is False and self._pending_losses:   # an evaluation's loss with a graph: see _absorb
                 for old in self._pending_losses:
                     if old.training is False:
                         old.node = None
@@ -1854,6 +1874,13 @@ class Recorder:
     def _trained(self, step: StepRecord, event: ForwardEvent) -> None:
         """A backward reached this forward: it trained, and counts for the step."""
         event.trained, event.node = True, None
+        if event.absorbed:
+            absorbed, event.absorbed = event.absorbed, None
+            for item in absorbed:   # (one level: _absorb keeps the list flat)
+                if type(item) is ForwardEvent:
+                    self._trained(step, item)
+                else:
+                    item.eval = False
         if len(self._trained_nodes) < 32:
             self._trained_nodes += event.outs
         event.outs = []
@@ -1882,8 +1909,8 @@ class Recorder:
                 self._trained(step, event)
             elif event.training or event.node is None:
                 keep_f.append(event)
-            else:   # eval mode, gradients on, not reached by this backward: an evaluation's graph (see _let_go_eval)
-                event.node, event.outs = None, []
+            else:   # eval mode, gradients on, not reached by this backward: an evaluation's graph (see _absorb)
+                event.node, event.outs, event.absorbed = None, [], None
         for call in self._pending_losses:
             if reached is None or id(call.node) in reached:
                 call.eval, call.node = False, None
@@ -1913,7 +1940,7 @@ class Recorder:
         one that call's input came from, besides forwards run without grad (an evaluation's, which no backward
         can reach: they leave the pending list); see ``_loss_link``. None when the graph must be searched."""
         link = self._loss_link
-        if link is None or self._overflowed:   # (forwards dropped from the pending list since: the search sees to them)
+        if link is None:
             return None
         ref, call, event = link
         if ref() is loss:
@@ -2869,6 +2896,7 @@ class _LoaderIter:
         except StopIteration:
             self._close()
             raise
+        rec._fetches += 1
         stack = rec._loader_stack
         if self.done:  # the epoch re-entered after a cap: count it again
             self.done = False
