@@ -1353,8 +1353,8 @@ class Recorder:
                 if not event.training:
                     self._absorb(pending, event, lambda e: not e.training)
                 elif event.loader is not None:
-                    self._absorb(pending, event, lambda e: e.model == event.model and e.loader == event.loader
-                                 and e.fetch < event.fetch)
+                    self._absorb(pending, event, lambda e: e.training and e.model == event.model
+                                 and e.loader == event.loader and e.fetch < event.fetch)
 
     # -- graphs the script lets go of (full mode) ---------------------------------------------------
     # A forward or loss call waits for the backward that reaches it by holding its graph node, and a node
@@ -1897,7 +1897,8 @@ class Recorder:
             targets |= {id(c.node) for c in self._pending_losses if c.node is not None}
             # the graph grows with the forwards since the last backward (an episode's loss gathers hundreds, a dozen
             # nodes each): a fixed limit stops the search above the model outputs of the latest ones
-            forwards = len(self._pending_forwards) + self._overflowed
+            forwards = len(self._pending_forwards) + self._overflowed + sum(len(e.absorbed) for e in self._pending_forwards
+                                                                            if e.absorbed)
             reached = _reached(loss.grad_fn, targets, limit=min(max(4000, 32 * forwards), 200_000))
             self._overflowed = 0
             first = self._pending_forwards[0] if self._pending_forwards else None
