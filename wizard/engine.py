@@ -16,6 +16,7 @@ from nnwizard.isolation import GRACE_S, run_probe
 from nnwizard.probes.api import ProbeContext, ProbeResult, cannot_run, could_not_run, get, moot_result
 from nnwizard.cuda_lost import CudaContextLost
 from nnwizard.ranking import Evidence, Ranked, rank
+from nnwizard.tailor import tailor
 from nnwizard.target import Target
 from nnwizard.tree import END, SYMPTOMS, Node, Tree
 
@@ -160,6 +161,7 @@ class Engine:
             lost.symptoms, lost.answers = list(diagnosis.given_symptoms), dict(diagnosis.answers)
             raise
         diagnosis.ranked = rank(diagnosis.evidence, self.catalog)
+        tailor(diagnosis)
         diagnosis.duration_s = round(time.time() - diagnosis.started, 2)
         return diagnosis
 

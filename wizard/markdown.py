@@ -82,6 +82,8 @@ def render_markdown(report: Report, diagnosis: Diagnosis, path: str | Path) -> P
             out += [f"### {i + 1}. {h.title} (`{h.id}`, {h.confidence:.2f}, {tag})", "", h.meaning, "", "Evidence (weight, measured):", ""]
             out += [f"- {m.weight:+.2f} {m.text} _(tree `{m.tree}`, node `{m.node}`)_" for m in h.moves]
             out += ["", f"**Fix.** {h.fix}", ""]
+            if h.fix_here:
+                out += [f"**In this program.** {h.fix_here}", ""]
             if h.snippet:
                 out += ["```python", h.snippet.rstrip(), "```", ""]
     if report.not_run:

@@ -41,6 +41,7 @@ class Ranked:
     fix: str = ""
     snippet: str = ""
     prior: float = 0.0
+    fix_here: str = ""   # the fix in the program's own terms (wizard/tailor.py), when the run tells them
 
 
 def confidence(prior: float, weights: list[float]) -> float:

@@ -196,6 +196,7 @@ class OptimizerInfo:
     built: int = 1               # objects of its class built over the same parameters (``optimizer`` is the latest)
     built_at: list[int] = field(default_factory=lambda: [0])   # ``steps`` when each was built (the first 64)
     cadence: tuple[int, int] = (0, 1)   # full mode: (its first steps measured in detail, then every n-th): _cadence
+    where: str | None = None     # full mode: the user's line that built it
 
 
 @dataclass
@@ -938,7 +939,9 @@ class Recorder:
             def __init__(this, *args, **kwargs):
                 original(this, *args, **kwargs)
                 try:
-                    rec._optimizer_info(this)
+                    info = rec._optimizer_info(this)
+                    if info.where is None and rec.full:
+                        info.where = rec.where()   # the line that built it (a fix names it)
                 except Exception:  # noqa: BLE001 - recording must never break the user's optimizer
                     pass
             return __init__

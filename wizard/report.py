@@ -33,6 +33,7 @@ class HypothesisOut(BaseModel):
     confidence: float
     evidence: list[str]
     fix: str
+    fix_here: str = ""   # the same fix in the program's own terms: the object, the line, the value measured better
     snippet: str = ""
     meaning: str = ""
     prior: float = 0.0
@@ -151,7 +152,7 @@ def build(diagnosis: Diagnosis) -> Report:
         hypotheses=[
             HypothesisOut(
                 id=h.id, title=h.title, category=h.category, confidence=h.confidence,
-                evidence=[e.text for e in h.evidence if e.weight > 0], fix=h.fix, snippet=h.snippet,
+                evidence=[e.text for e in h.evidence if e.weight > 0], fix=h.fix, fix_here=h.fix_here, snippet=h.snippet,
                 meaning=h.meaning, prior=h.prior, moves=[Move(**asdict(e)) for e in h.evidence],
             )
             for h in diagnosis.ranked

@@ -84,7 +84,7 @@ class TerminalView:
             for i, h in enumerate(shown):
                 style = "bold red" if h.confidence >= FINDING else "yellow"
                 measured = "\n".join(f"• {e}" for e in h.evidence[:3])
-                table.add_row(str(i + 1), f"[{style}]{h.id}[/]", f"{h.confidence:.2f}", f"[bold]{h.title}[/]\n{measured}", h.fix)
+                table.add_row(str(i + 1), f"[{style}]{h.id}[/]", f"{h.confidence:.2f}", f"[bold]{h.title}[/]\n{measured}", h.fix_here or h.fix)
             c.print(table)
         weaker = len(report.hypotheses) - len(shown)
         if weaker:

@@ -1,0 +1,92 @@
+"""The fix in the program's own terms (wizard/tailor.py): the optimizer, the line that built it, the rate the
+reruns measured better, the evaluation's line; nothing where the run does not tell it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+from nnwizard.probes.api import ProbeResult
+from nnwizard.ranking import Ranked
+from nnwizard.recorder import LossCall, OptimizerInfo
+from nnwizard.session import Options, diagnose
+from nnwizard.tailor import tailor
+
+
+def _call(where, *, eval_, grad, training):
+    call = LossCall("cross_entropy", [8, 3], "float32", [8], "int64", 1.0, "mean", grad, training, 0, where, True, [8, 3])
+    call.eval = eval_
+    return call
+
+
+def _diagnosis(hid, results=(), optimizers=(), calls=()):
+    rec = SimpleNamespace(optimizers=list(optimizers), loss_calls=list(calls))
+    ranked = [Ranked(hid, "t", "loop", 0.8)]
+    return SimpleNamespace(results=list(results), target=SimpleNamespace(recording=rec), ranked=ranked)
+
+
+def _sgd(lrs=(0.1,), where="train.py:40 in main"):
+    return OptimizerInfo(0, "SGD", None, [{"lr": lr, "params": []} for lr in lrs], where=where)
+
+
+def _sweep(outcome, lr=0.1, best=0.01, status="failed"):
+    return ProbeResult(status, outcome, "s", {"lr": lr, "best_lr": best}, id="script-lr-sweep")
+
+
+def test_a_rate_the_sweep_measured_names_the_optimizer_its_line_and_the_better_rate():
+    d = _diagnosis("lr-too-high", [_sweep("too-high")], [_sgd()])
+    tailor(d)
+    text = d.ranked[0].fix_here
+    assert "`SGD` (built at train.py:40 in main) runs at lr 0.1" in text and "`lr=0.01`" in text and "x0.1" in text
+    low = _diagnosis("lr-too-low", [_sweep("too-low", lr=1e-4, best=1e-2)], [_sgd((1e-4,))])
+    tailor(low)
+    assert "`lr=0.01`" in low.ranked[0].fix_here and "x100" in low.ranked[0].fix_here
+
+
+def test_without_a_measured_rate_it_says_so_and_without_an_optimizer_or_sweep_nothing():
+    d = _diagnosis("lr-too-high", [_sweep("ok", status="passed")], [_sgd()])   # the sweep concluded nothing
+    tailor(d)
+    assert "measured" not in d.ranked[0].fix_here and "then diagnose again" in d.ranked[0].fix_here
+    groups = _diagnosis("lr-too-high", [_sweep("too-high")], [_sgd((0.1, 0.01))])
+    tailor(groups)
+    assert "scale each group's rate by 0.1" in groups.ranked[0].fix_here
+    bare = _diagnosis("lr-too-high")
+    tailor(bare)
+    assert bare.ranked[0].fix_here == ""
+
+
+def test_evaluation_fixes_name_the_evaluation_line_only_when_the_recording_has_one():
+    calls = [_call("train.py:20 in train", eval_=False, grad=True, training=True),
+             _call("train.py:31 in test", eval_=True, grad=True, training=True)]
+    for hid, needle in (("no-grad-missing", "torch.no_grad()"), ("eval-mode-missing", "model.eval()")):
+        d = _diagnosis(hid, calls=calls)
+        tailor(d)
+        assert "train.py:31 in test" in d.ranked[0].fix_here and needle in d.ranked[0].fix_here, d.ranked[0].fix_here
+    clean = [calls[0], _call("train.py:31 in test", eval_=True, grad=False, training=False)]
+    for hid in ("no-grad-missing", "eval-mode-missing", "train-mode-missing"):
+        d = _diagnosis(hid, calls=clean)
+        tailor(d)
+        assert d.ranked[0].fix_here == "", (hid, d.ranked[0].fix_here)
+
+
+def test_a_diagnosed_script_gets_its_own_lines(tmp_path: Path):
+    script = tmp_path / "train.py"
+    script.write_text('''
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+X, Y = torch.randn(256, 8), torch.randint(0, 2, (256,))
+model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for epoch in range(20):
+    for i in range(0, 256, 32):
+        loss = nn.functional.cross_entropy(model(X[i:i + 32]), Y[i:i + 32])
+        loss.backward()          # the fault: no opt.zero_grad()
+        opt.step()
+''')
+    d = diagnose(Options(script=str(script), symptoms=["auto"], device="cpu"))
+    top = d.ranked[0]
+    assert top.id == "missing-zero-grad", [h.id for h in d.ranked]
+    assert top.fix_here == ("call `zero_grad()` on `SGD` (built at train.py:8 in <module>) before the backward of the "
+                            "loss computed at train.py:11 in <module>."), top.fix_here

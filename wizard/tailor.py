@@ -1,0 +1,132 @@
+"""The fix in the program's own terms.
+
+The catalog's fix is general ("lower the learning rate by 3 to 10x"). Where the run tells more, a
+hypothesis also gets ``fix_here``: which optimizer, built on which line of the user's script, at which
+rate, and the rate the reruns measured better; the line of the evaluation that needs ``torch.no_grad()``
+or ``model.eval()``; the loss whose backward needs a ``zero_grad()`` before it. Every number and line
+comes from this run (the recording of a script, the probes' data); nothing is said where they are
+missing.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Callable
+
+from nnwizard.probes.api import ProbeResult
+
+
+def tailor(diagnosis) -> None:
+    results = {r.id: r for r in diagnosis.results}
+    rec = getattr(diagnosis.target, "recording", None)
+    for h in diagnosis.ranked:
+        make = TAILORS.get(h.id)
+        if make is None:
+            continue
+        try:
+            h.fix_here = make(results, rec) or ""
+        except Exception:  # noqa: BLE001 - a sentence that cannot be made is left out, never the report
+            h.fix_here = ""
+
+
+def _g(x: float) -> str:
+    return f"{x:.3g}"
+
+
+def _optimizer(rec) -> tuple[str, list[float]] | None:
+    """The first optimizer's description (class and the line that built it) and its groups' rates."""
+    if rec is None or not getattr(rec, "optimizers", None):
+        return None
+    info = rec.optimizers[0]
+    lrs = [float(g["lr"]) for g in info.groups if isinstance(g.get("lr"), (int, float))]
+    return f"`{info.name}`" + (f" (built at {info.where})" if info.where else ""), lrs
+
+
+def _measured_lr(results: dict[str, ProbeResult], outcome: str) -> tuple[float, float, str] | None:
+    """(configured lr, the lr the sweep measured better, its probe) from an lr sweep that concluded ``outcome``."""
+    for pid in ("script-lr-sweep", "lr-sweep"):
+        r = results.get(pid)
+        if r is None or r.status != "failed" or r.outcome != outcome:
+            continue
+        lr, best = r.data.get("lr"), r.data.get("best_lr")
+        if isinstance(lr, (int, float)) and isinstance(best, (int, float)) and lr > 0 and best > 0 and best != lr:
+            return float(lr), float(best), pid
+    return None
+
+
+def _lr(direction: str) -> Callable:
+    outcome, factor = ("too-high", 0.1) if direction == "high" else ("too-low", 10.0)
+
+    def make(results: dict[str, ProbeResult], rec) -> str:
+        opt = _optimizer(rec)
+        measured = _measured_lr(results, outcome)
+        if opt is None and measured is None:
+            return ""
+        what, lrs = opt if opt is not None else ("the optimizer", [])
+        lr = measured[0] if measured else (lrs[0] if lrs else None)
+        if lr is None:
+            return ""
+        rates = f"lr {_g(lr)}" if len(set(lrs)) <= 1 else "its groups' rates " + ", ".join(map(_g, lrs))
+        if measured:
+            best = measured[1]
+            scale = best / lr
+            head = (f"{what} runs at {rates}; the reruns ({measured[2]}) measured lr {_g(best)} "
+                    f"(x{_g(scale)}) better")
+        else:
+            scale, best = factor, lr * factor
+            head = f"{what} runs at {rates}"
+        if len(set(lrs)) > 1:
+            return f"{head}: scale each group's rate by {_g(scale)} there."
+        return f"{head}: set `lr={_g(best)}` there" + ("." if measured else ", then diagnose again to measure it.")
+    return make
+
+
+def _sites(calls: list, keep: Callable[[Any], bool]) -> str:
+    """The lines of the loss calls ``keep`` picks, most frequent first ('main.py:88 in test()')."""
+    counts = Counter(c.where for c in calls if c.where and keep(c))
+    return ", ".join(w for w, _ in counts.most_common(2))
+
+
+def _evaluation(rec) -> str:
+    return _sites(rec.loss_calls, lambda c: c.eval) if rec is not None else ""
+
+
+def _training(rec) -> str:
+    return _sites(rec.loss_calls, lambda c: not c.eval) if rec is not None else ""
+
+
+def _no_grad(results, rec) -> str:
+    site = _sites(rec.loss_calls, lambda c: c.eval and c.grad_enabled) if rec is not None else ""
+    return f"run the evaluation whose loss is computed at {site} under `with torch.no_grad():`." if site else ""
+
+
+def _eval_mode(results, rec) -> str:
+    site = _sites(rec.loss_calls, lambda c: c.eval and c.training) if rec is not None else ""
+    return (f"call `model.eval()` before the evaluation whose loss is computed at {site}, and `model.train()` "
+            f"after it." if site else "")
+
+
+def _train_mode(results, rec) -> str:
+    site = _sites(rec.loss_calls, lambda c: not c.eval and c.training is False) if rec is not None else ""
+    if not site:
+        return ""
+    after = _evaluation(rec)
+    return (f"call `model.train()` at the start of each training pass (its loss at {site})"
+            + (f": the evaluation at {after} leaves the model in eval mode." if after else "."))
+
+
+def _zero_grad(results, rec) -> str:
+    opt, site = _optimizer(rec), _training(rec)
+    if opt is None or not site:
+        return ""
+    return f"call `zero_grad()` on {opt[0]} before the backward of the loss computed at {site}."
+
+
+TAILORS: dict[str, Callable] = {
+    "lr-too-high": _lr("high"),
+    "lr-too-low": _lr("low"),
+    "no-grad-missing": _no_grad,
+    "eval-mode-missing": _eval_mode,
+    "train-mode-missing": _train_mode,
+    "missing-zero-grad": _zero_grad,
+}
