@@ -90,3 +90,36 @@ for epoch in range(20):
     assert top.id == "missing-zero-grad", [h.id for h in d.ranked]
     assert top.fix_here == ("call `zero_grad()` on `SGD` (built at train.py:8 in <module>) before the backward of the "
                             "loss computed at train.py:11 in <module>."), top.fix_here
+
+
+def test_loop_fixes_name_the_optimizer_and_the_training_loss_and_stay_silent_without_them():
+    train = _call("train.py:20 in train", eval_=False, grad=True, training=True)
+    stepped, idle = _sgd(), OptimizerInfo(1, "Adam", None, [{"lr": 1e-3, "params": []}], where="train.py:12 in main")
+    stepped.steps = 5
+    d = _diagnosis("missing-optimizer-step", optimizers=[stepped, idle], calls=[train])
+    tailor(d)
+    assert d.ranked[0].fix_here.startswith("`Adam` (built at train.py:12 in main) is never stepped") \
+        and "train.py:20 in train" in d.ranked[0].fix_here
+    idle.steps = 5
+    d = _diagnosis("missing-optimizer-step", optimizers=[stepped, idle], calls=[train])
+    tailor(d)
+    assert d.ranked[0].fix_here == ""
+
+    missing = ProbeResult("failed", "missing", "s", {"missing_modules": "encoder.0, encoder.2"}, id="trace-optimizer")
+    d = _diagnosis("optimizer-missing-params", [missing], [_sgd()])
+    tailor(d)
+    assert "`SGD` (built at train.py:40 in main) does not hold encoder.0, encoder.2" in d.ranked[0].fix_here
+    d = _diagnosis("optimizer-missing-params", [ProbeResult("passed", "ok", "s", {}, id="trace-optimizer")], [_sgd()])
+    tailor(d)
+    assert d.ranked[0].fix_here == ""
+
+    d = _diagnosis("double-softmax", calls=[train])
+    tailor(d)
+    assert "`cross_entropy` at train.py:20 in train" in d.ranked[0].fix_here
+    d = _diagnosis("zero-grad-misplaced", optimizers=[_sgd()], calls=[train])
+    tailor(d)
+    assert "`zero_grad()` on `SGD`" in d.ranked[0].fix_here and "train.py:20 in train, then `step()`" in d.ranked[0].fix_here
+    for hid in ("double-softmax", "zero-grad-misplaced"):   # no training loss call recorded: nothing to point at
+        d = _diagnosis(hid, optimizers=[_sgd()], calls=[_call("t.py:3 in test", eval_=True, grad=False, training=False)])
+        tailor(d)
+        assert d.ranked[0].fix_here == "", hid

@@ -122,7 +122,46 @@ def _zero_grad(results, rec) -> str:
     return f"call `zero_grad()` on {opt[0]} before the backward of the loss computed at {site}."
 
 
+def _zero_grad_order(results, rec) -> str:
+    opt, site = _optimizer(rec), _training(rec)
+    if opt is None or not site:
+        return ""
+    return (f"keep this order at every step: `zero_grad()` on {opt[0]}, then the backward of the loss computed at "
+            f"{site}, then `step()`.")
+
+
+def _missing_params(results, rec) -> str:
+    r, opt = results.get("trace-optimizer"), _optimizer(rec)
+    if r is None or r.outcome != "missing" or opt is None or not r.data.get("missing_modules"):
+        return ""
+    return (f"{opt[0]} does not hold {r.data['missing_modules']}: build it over the whole model's `parameters()` there "
+            f"(or add a parameter group for them).")
+
+
+def _double_softmax(results, rec) -> str:
+    calls = [c for c in rec.loss_calls if not c.eval and c.where] if rec is not None else []
+    if not calls:
+        return ""
+    fn = Counter(c.fn for c in calls).most_common(1)[0][0]
+    return (f"give `{fn}` at {_training(rec)} the model's raw outputs (logits): it applies its own (log-)softmax, so "
+            f"drop the softmax before it.")
+
+
+def _missing_step(results, rec) -> str:
+    idle = [o for o in rec.optimizers if not o.steps] if rec is not None else []
+    site = _training(rec)
+    if not idle or not site:
+        return ""
+    o = idle[0]
+    return (f"`{o.name}`" + (f" (built at {o.where})" if o.where else "") + f" is never stepped: call its `step()` after "
+            f"the backward of the loss computed at {site}.")
+
+
 TAILORS: dict[str, Callable] = {
+    "missing-optimizer-step": _missing_step,
+    "zero-grad-misplaced": _zero_grad_order,
+    "optimizer-missing-params": _missing_params,
+    "double-softmax": _double_softmax,
     "lr-too-high": _lr("high"),
     "lr-too-low": _lr("low"),
     "no-grad-missing": _no_grad,
