@@ -62,7 +62,7 @@ def _lr(direction: str) -> Callable:
         measured = _measured_lr(results, outcome)
         if opt is None and measured is None:
             return ""
-        what, lrs = opt if opt is not None else ("the optimizer", [])
+        what, lrs = opt if opt is not None else ("the optimizer `build_optimizer` returns", [])   # (module mode)
         lr = measured[0] if measured else (lrs[0] if lrs else None)
         if lr is None:
             return ""
