@@ -148,7 +148,9 @@ class ScriptTarget(Target):
             num_classes = int(call.input_shape[1])
         super().__init__(spec=str(self.script.spec), namespace=SimpleNamespace(), source=self.script.path,
                          device=resolved, train_loader=train_loader, val_loader=None, loss_fn=loss_fn, task=task,
-                         num_classes=num_classes)
+                         num_classes=num_classes,
+                         task_source=f"from {call.fn}, the loss the script called" if call is not None else
+                         "no training loss call was recorded: not known, regression assumed")
 
     # -- capture ----------------------------------------------------------------------------------
     def _pairs(self, info: ModelInfo | None, call: LossCall | None) -> list[tuple]:
