@@ -1201,3 +1201,11 @@ def test_a_loader_pass_left_unfinished_does_not_take_the_next_loaders_steps(tmp_
     assert train.length == 64 and train.backwards[0] == 20 and val.backwards == [0]
     assert rec.capped_training == 1
     assert all(e.loader == train.index for e in rec.forwards if e.grad_enabled and e.training)
+
+
+def test_the_task_says_where_it_came_from_and_that_it_is_unknown_without_a_loss_call(tmp_path):
+    target = record(write(tmp_path))
+    assert target.task == "classification" and target.task_source == "from cross_entropy, the loss the script called"
+    crashed = record(write(tmp_path, ("    for epoch in range(3):", "    raise ConnectionError('no network')\n    for epoch in range(3):"),
+                           name="crash.py"))
+    assert crashed.loss_call is None and "not known" in crashed.task_source
