@@ -123,3 +123,33 @@ def test_loop_fixes_name_the_optimizer_and_the_training_loss_and_stay_silent_wit
         d = _diagnosis(hid, optimizers=[_sgd()], calls=[_call("t.py:3 in test", eval_=True, grad=False, training=False)])
         tailor(d)
         assert d.ranked[0].fix_here == "", hid
+
+
+def test_scheduler_graph_and_clipping_fixes_name_the_recorded_line_and_nothing_without_it():
+    from nnwizard.recorder import ClipCall
+
+    per_batch = ProbeResult("failed", "per-step-for-per-epoch", "s", {}, id="trace-scheduler")
+    d = _diagnosis("scheduler-misplaced", [per_batch])
+    d.target.recording.schedulers = [{"name": "StepLR", "where": "train.py:44 in main", "steps": 60}]
+    tailor(d)
+    assert "`StepLR` is stepped after every batch (at train.py:44 in main)" in d.ranked[0].fix_here
+    d = _diagnosis("scheduler-misplaced", [ProbeResult("passed", "ok", "s", {}, id="trace-scheduler")])
+    d.target.recording.schedulers = [{"name": "StepLR", "where": "train.py:44 in main", "steps": 60}]
+    tailor(d)
+    assert d.ranked[0].fix_here == ""
+
+    d = _diagnosis("graph-retained")
+    d.target.recording.graph_kept = ["train.py:33 in <module>"]
+    tailor(d)
+    assert "train.py:33 in <module>" in d.ranked[0].fix_here and "loss.item()" in d.ranked[0].fix_here
+    d.target.recording.graph_kept = []
+    tailor(d)
+    assert d.ranked[0].fix_here == ""
+
+    d = _diagnosis("clip-misplaced")
+    d.target.recording.clips = [ClipCall("clip_grad_norm_", "train.py:45 in fit", 3, False, 1.0, 2.0)]
+    tailor(d)
+    assert d.ranked[0].fix_here.startswith("`clip_grad_norm_` at train.py:45 in fit runs where no fresh gradient")
+    d.target.recording.clips = [ClipCall("clip_grad_norm_", "train.py:45 in fit", 3, True, 1.0, 2.0)]   # in place
+    tailor(d)
+    assert d.ranked[0].fix_here == ""

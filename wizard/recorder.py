@@ -975,7 +975,9 @@ class Recorder:
             def step(this, *args, **kwargs):
                 if rec._in_sched or getattr(this, "_is_initial", False):
                     if getattr(this, "_is_initial", False):
-                        rec._scheduler_seen(this)
+                        entry = rec._scheduler_seen(this)
+                        if rec.full and "built" not in entry:
+                            entry["built"] = rec.where()   # (its __init__ steps it once: the line that built it)
                     return original(this, *args, **kwargs)
                 rec._in_sched += 1
                 try:
@@ -2631,6 +2633,8 @@ class Recorder:
     def _scheduler_stepped(self, scheduler) -> None:
         entry = self._scheduler_seen(scheduler)
         entry["steps"] += 1
+        if self.full and "where" not in entry:
+            entry["where"] = self.where()   # the line that steps it (a fix names it)
         opt = getattr(scheduler, "optimizer", None)
         if self.lr_scale and opt is not None and id(opt) in self._lr_written:  # (its rates derive from scaled ones)
             self._lr_written[id(opt)] = [g["lr"] for g in opt.param_groups]

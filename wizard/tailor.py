@@ -157,7 +157,40 @@ def _missing_step(results, rec) -> str:
             f"the backward of the loss computed at {site}.")
 
 
+def _scheduler(results, rec) -> str:
+    r = results.get("trace-scheduler")
+    if r is None or rec is None or not rec.schedulers or r.outcome not in ("per-step-for-per-epoch", "per-epoch-for-per-step"):
+        return ""
+    entry = rec.schedulers[0]
+    name, site = entry["name"], entry.get("where")
+    at = f" (at {site})" if site else ""
+    if r.outcome == "per-step-for-per-epoch":
+        return (f"`{name}` is stepped after every batch{at}, but it counts epochs: call its `step()` once per epoch, "
+                f"after the batch loop.")
+    return f"`{name}` is stepped once per epoch{at}, but it is a per-iteration schedule: call its `step()` after every `optimizer.step()`."
+
+
+def _graph_kept(results, rec) -> str:
+    kept = getattr(rec, "graph_kept", None) if rec is not None else None
+    if not kept:
+        return ""
+    return (f"the value kept at {kept[0]} is the loss tensor itself, so every step's graph stays alive: keep "
+            f"`loss.item()` there (or `loss.detach()` for a tensor).")
+
+
+def _clip(results, rec) -> str:
+    stale = [c for c in rec.clips if not c.fresh and c.where] if rec is not None and getattr(rec, "clips", None) else []
+    if not stale:
+        return ""
+    c = stale[0]
+    return (f"`{c.fn}` at {c.where} runs where no fresh gradient is waiting (after `optimizer.step()` or "
+            f"`zero_grad()`): call it between `loss.backward()` and `optimizer.step()`.")
+
+
 TAILORS: dict[str, Callable] = {
+    "scheduler-misplaced": _scheduler,
+    "graph-retained": _graph_kept,
+    "clip-misplaced": _clip,
     "missing-optimizer-step": _missing_step,
     "zero-grad-misplaced": _zero_grad_order,
     "optimizer-missing-params": _missing_params,
