@@ -188,8 +188,9 @@ def test_hand_written_updates_lower_the_cap_when_steps_are_slow(tmp_path):
     target = record(slow, limit_batches=20, time_limit_s=10.0)
     rec = target.recording
     assert rec.steps and all(s.manual for s in rec.steps)
-    caps = [int(m) for n in rec.notes for m in re.findall(r"batches per pass .* capped at (\d+)", n)]
-    assert caps and 4 <= caps[0] <= 13, rec.notes   # at most 10 s / (2.5 passes x 0.3 s), not the 20 given
+    caps = [int(m) for n in rec.notes for m in re.findall(r"loops over range\(\) .* capped at (\d+) iterations", n)]
+    assert caps == [rec.pass_cap] and 4 <= caps[0] <= 13, rec.notes   # at most 10 s / (2.5 passes x 0.3 s), not the 20 given
+    assert not any("batches per pass" in n for n in rec.notes)   # (no DataLoader: the slice loops' own note says it)
     assert any(c.eval for c in rec.loss_calls)                      # the first evaluation was reached
 
 
@@ -269,3 +270,29 @@ def test_an_episode_of_policy_calls_with_gradients_is_not_an_evaluation_pass(tmp
     target = record(write(tmp_path, text=EPISODES), limit_batches=5)
     assert target.run.exit == "finished" and len(target.recording.steps) == 6
     assert all(line == "episode 50" for line in target.run.output), target.run.output
+
+
+def test_the_batch_cap_note_appears_for_a_dataloader_and_not_for_a_full_batch_script(tmp_path):
+    """A slow script's lowered batch cap is noted where it caps something: a DataLoader's passes. A full-batch
+    script (the graph-attention example: one forward over every node per step) has no pass to cap, and its report
+    said 'batches per pass (DataLoader or slice loop) capped at 4' all the same."""
+    from test_script_mode import BASE
+
+    slow = "            opt.step()\n            __import__('time').sleep(0.2)\n"
+    loader = record(write(tmp_path, ("            opt.step()\n", slow), text=BASE), limit_batches=20, time_limit_s=6.0)
+    assert any("batches per pass" in n for n in loader.recording.notes), loader.recording.notes
+    full = '''
+import time, torch
+from torch import nn
+torch.manual_seed(0)
+X, Y = torch.randn(256, 8), torch.randint(0, 2, (256,))
+model = nn.Linear(8, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for epoch in range(40):
+    opt.zero_grad()
+    nn.functional.cross_entropy(model(X), Y).backward()
+    opt.step()
+    time.sleep(0.2)
+'''
+    target = record(write(tmp_path, text=full, name="full.py"), limit_batches=20, time_limit_s=6.0)
+    assert len(target.recording.steps) >= 3 and not any("batches per pass" in n for n in target.recording.notes)

@@ -89,8 +89,9 @@ class BatchCap:
             cap = max(self.MIN_BATCHES, min(self.limit, fit))
             if cap < rec.limit_batches:
                 rec.limit_batches = cap
-                rec.recording.notes.append(f"batches per pass (DataLoader or slice loop) capped at {cap} (a step took {per_step:.2f} s, "
-                                           f"time limit {self.seconds:.0f} s)")
+                if rec.recording.loaders:   # (a slice loop's cap has its own note when one applies; a full-batch script has neither)
+                    rec.recording.notes.append(f"batches per pass (DataLoader or slice loop) capped at {cap} (a step took "
+                                               f"{per_step:.2f} s, time limit {self.seconds:.0f} s)")
 
 
 class StepFit:
