@@ -634,7 +634,7 @@ def test_batch_cap_fits_slow_steps_to_the_time_limit():
 
     def rec(step_s):
         steps = [NS(step=i + 1, duration_s=step_s) for i in range(3)]
-        return NS(limit_batches=20, recording=NS(steps=steps, notes=[]))
+        return NS(limit_batches=20, recording=NS(steps=steps, notes=[], loaders=[object()]))   # (a DataLoader to cap)
     slow, fast = rec(1.5), rec(0.01)
     for r in (slow, fast):
         BatchCap(20, 30.0).on_step_post(r, None, r.recording.steps[2])
