@@ -975,9 +975,7 @@ class Recorder:
             def step(this, *args, **kwargs):
                 if rec._in_sched or getattr(this, "_is_initial", False):
                     if getattr(this, "_is_initial", False):
-                        entry = rec._scheduler_seen(this)
-                        if rec.full and "built" not in entry:
-                            entry["built"] = rec.where()   # (its __init__ steps it once: the line that built it)
+                        rec._scheduler_seen(this)
                     return original(this, *args, **kwargs)
                 rec._in_sched += 1
                 try:

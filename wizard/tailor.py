@@ -33,13 +33,18 @@ def _g(x: float) -> str:
     return f"{x:.3g}"
 
 
+def _describe(info) -> str:
+    """An optimizer as the fix names it: its class and the line that built it."""
+    return f"`{info.name}`" + (f" (built at {info.where})" if info.where else "")
+
+
 def _optimizer(rec) -> tuple[str, list[float]] | None:
-    """The first optimizer's description (class and the line that built it) and its groups' rates."""
+    """The first optimizer's description and its groups' rates."""
     if rec is None or not getattr(rec, "optimizers", None):
         return None
     info = rec.optimizers[0]
     lrs = [float(g["lr"]) for g in info.groups if isinstance(g.get("lr"), (int, float))]
-    return f"`{info.name}`" + (f" (built at {info.where})" if info.where else ""), lrs
+    return _describe(info), lrs
 
 
 def _measured_lr(results: dict[str, ProbeResult], outcome: str) -> tuple[float, float, str] | None:
@@ -81,33 +86,36 @@ def _lr(direction: str) -> Callable:
     return make
 
 
-def _sites(calls: list, keep: Callable[[Any], bool]) -> str:
-    """The lines of the loss calls ``keep`` picks, most frequent first ('main.py:88 in test()')."""
-    counts = Counter(c.where for c in calls if c.where and keep(c))
+def _sites(rec, keep: Callable[[Any], bool]) -> str:
+    """The lines of the recorded loss calls ``keep`` picks, most frequent first ('main.py:88 in test()'); '' without
+    a recording (module mode)."""
+    if rec is None:
+        return ""
+    counts = Counter(c.where for c in rec.loss_calls if c.where and keep(c))
     return ", ".join(w for w, _ in counts.most_common(2))
 
 
 def _evaluation(rec) -> str:
-    return _sites(rec.loss_calls, lambda c: c.eval) if rec is not None else ""
+    return _sites(rec, lambda c: c.eval)
 
 
 def _training(rec) -> str:
-    return _sites(rec.loss_calls, lambda c: not c.eval) if rec is not None else ""
+    return _sites(rec, lambda c: not c.eval)
 
 
 def _no_grad(results, rec) -> str:
-    site = _sites(rec.loss_calls, lambda c: c.eval and c.grad_enabled) if rec is not None else ""
+    site = _sites(rec, lambda c: c.eval and c.grad_enabled)
     return f"run the evaluation whose loss is computed at {site} under `with torch.no_grad():`." if site else ""
 
 
 def _eval_mode(results, rec) -> str:
-    site = _sites(rec.loss_calls, lambda c: c.eval and c.training) if rec is not None else ""
+    site = _sites(rec, lambda c: c.eval and c.training)
     return (f"call `model.eval()` before the evaluation whose loss is computed at {site}, and `model.train()` "
             f"after it." if site else "")
 
 
 def _train_mode(results, rec) -> str:
-    site = _sites(rec.loss_calls, lambda c: not c.eval and c.training is False) if rec is not None else ""
+    site = _sites(rec, lambda c: not c.eval and c.training is False)
     if not site:
         return ""
     after = _evaluation(rec)
@@ -152,9 +160,7 @@ def _missing_step(results, rec) -> str:
     site = _training(rec)
     if not idle or not site:
         return ""
-    o = idle[0]
-    return (f"`{o.name}`" + (f" (built at {o.where})" if o.where else "") + f" is never stepped: call its `step()` after "
-            f"the backward of the loss computed at {site}.")
+    return f"{_describe(idle[0])} is never stepped: call its `step()` after the backward of the loss computed at {site}."
 
 
 def _scheduler(results, rec) -> str:
