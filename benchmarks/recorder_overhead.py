@@ -4,7 +4,11 @@ parameter MLP and a ~11M-parameter CNN (ResNet-18 layout, from scale_models.py).
 printed (goal, for both recorders: <= 1.10x on the small MLP, <= 1.05x on the ~10M model).
 
     python benchmarks/recorder_overhead.py [--repeats 5] [--steps 200] [--big-steps 20] [--cpu] [--model CNN] [--json out.json]
-                                           [--device cuda]
+                                           [--device cuda] [--floor]
+
+``--floor``: a fourth column, the full recorder with every wrapper, hook and pause of the graph mode installed
+and every record emptied (no forward, loss call, backward, step or batch is recorded): what the wrapping alone
+costs, the floor under any recorder that watches the same calls in Python.
 
 ``--device cuda``: the model on the GPU, each batch moved there in the loop (``x.to(device)``, as a
 script does), the clock read after ``torch.cuda.synchronize()`` at the start and the end of a loop.
@@ -19,6 +23,7 @@ torch's waiting threads count too).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -32,6 +37,7 @@ from torch.utils.data import DataLoader, TensorDataset
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from nnwizard import recorder as recorder_mod  # noqa: E402
 from nnwizard.recorder import Recorder  # noqa: E402
 
 from scale_models import ResNet  # noqa: E402
@@ -81,15 +87,40 @@ def loop(model, loader, steps: int) -> None:
 CLOCK = time.perf_counter
 
 
+@contextlib.contextmanager
+def records_emptied():
+    """The full recorder's record-keeping replaced by nothing (see ``--floor``); its wrappers stay."""
+    def model_called(self, module, args):
+        self._depth = 1
+        self._pause()   # (the wrapper's finally resumes)
+        return None
+
+    empty = {"_model_called": model_called, "_loss_called": lambda self, *a, **k: None,
+             "_before_backward": lambda self, tensors: None, "_step_pre": lambda self, opt, args, kwargs: None,
+             "_step_post": lambda self, opt, args, kwargs: None}
+    saved = {name: Recorder.__dict__[name] for name in empty}
+    saved_next = recorder_mod._LoaderIter._next
+    try:
+        for name, fn in empty.items():
+            setattr(Recorder, name, fn)
+        recorder_mod._LoaderIter._next = lambda self: next(self.inner)
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(Recorder, name, fn)
+        recorder_mod._LoaderIter._next = saved_next
+
+
 def timed(build, loader, steps: int, mode: str | None) -> float:
     torch.manual_seed(0)
     model = build().to(DEVICE)
+    emptied = mode == "floor"
     _sync()
     t0 = CLOCK()
     if mode is None:
         loop(model, loader, steps)
     else:
-        with Recorder(mode=mode):
+        with records_emptied() if emptied else contextlib.nullcontext(), Recorder(mode="full" if emptied else mode):
             loop(model, loader, steps)
     _sync()
     return CLOCK() - t0
@@ -104,6 +135,7 @@ def main(argv=None) -> int:
     ap.add_argument("--model", action="append", help="only models whose name contains this (repeatable): small, MLP, CNN")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--floor", action="store_true", help="also time the full recorder's wrappers with every record emptied")
     args = ap.parse_args(argv)
     global CLOCK, DEVICE
     CLOCK = time.process_time if args.cpu else time.perf_counter
@@ -114,18 +146,22 @@ def main(argv=None) -> int:
             continue
         steps = args.steps if "small" in name else args.big_steps
         loader, params = data(name)
-        for mode in (None, "light", "full"):  # warm up (the first recorder import pulls in lazy torch modules)
-            timed(build, loader, max(steps // 10, 2), mode)
-        times: dict[str, list[float]] = {"plain": [], "light": [], "full": []}
+        modes = ("plain", "light", "full") + (("floor",) if args.floor else ())
+        for mode in modes:  # warm up (the first recorder import pulls in lazy torch modules)
+            timed(build, loader, max(steps // 10, 2), None if mode == "plain" else mode)
+        times: dict[str, list[float]] = {mode: [] for mode in modes}
         for _ in range(args.repeats):
-            for mode in ("plain", "light", "full"):
+            for mode in modes:
                 times[mode].append(timed(build, loader, steps, None if mode == "plain" else mode))
         med = {k: statistics.median(v) for k, v in times.items()}
         row = {"model": name, "device": str(DEVICE), "params": params, "steps": steps, "plain_s": med["plain"],
                "light_x": med["light"] / med["plain"], "full_x": med["full"] / med["plain"]}
+        if args.floor:
+            row["floor_x"] = med["floor"] / med["plain"]
         rows.append(row)
         print(f"{name:<40} {params:>11,} params  {steps:>4} steps  plain {med['plain']:.3f} s  "
-              f"light {row['light_x']:.3f}x  full {row['full_x']:.3f}x", flush=True)
+              f"light {row['light_x']:.3f}x  full {row['full_x']:.3f}x"
+              + (f"  floor (records emptied) {row['floor_x']:.3f}x" if args.floor else ""), flush=True)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")
     return 0
