@@ -33,7 +33,7 @@ import torch
 from nnwizard.probes._objectives import ADVERSARIAL, adversarial_reason, objectives, optimizer_label
 from nnwizard.probes._optrace import OpTracer
 from nnwizard.probes.api import LinePlot, ProbeContext, Table, cannot_run, failed, passed, probe, skipped
-from nnwizard.probes.lr import BETTER, MOVES, sweep_outcome
+from nnwizard.probes.lr import BETTER, MOVES, noise_margin, sweep_outcome
 from nnwizard.probes.sanity import overfit_outcome
 from nnwizard.probes.trace import _fmt
 
@@ -98,6 +98,7 @@ def _rerun(ctx, target, steps: int, **how):
     optimizers each follow their own backward, a series each)."""
     per = objectives(target.recording).steps_per_point(len(target.recording.steps))
     ctx.progress(0.0, f"rerunning the script ({steps} steps)")
+    how.setdefault("seed", ctx.seed)   # the observed run's seed: an arm differs from it by the intervention alone
     return target.rerun(max_steps=max(1, math.ceil(steps * per)), time_limit_s=_limit_s(target, steps), **how)
 
 
@@ -397,15 +398,16 @@ def _sweep_judged(ctx, target, reruns: dict, steps: int, wanted: int, objective:
     # finite, try lr*100
     if max(d.values()) < MOVES and math.isfinite(d[10.0]) and ctx.param("extend", True):
         extra_arm(100.0)
-    outcome = sweep_outcome(d)
     window = observed[:max(JUDGED_STEPS, 2 * n)]
+    margin = noise_margin([v[:n] for f, v in runs.items() if f not in diverged], start, max(3, n // 4))   # (_tail's quarter)
+    outcome = sweep_outcome(d, margin)
     whole = _removed(start, window)
     # the same range test downwards: nothing moved, the configured rate threw the loss up (SPIKE_BLOWUP times its
     # start) and never brought it below where it began, and lr/10 did not learn either. A rate 100x too high
     # (Adadelta at 100) leaves lr/10 still far too high: lr/100 is the arm that tells "too high" from "nothing learns"
     if outcome == "none-learns" and whole < MOVES and ctx.param("extend", True) and _blew_up(observed[:n]):
         extra_arm(0.01)
-        if d[0.01] >= MOVES and d[0.01] >= max(d[0.1], d[1.0]) + BETTER:
+        if d[0.01] >= MOVES and d[0.01] >= max(d[0.1], d[1.0]) + margin:
             outcome = "too-high"
     # nothing moved within the sweep's window, nor over the observed run: a model trained from scratch (a transformer)
     # can sit on its plateau for a few dozen steps at any rate. lr*100 then gets the observed run's whole length,
@@ -414,7 +416,7 @@ def _sweep_judged(ctx, target, reruns: dict, steps: int, wanted: int, objective:
     if outcome == "none-learns" and 100.0 in d and whole < MOVES and len(observed) >= n + MIN_SWEEP \
             and ctx.param("extend", True):
         longer = _longer_arm(ctx, target, reruns, observed, objective, 100.0)
-        if longer is not None and longer["drop"] >= MOVES and longer["drop"] >= longer["observed_drop"] + BETTER:
+        if longer is not None and longer["drop"] >= MOVES and longer["drop"] >= longer["observed_drop"] + _long_margin(longer):
             outcome = "too-low"
     # the sweep's window says "too high" (lr/10 ahead) or that nothing learns, while the observed run, finite
     # throughout, went on to remove clearly more than lr/10 did in that window: the window is too short to judge,
@@ -430,7 +432,7 @@ def _sweep_judged(ctx, target, reruns: dict, steps: int, wanted: int, objective:
         if longer is None:
             outcome = "unsettled"
         else:
-            outcome = "too-high" if longer["drop"] >= longer["observed_drop"] + BETTER else "ok"
+            outcome = "too-high" if longer["drop"] >= longer["observed_drop"] + _long_margin(longer) else "ok"
     count = len(runs) - 1
     # "too low" is about the run, not the sweep's window: the observed run must barely move over all
     # its recorded steps too (a healthy rate is slower than lr*10 over the first few steps)
@@ -448,6 +450,8 @@ def _sweep_judged(ctx, target, reruns: dict, steps: int, wanted: int, objective:
             f"removed: " + (f"lr/100{lr_text(0.01)} {pct(0.01)}, " if 0.01 in d else "")
             + f"lr/10{lr_text(0.1)} {pct(0.1)}, lr{lr_text(1.0)} {pct(1.0)}, lr*10{lr_text(10.0)} {pct(10.0)}"
             + (f", lr*100{lr_text(100.0)} {pct(100.0)}" if 100.0 in d else ""))
+    if margin > BETTER:
+        text += f"; differences under {margin:.0%} are within this run's step-to-step noise"
     if held:
         text += (f"; lr*10 is faster over these {n} steps, but the observed run removed {whole:.0%} of the loss over "
                  f"its {'first ' if len(window) < len(observed) else ''}{len(window)} steps at lr")
@@ -460,7 +464,8 @@ def _sweep_judged(ctx, target, reruns: dict, steps: int, wanted: int, objective:
                  f"observed run went on to remove {whole:.0%} over its {len(window)} steps at lr"
                  + (", and lr/10 over as many steps did not fit the time left" if outcome == "unsettled" else ""))
     data = dict(lr=lr, steps=n, drop_observed=whole, observed_steps=len(observed), planned_steps=steps, wanted_steps=wanted, start_loss=start, drop_lr10=d[0.1],
-                drop_lr=d[1.0], drop_lrx10=d[10.0], drop_lrx100=d.get(100.0), drop_lr100=d.get(0.01), reruns=count, errors=errors, text=text, moves=MOVES, better=BETTER)
+                drop_lr=d[1.0], drop_lrx10=d[10.0], drop_lrx100=d.get(100.0), drop_lr100=d.get(0.01), reruns=count, errors=errors, text=text, moves=MOVES, better=BETTER,
+                margin=margin)
     if lr is not None:
         data.update(lr_low=lr * 0.1, lr_high=lr * 10, best_lr=lr * max(d, key=lambda f: d[f]))
     if longer is not None:
@@ -495,6 +500,11 @@ def _sweep_judged(ctx, target, reruns: dict, steps: int, wanted: int, objective:
                               reason="budget", **data)
         return failed("none-learns", text, [plot, table], **data)
     return passed(text, artifacts=[plot, table], **data)
+
+
+def _long_margin(longer: dict) -> float:
+    """The noise margin between a long arm and the observed run over the same steps (see noise_margin)."""
+    return noise_margin([longer["observed"], longer["losses"]], longer["observed"][0], max(3, longer["steps"] // 4))
 
 
 def _longer_arm(ctx, target, reruns: dict, observed: list[float], objective: int | None, factor: float) -> dict | None:
@@ -651,7 +661,8 @@ def script_nan_bisect(ctx: ProbeContext, target):
         warnings.simplefilter("ignore")
         with tracer as trace:
             ctx.progress(0.0, f"rerunning the script to step {bad}")
-            run = target.rerun(max_steps=bad, time_limit_s=_limit_s(target, bad), listeners=[_StepTracer(tracer, bad)])
+            run = target.rerun(max_steps=bad, time_limit_s=_limit_s(target, bad), listeners=[_StepTracer(tracer, bad)],
+                               seed=ctx.seed)
     data.update(rerun_seconds=run.seconds, rerun_steps=len(run.recording.steps), ops_traced=trace.count)
     rec2, phase = trace.first_nonfinite, None
     if rec2 is not None and rec2.phase in ("forward", "loss", "other"):

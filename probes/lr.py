@@ -192,18 +192,34 @@ def _up(d: dict[float, float]) -> float:
     return max((f for f in d if f > 1 and math.isfinite(d[f])), key=lambda f: d[f], default=10.0)
 
 
-def sweep_outcome(d: dict[float, float]) -> str:
+def sweep_outcome(d: dict[float, float], margin: float = BETTER) -> str:
     """The sweep's verdict from the share of the loss each factor removed (``d[factor]``, -inf when it
     diverged; factors 0.1, 1 and 10 at least): ``too-low``, ``too-high``, ``none-learns`` or ``ok``.
-    One rule for the module sweep and the sweep over reruns of a script (probes/intervene.py)."""
+    One rule for the module sweep and the sweep over reruns of a script (probes/intervene.py).
+    A direction is named only when its arm is the best of all and ahead of the configured rate by
+    ``margin`` (at least BETTER; more where the run's own step-to-step noise is larger, see
+    :func:`noise_margin`): a configured rate behind both of its neighbours is noise, not a direction."""
     up = _up(d)
-    if d[1.0] < MOVES and math.isfinite(d.get(up, -math.inf)) and d[up] >= d[1.0] + BETTER:
+    best = max(d.values())
+    if d[1.0] < MOVES and math.isfinite(d.get(up, -math.inf)) and d[up] >= d[1.0] + margin and d[up] >= best:
         return "too-low"
-    if math.isfinite(d[0.1]) and (not math.isfinite(d[1.0]) or d[0.1] >= d[1.0] + BETTER):
+    if math.isfinite(d[0.1]) and (not math.isfinite(d[1.0]) or d[0.1] >= d[1.0] + margin) and d[0.1] >= best:
         return "too-high"
     if max(d.values()) < MOVES:
         return "none-learns"
     return "ok"
+
+
+def noise_margin(arms: list[list[float]], start: float, tail: int, z: float = 2.0) -> float:
+    """How far apart two arms' shares of the loss removed must be to differ by more than noise: ``z``
+    standard errors of the difference of two means of ``tail`` steps, as a share of ``start``; never below
+    BETTER. The noise is the step-to-step noise around the trend of the quietest arm: what the objective
+    itself draws at every rate (a diffusion model's per-step loss jumps by ~20% of its level, where a 10%
+    margin is a coin toss), not the jumps a rate far too high adds to its own arm."""
+    noises = [n for n in (_noise(a)[0] for a in arms) if math.isfinite(n)]
+    if not (noises and start > 0 and tail > 0):
+        return BETTER
+    return max(BETTER, z * min(noises) * math.sqrt(2.0 / tail) / start)
 
 
 def _noise(losses: list[float]) -> tuple[float, float]:

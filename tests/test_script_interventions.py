@@ -82,6 +82,32 @@ def test_overfit_memorises_one_batch_through_the_script(tmp_path):
     assert target.reruns and target.reruns[-1].what.startswith("the first batch every step")
 
 
+def test_overfit_repeats_the_random_draws_a_step_makes_after_its_batch(tmp_path):
+    """A denoiser draws its target (the noise) inside the step, as a diffusion model does: with fresh noise every
+    step one batch cannot be memorised, and a healthy script would read "stuck". The rerun puts the generators
+    back where they stood at the first batch, so the step's draws repeat with it."""
+    text = BASE.format(LR="1e-2", OPT="Adam", SEED="torch.manual_seed(0)", LOSS="F.mse_loss(out, noise)").replace(
+        "nn.Linear(64, 4))", "nn.Linear(64, 8))").replace(
+        "        out = model(xb)\n", "        noise = torch.randn_like(xb)\n        out = model(xb + noise)\n")
+    target = target_of(script(tmp_path, text=text))
+    result = run(target, "script-overfit")
+    assert result.outcome == "learns", result.summary
+    assert result.data["final_loss"] < 0.1 * result.data["first_loss"]
+
+
+def test_same_batch_puts_the_generators_back_at_each_repeat():
+    import torch
+
+    from nnwizard.script_target import _SameBatch
+
+    same = _SameBatch()
+    first = (torch.zeros(4, 2), torch.zeros(4))
+    assert same(first, 0) is first
+    a = torch.rand(3)
+    assert same((torch.ones(4, 2), torch.ones(4)), 1) is first   # the first batch, and the draws after it again
+    assert torch.equal(torch.rand(3), a) and same.repeats == 1
+
+
 def test_overfit_cannot_memorise_through_a_broadcasting_reshape(tmp_path):
     text = BROADCAST
     target = target_of(script(tmp_path, text=text))
@@ -129,6 +155,32 @@ def test_sweep_rule_never_calls_a_diverging_rate_too_low():
 
     assert sweep_outcome({0.1: 0.9, 1.0: -math.inf, 10.0: -math.inf}) == "too-high"
     assert sweep_outcome({0.1: 0.01, 1.0: 0.02, 10.0: 0.6}) == "too-low"
+
+
+
+def test_sweep_rule_names_no_direction_when_the_configured_rate_trails_both_neighbours():
+    """A noisy objective (a diffusion model) measured lr/10 +8%, lr -12%, lr*10 +6%: lr*10 "beats" lr, but lr/10 beats
+    both. Neither direction is the answer, and a 20% noise margin holds off even lr/10's lead."""
+    from nnwizard.probes.lr import BETTER, noise_margin, sweep_outcome
+
+    d = {0.1: 0.08, 1.0: -0.12, 10.0: 0.06}
+    assert sweep_outcome(d) == "too-high"          # (10% margin: lr/10 is the best arm, 20 points ahead)
+    assert sweep_outcome({0.1: 0.06, 1.0: -0.12, 10.0: 0.08}) != "too-high"   # lr*10 ahead of lr/10
+    assert sweep_outcome({0.1: 0.10, 1.0: -0.12, 10.0: 0.09}) != "too-low"   # lr*10 ahead of lr, not of lr/10
+    assert sweep_outcome(d, margin=0.25) not in ("too-low", "too-high")
+    quiet = [1.0 - 0.02 * i for i in range(30)]
+    noisy = [1.0 + (0.2 if i % 2 else -0.2) for i in range(30)]
+    assert noise_margin([quiet], 1.0, 7) == BETTER
+    assert noise_margin([noisy, [x + 0.1 for x in noisy]], 1.0, 7) > 0.15
+    assert noise_margin([noisy, quiet], 1.0, 7) == BETTER   # the quietest arm: a rate's own jumps are not noise
+
+
+def test_lr_sweep_reruns_from_the_observed_runs_seed(tmp_path):
+    from nnwizard.probes.api import ProbeContext
+
+    target = ScriptTarget(run_script(load_script(str(script(tmp_path, lr="0.5"))), [], RunOptions(max_steps=40, seed=3)))
+    result = PROBES["script-lr-sweep"](ProbeContext(target, params={}, seed=3))
+    assert [r.what for r in target.reruns] == ["learning rate x0.1, seed 3", "learning rate x10, seed 3"], result.summary
 
 
 # ------------------------------------------------------------------------------------ determinism

@@ -68,7 +68,7 @@ SHAPES: dict[str, tuple[str, list[str], str, str]] = {
         "only moves the best step earlier or later.",
     ),
     "stalled-high": (
-        "both losses stall high",
+        "the loss stalls high",
         ["underfitting"],
         "Check that the model can fit at all: overfit one small batch; if it can, give the model more "
         "capacity (or nonlinearities), train longer and relax regularisation.",
@@ -190,6 +190,15 @@ def _at(xs: list[float], i: int) -> float:
 def _make(shape: str, evidence: str, step: float | None = None, **data: Any) -> Shape:
     title, symptoms, intervention, lr = SHAPES[shape]
     return Shape(shape, title, list(symptoms), evidence, intervention, lr, step, data)
+
+
+def _went(start: float, end: float) -> str:
+    """How the loss went from ``start`` to ``end``, in the words its numbers allow."""
+    if end < start:
+        return f"fell from {_fmt(start)} to {_fmt(end)}"
+    if end > start:
+        return f"rose from {_fmt(start)} to {_fmt(end)}"
+    return f"stayed at {_fmt(start)}"
 
 
 # ------------------------------------------------------------------------------------- classifier
@@ -374,9 +383,9 @@ def classify(curves: Curves, reference: float | None = None) -> Shape:
                      f"{_fmt(c)} over the three thirds of {n} steps (a loss bounded below slows down near its minimum)",
                      thirds=[a, b, c], **base)
     if gain < PLATEAU_GAIN:
-        return _make("plateau", f"the loss fell from {_fmt(start)} to {_fmt(end)} and levelled off (last third "
+        return _make("plateau", f"the loss {_went(start, end)} and levelled off (last third "
                      f"improved {gain:.1%})", **base)
-    return _make("falling", f"the loss fell from {_fmt(start)} to {_fmt(end)} and is still improving "
+    return _make("falling", f"the loss {_went(start, end)} and is still improving "
                  f"({gain:.1%} in the last third)", **base)
 
 

@@ -29,19 +29,27 @@ from nnwizard.probes.api import ProbeContext, ProbeResult, ProbeSpec, registered
 @contextmanager
 def preserved_state():
     """Save and restore Python, NumPy and torch (CPU and CUDA) RNG state and grad mode."""
-    py_state, np_state = random.getstate(), np.random.get_state()
-    torch_state = torch.random.get_rng_state()
-    cuda_state = _cuda_rng(None)
+    state = rng_state()
     grad = torch.is_grad_enabled()
     try:
         yield
     finally:
-        random.setstate(py_state)
-        np.random.set_state(np_state)
-        torch.random.set_rng_state(torch_state)
-        if cuda_state is not None:
-            _cuda_rng(cuda_state)
+        set_rng_state(state)
         torch.set_grad_enabled(grad)
+
+
+def rng_state() -> tuple:
+    """The Python, NumPy and torch (CPU and CUDA) generators' state, for :func:`set_rng_state`."""
+    return random.getstate(), np.random.get_state(), torch.random.get_rng_state(), _cuda_rng(None)
+
+
+def set_rng_state(state: tuple) -> None:
+    py_state, np_state, torch_state, cuda_state = state
+    random.setstate(py_state)
+    np.random.set_state(np_state)
+    torch.random.set_rng_state(torch_state)
+    if cuda_state is not None:
+        _cuda_rng(cuda_state)
 
 
 def _cuda_rng(state):

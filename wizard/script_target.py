@@ -402,13 +402,30 @@ class _SameBatch:
     """replace_batch for the recorder: every DataLoader batch becomes the first one of its kind
     (overfit one batch through the user's own code path, reshaping included). The kind is the batch's
     structure (types, per-sample shapes, dtypes), so a script that zips two loaders (inputs from one,
-    labels from the other) gets each loader's own first batch, not the inputs twice."""
+    labels from the other) gets each loader's own first batch, not the inputs twice.
+
+    The random draws the step makes after its batch come again too: each time the first kind's batch is
+    handed out, the generators (Python, NumPy, torch) are put back where they stood when it was first
+    fetched. A step that draws its own targets or inputs (a diffusion model's noise and timesteps, a VAE's
+    sample, a random crop or mask in the loop) is then one batch repeated, which a model can memorise;
+    with fresh draws every step the loss of a healthy model cannot approach zero."""
 
     def __init__(self):
         self.first: dict = {}
+        self.anchor: Any = None
+        self.state: tuple | None = None
+        self.repeats = 0
 
     def __call__(self, batch, index):
-        return self.first.setdefault(_kind(batch), batch)
+        from nnwizard.isolation import rng_state, set_rng_state
+
+        kind = _kind(batch)
+        if self.state is None:
+            self.anchor, self.state = kind, rng_state()
+        elif kind == self.anchor:
+            set_rng_state(self.state)
+            self.repeats += 1
+        return self.first.setdefault(kind, batch)
 
 
 def _kind(batch, depth: int = 0):
