@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import math
 import statistics
+from pathlib import Path
 from typing import Any, Callable
 
 from nnwizard.curves import UNBOUNDED_MIN, Curves, classify, falls_unbounded
@@ -398,7 +399,10 @@ def trace_optimizer(ctx: ProbeContext, rec):
     manual = [s for s in rec.steps if s.manual]
     if not rec.optimizers and not manual:
         return skipped("the script never stepped an optimizer", "no-optimizer")
-    trained = {i for s in rec.steps for i in s.forwards} or {m.index for m in rec.models}
+    # the models the steps' backwards reached; before any step (a crash in the first), the models run with grad mode
+    # on: a module only ever called under no_grad (an augmentation's blur kernel) is not one the script trains
+    trained = {i for s in rec.steps for i in s.forwards} or {f.model for f in rec.forwards if f.grad_enabled} \
+        or {m.index for m in rec.models}
     held = {id(p) for o in rec.optimizers for g in o.groups for p in g["params"]} | rec.manual_updated
     cover = Coverage.of(((f"{m.name}.{n}", p) for m in rec.models if m.index in trained
                          for n, p in inner_model(m.owner or m.module).named_parameters()), held)
@@ -1043,7 +1047,7 @@ def trace_crash(ctx: ProbeContext, rec):
         return passed("the script ran without raising")
     target = ctx.target
     info = getattr(target, "model_info", None)
-    files = [target.script.path] if getattr(target, "script", None) and target.script.path else None
+    files = _project_files(target, err.exception)
     data: dict[str, Any] = dict(error=f"{err.type}: {err.message}", step=err.step)
     hypothesis, sentence = None, ""
     if err.exception is not None:
@@ -1054,7 +1058,7 @@ def trace_crash(ctx: ProbeContext, rec):
             hypothesis, sentence = c.hypothesis, c.sentence or ""
         except Exception as exc:  # noqa: BLE001 - the classifier failing leaves the raw exception as the evidence
             data["classifier_error"] = f"{type(exc).__name__}: {exc}"
-    data["where"] = err.where or data.get("where") or "?"
+    data["where"] = data.get("where") or err.where or "?"   # (the innermost frame in the project's files)
     text = f"the script raised at {data['where']} after {err.step} optimizer steps: {data['error']}"
     if hypothesis is None and err.exception is not None and _raised_in_layer(err.exception):
         hypothesis = "layer-shape-mismatch"
@@ -1064,6 +1068,27 @@ def trace_crash(ctx: ProbeContext, rec):
         return failed(hypothesis, f"{text}; {sentence}" if sentence and sentence not in text else text, **data)
     data["training_raised"] = True
     return failed("other", text, **data)
+
+
+def _project_files(target, exc) -> list | None:
+    """The user's files a crash is read in: the script, and the files of its traceback that lie in the script's
+    folder outside installed packages (the project's own modules: a script's ``from utils.dice import dice_loss``
+    raising there is read there, not at the script's call of it). None (anything outside torch, site-packages
+    and nnwizard) without a script."""
+    script = getattr(target, "script", None)
+    if script is None or script.path is None:
+        return None
+    files = [script.path]
+    folder = Path(script.folder).resolve()
+    tb = getattr(exc, "__traceback__", None)
+    while tb is not None:
+        name = tb.tb_frame.f_code.co_filename
+        path = Path(name).resolve() if not name.startswith("<") else None
+        if path is not None and path.suffix == ".py" and folder in path.parents and "site-packages" not in path.parts \
+                and not any(part.startswith(".venv") or part == "venv" for part in path.relative_to(folder).parts):
+            files.append(path)
+        tb = tb.tb_next
+    return files
 
 
 @probe(
@@ -1088,7 +1113,7 @@ def trace_loss_input(ctx: ProbeContext, rec):
     if not calls:
         return skipped("no loss input was captured")
     call = calls[0]
-    x = torch.cat([c.inputs.float().reshape(-1, c.inputs.shape[1] if c.inputs.dim() > 1 else 1) for c in calls
+    x = torch.cat([_class_rows(c.inputs.float()) for c in calls
                    if c.fn == call.fn and c.inputs.dim() == call.inputs.dim() and c.inputs.shape[1:] == call.inputs.shape[1:]])
     data: dict[str, Any] = dict(fn=call.fn, rows=len(x), min=float(x.min()), max=float(x.max()))
     if call.fn in ("cross_entropy", "nll_loss") and x.dim() == 2 and x.shape[1] >= 2:
@@ -1121,7 +1146,8 @@ def trace_loss_input(ctx: ProbeContext, rec):
                 floor = math.log(1 + (c - 1) / math.e)
                 data.update(classes=c, loss_floor=round(floor, 4))
                 return failed("squashed-logits", f"all {len(x)} rows cross_entropy received lie in [{data['min']:.3g}, "
-                              f"{data['max']:.3g}] without summing to 1: the logits are squashed (a sigmoid) before a loss "
+                              f"{data['max']:.3g}] without summing to 1: the logits are squashed (a sigmoid on them, or a "
+                              f"scale that shrinks them, such as a temperature far too large) before a loss "
                               f"that applies its own softmax, so it cannot fall below ln(1 + {c - 1}/e) = {floor:.3f} even "
                               f"when every prediction is right", **data)
     if call.fn == "binary_cross_entropy_with_logits" and x.numel() >= MIN_LOGITS:
@@ -1137,6 +1163,14 @@ def trace_loss_input(ctx: ProbeContext, rec):
 
 
 MIN_LOGITS = 64        # values a loss must have received before their range says what produced them
+
+
+def _class_rows(t):
+    """A loss input as one row per prediction, the classes along the row: (N, C) as it is, (N, C, d1, ...)
+    (a segmentation map, a sequence's logits kept channel-first) with its class dimension 1 moved last."""
+    if t.dim() > 2:
+        return t.movedim(1, -1).reshape(-1, t.shape[1])
+    return t.reshape(-1, t.shape[1] if t.dim() > 1 else 1)
 
 
 def _clamped(x, fn: str, data: dict):

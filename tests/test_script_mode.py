@@ -358,6 +358,55 @@ def test_audit_fires_on_its_fault(tmp_path, fault):
         assert result.outcome == expected, result.summary
 
 
+SEGMENTATION = """
+import torch
+from torch import nn
+import torch.nn.functional as F
+torch.manual_seed(0)
+x = torch.randn(64, 3, 8, 8)
+masks = (x[:, 0] > 0).long() + (x[:, 1] > 1).long()      # 3 classes per pixel
+net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 3, 1))
+opt = torch.optim.Adam(net.parameters(), lr=1e-2)
+for i in range(0, 64, 8):
+    opt.zero_grad()
+    pred = net(x[i:i + 8])
+    loss = F.cross_entropy(PRED, masks[i:i + 8])
+    loss.backward()
+    opt.step()
+"""
+
+
+@pytest.mark.parametrize("pred, expected", [("F.softmax(pred, 1)", "double-softmax"), ("pred", "ok")])
+def test_loss_input_reads_a_segmentation_maps_classes_along_dimension_1(tmp_path, pred, expected):
+    """(N, C, H, W) scores into cross_entropy: one row per pixel holds its C class scores (reshape(-1, C) would
+    mix pixels and classes; milesial/Pytorch-UNet with a softmax before its loss read squashed-logits)."""
+    target = record(write(tmp_path, ("PRED", pred), text=SEGMENTATION))
+    assert outcome(target, "trace-loss-input") == expected
+
+
+def test_a_crash_inside_the_projects_own_module_is_read_where_it_raised(tmp_path):
+    """The script imports its metric from its project's folder and that raises (milesial/Pytorch-UNet's dice score
+    asserts equal shapes): the crash is read at the module's line, with its operands, not at the script's call."""
+    (tmp_path / "metrics.py").write_text("import torch\n\ndef score(pred, y):\n    return (pred.argmax(1) == y.view(-1, 1)).float().mean()\n\n"
+                                         "def checked(pred, y):\n    assert pred.shape == y.shape, 'shapes differ'\n    return 0.0\n")
+    path = write(tmp_path, ("    model.train()\n    return", "    import metrics\n    metrics.checked(model(X[:8]), Y[:8])\n    model.train()\n    return"))
+    result = get("trace-crash")(ProbeContext(record(path)))
+    assert result.status == "failed" and result.data["where"].startswith("metrics.py:7"), result.data
+
+
+def test_a_module_run_only_under_no_grad_is_not_a_model_the_optimizer_misses(tmp_path):
+    """An augmentation with weights of its own (SimCLR's Gaussian blur is a Conv2d run under no_grad) and a crash at
+    the first loss (a label past the classes): no step says which models train, and the blur's weights, in no
+    optimizer, are not "trainable values the optimizer misses"."""
+    path = write(tmp_path, ("crit = nn.CrossEntropyLoss()", "crit = nn.CrossEntropyLoss()\nblur = nn.Linear(8, 8)\nY[:] = 5"),
+                 ("            out = model(x)\n", "            with torch.no_grad():\n                x = blur(x)\n            out = model(x)\n"))
+    target = record(path)
+    assert target.recording.error is not None and not target.recording.steps
+    assert outcome(target, "trace-optimizer") == "ok"
+    assert outcome(record(write(tmp_path, ("SGD(model.parameters()", "SGD(model[3].parameters()"), ("Y = (X[:, 0] > 0).long()", "Y = (X[:, 0] > 0).long()\nY[:] = 5"),
+                                name="partial.py")), "trace-optimizer") == "missing"
+
+
 @pytest.mark.parametrize("fault", ["wrong-target", "graph-kept", "eval-mode", "no-grad"])
 def test_audits_that_need_the_graph_mode_fire_over_a_long_run_whose_steps_it_mostly_skips(tmp_path, fault):
     """After its first steps the graph mode watches two steps in every eight and any evaluation: a fault it
