@@ -673,6 +673,12 @@ def trace_scheduler(ctx: ProbeContext, rec):
     head = (f"the script stepped {name} {sched_steps} times over {opt_steps} optimizer steps in {epochs} epochs of "
             f"its training loader ({loader_len} batches each); LR {_fmt(data['lr_first'], '.3g')} -> {_fmt(data['lr_last'], '.3g')}")
     if observed == "none":
+        written = _scheduler_steps_written(ctx.target, type(obj).__name__)
+        if completed >= 1 and written:   # a call the run did not reach is not a missing call
+            data["step_written_at"] = written
+            return passed(f"{head}; scheduler.step() is written at {', '.join(written[:3])} but did not run within the "
+                          f"observed run (a condition holds it back, such as a warm-up of several epochs), so its cadence "
+                          f"could not be seen", artifacts=plot, **data)
         if completed >= 1:
             return failed("never-stepped", f"{head}: scheduler.step() is never called", plot, **data)
         return passed(f"{head}; no epoch finished within the budget, so a per-epoch step could not be seen yet", artifacts=plot, **data)
@@ -681,6 +687,36 @@ def trace_scheduler(ctx: ProbeContext, rec):
     if intent == "epoch" and observed == "batch":
         return failed("per-step-for-per-epoch", f"{head}; {why}", plot, **data)
     return passed(f"{head}; {why}", artifacts=plot, **data)
+
+
+def _scheduler_steps_written(target, cls: str) -> list[str]:
+    """``file:line`` of each ``X.step(...)`` call in the script and its own modules whose receiver ``X`` is a
+    scheduler: assigned from a call of its class ``cls`` (``self.scheduler = CosineAnnealingLR(...)``), or named
+    like one (``sched``, ``lr_scheduler``: the factories that return a LambdaLR have other names)."""
+    import ast
+
+    script = getattr(target, "script", None)
+    run = getattr(target, "run", None)
+    files = ([script.path] if script is not None and script.path else []) + list(getattr(run, "own_files", []) or [])
+    found = []
+    for path in dict.fromkeys(files):
+        try:
+            tree = ast.parse(Path(path).read_text(encoding="utf-8", errors="replace"))
+        except (OSError, SyntaxError, ValueError):
+            continue
+        held = set()
+        for node in ast.walk(tree):
+            value = getattr(node, "value", None)
+            if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(value, ast.Call):
+                fn = value.func
+                if (fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", None)) == cls:
+                    held.update(ast.unparse(t) for t in (node.targets if isinstance(node, ast.Assign) else [node.target]))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "step":
+                receiver = ast.unparse(node.func.value)
+                if receiver in held or "sched" in receiver.lower():
+                    found.append(f"{Path(path).name}:{node.lineno}")
+    return found
 
 
 # ------------------------------------------------------------------------------------ loss

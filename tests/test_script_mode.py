@@ -447,6 +447,10 @@ HEALTHY_VARIANTS = {
                       ("opt = torch.optim.SGD(model.parameters(), lr=0.1)", "opt = torch.optim.SGD(list(model.parameters()) + [log_scale], lr=0.1)"),
                       ("loss = crit(out, y)", "loss = (0.5 * ((out[:, 0] - X[:len(y), 1] * 0.0 - y.float()) / log_scale.exp()) ** 2 + log_scale).mean()")],
                      "trace-loss-sign"),
+    # a scheduler stepped only after a warm-up longer than the observed run (sthalles/SimCLR: `if epoch_counter >= 10`)
+    "scheduler-after-warmup": ([("crit = nn", "sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)\ncrit = nn"),
+                                ('        print(f"epoch', '        if epoch >= 10:\n            sched.step()\n        print(f"epoch')],
+                               "trace-scheduler"),
     # a crash in the first forward is not an evaluation without no_grad
     "crash-first-forward": ([("nn.Linear(8, 16)", "nn.Linear(9, 16)")], "trace-eval-grad trace-eval-mode"),
 }

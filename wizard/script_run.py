@@ -210,6 +210,7 @@ class RunResult:
     seconds: float = 0.0
     warnings: list[str] = field(default_factory=list)
     import_s: float = 0.0   # seconds spent importing modules that were not loaded yet
+    own_files: list[Path] = field(default_factory=list)   # the script's own modules it imported (its folder's .py files)
 
     @property
     def crashed(self) -> bool:
@@ -564,7 +565,9 @@ class Sandbox:
 
 # ------------------------------------------------------------------------------------ running
 @contextmanager
-def _script_environment(script: Script, args: list[str]):
+def _script_environment(script: Script, args: list[str], own: list[Path] | None = None):
+    """The script's argv, sys.path, stdin and plotting backend while it runs; afterwards its own modules leave
+    sys.modules (their files are appended to ``own``)."""
     saved_argv, saved_path = list(sys.argv), list(sys.path)
     before = set(sys.modules)
     sys.argv = [str(script.path) if script.module is None else str(script.path), *args]
@@ -591,7 +594,9 @@ def _script_environment(script: Script, args: list[str]):
             sys.modules["matplotlib.pyplot"].show = plt_show
         for name in set(sys.modules) - before:  # the script's own modules are imported afresh next run
             if _own_module(sys.modules.get(name), script):
-                sys.modules.pop(name, None)
+                module = sys.modules.pop(name, None)
+                if own is not None and getattr(module, "__file__", None):
+                    own.append(Path(module.__file__))
 
 
 def _own_module(module, script: Script) -> bool:
@@ -682,10 +687,11 @@ def _run_once(script: Script, args: list[str], opts: RunOptions, evaluation_caps
     saved_out, saved_err = sys.stdout, sys.stderr
     caught: list = []
     imports = [0.0]
+    own_files: list[Path] = []
     with preserved_state():
         if opts.seed is not None:
             seed_everything(opts.seed)
-        with _script_environment(script, args), warnings.catch_warnings(record=True) as caught:
+        with _script_environment(script, args, own_files), warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("default")
             if opts.capture:
                 sys.stdout, sys.stderr = out, err
@@ -726,7 +732,7 @@ def _run_once(script: Script, args: list[str], opts: RunOptions, evaluation_caps
     result = RunResult(script, args, recorder.recording, exit_kind, code, list(lines),
                        sandbox.written() if sandbox else [], scratch, round(time.monotonic() - started, 3),
                        list(dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught))[:8],
-                       round(imports[0], 3))
+                       round(imports[0], 3), sorted(set(own_files)))
     if exit_kind == "interrupted":
         raise ScriptInterrupted(result)
     return result, recorder.evaluation_capped or (ranges is not None and ranges._control.evaluation_capped)
