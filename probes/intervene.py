@@ -124,7 +124,8 @@ def _raised(run) -> str | None:
 
 def _accuracy(target, run) -> float | None:
     """Accuracy of the rerun's trained model on the repeated batch, its outputs reshaped as the
-    script reshaped them for the loss (classification only; None when it cannot be measured)."""
+    script reshaped them for the loss (classification only; None when it cannot be measured, or when what the
+    loss scored is not the output reshaped)."""
     from nnwizard.script_target import ScriptLoss, first_training_call, main_model
 
     if target.task != "classification" or not isinstance(target.loss_fn, ScriptLoss) or not target.capturable:
@@ -145,8 +146,9 @@ def _accuracy(target, run) -> float | None:
         device = next(iter(model.parameters())).device
         with torch.no_grad():
             out = target.loss_fn.adapt(model(inputs[0].to(device)))
-        if not isinstance(out, torch.Tensor) or out.dim() != 2 or len(out) != len(call.targets):
-            return None
+        if not isinstance(out, torch.Tensor) or out.dim() != 2 or len(out) != len(call.targets) \
+                or list(out.shape) != list(call.input_shape):   # (scores computed from the output, not the output: a
+            return None                                           # contrastive loss's similarities of its features)
         return float((out.argmax(1).cpu() == call.targets.reshape(-1)).float().mean())
     except Exception:  # noqa: BLE001 - a model we cannot call again outside the script: no accuracy
         return None

@@ -1103,6 +1103,10 @@ def trace_crash(ctx: ProbeContext, rec):
         data["crash_hypothesis"] = hypothesis
         return failed(hypothesis, f"{text}; {sentence}" if sentence and sentence not in text else text, **data)
     data["training_raised"] = True
+    if data.get("code"):   # no known kind: the statement that raised and what it was given are the evidence
+        shown = [f"{o['name']} {o.get('dtype', '')}{list(o['shape']) if o.get('shape') is not None else ''}"
+                 for o in data.get("operands") or [] if isinstance(o, dict) and o.get("name")]
+        text += f"; the statement `{data['code']}`" + (f" was given {', '.join(shown)}" if shown else "")
     return failed("other", text, **data)
 
 

@@ -95,6 +95,15 @@ def test_overfit_repeats_the_random_draws_a_step_makes_after_its_batch(tmp_path)
     assert result.data["final_loss"] < 0.1 * result.data["first_loss"]
 
 
+def test_overfit_measures_no_accuracy_when_the_loss_scores_something_computed_from_the_output(tmp_path):
+    """A contrastive loss classifies similarities of the model's features (SimCLR): the argmax of the features is no
+    prediction, and an "accuracy 0%" beside a loss that fell 94% contradicted itself."""
+    text = BASE.format(LR="1e-2", OPT="Adam", SEED="torch.manual_seed(0)",
+                       LOSS="F.cross_entropy((out @ out.t())[:, 1:], torch.zeros(len(out), dtype=torch.long))")
+    result = run(target_of(script(tmp_path, text=text)), "script-overfit")
+    assert result.data["accuracy"] is None and "accuracy" not in result.summary, result.summary
+
+
 def test_same_batch_puts_the_generators_back_at_each_repeat():
     import torch
 

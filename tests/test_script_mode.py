@@ -392,6 +392,7 @@ def test_a_crash_inside_the_projects_own_module_is_read_where_it_raised(tmp_path
     path = write(tmp_path, ("    model.train()\n    return", "    import metrics\n    metrics.checked(model(X[:8]), Y[:8])\n    model.train()\n    return"))
     result = get("trace-crash")(ProbeContext(record(path)))
     assert result.status == "failed" and result.data["where"].startswith("metrics.py:7"), result.data
+    assert "was given pred float32[8, 2], y int64[8]" in result.summary, result.summary
 
 
 def test_a_module_run_only_under_no_grad_is_not_a_model_the_optimizer_misses(tmp_path):
