@@ -244,6 +244,8 @@ def script_overfit(ctx: ProbeContext, target):
                           f"too few to tell memorising from slow learning", reason="precondition", **data)
     updates = [s.update for s in run.recording.steps if s.update is not None]
     moved = max(updates) if updates else None
+    shares = sorted(s.update_rel for s in run.recording.steps if s.update_rel is not None)
+    step_share = shares[len(shares) // 2] if shares else None   # a step's change as a share of the parameters' size
     accuracy = _accuracy(target, run) if not objs.several else None
     outcomes = {k: overfit_outcome(v, accuracy, moved) for k, v in series.items()}
     judged = next((k for k, o in outcomes.items() if o != "learns"), keys[0])   # each objective must learn its batch
@@ -262,9 +264,11 @@ def script_overfit(ctx: ProbeContext, target):
                 ratio=last / first if first else math.nan, accuracy=accuracy, max_param_change=moved, samples=samples,
                 loss_fn=call.fn if call else None, loss_input_shape=call.input_shape if call else None,
                 loss_target_shape=call.target_shape if call else None, broadcast=broadcast is not None,
-                broadcast_shape=broadcast)
+                broadcast_shape=broadcast, update_rel=step_share)
     acc = f", accuracy {accuracy:.0%}" if accuracy is not None else ""
     text = f"{len(losses)} rerun steps of {how}: loss {_fmt(first)} -> {_fmt(last)}{acc}"
+    if step_share is not None and outcome != "learns":   # (how far each step went: too small, or jumping past)
+        text += f"; a step changed the parameters by {step_share:.2g} of their size (median of {len(shares)} steps measured)"
     if kept:
         text += f" ({len(kept)} step(s) whose inputs had another shape kept their own and are left out)"
         data["kept_steps"] = len(kept)

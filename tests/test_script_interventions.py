@@ -104,6 +104,17 @@ def test_overfit_measures_no_accuracy_when_the_loss_scores_something_computed_fr
     assert result.data["accuracy"] is None and "accuracy" not in result.summary, result.summary
 
 
+def test_overfit_measures_how_far_each_step_moves_the_parameters(tmp_path):
+    """A batch that is not memorised reports how far a step moved the parameters (Adam at lr 30: a tenth of their
+    size and more), so a reader can tell steps too small from steps that jump; a memorised batch adds no sentence."""
+    big = run(target_of(script(tmp_path, lr="30.0", opt="Adam")), "script-overfit")
+    assert big.outcome != "learns" and big.data["update_rel"] >= 0.1, big.summary
+    assert "changed the parameters by" in big.summary
+    fine = run(target_of(script(tmp_path, name="fine.py")), "script-overfit")
+    assert fine.outcome == "learns" and fine.data["update_rel"] < 0.1, fine.summary
+    assert "changed the parameters by" not in fine.summary
+
+
 def test_same_batch_puts_the_generators_back_at_each_repeat():
     import torch
 

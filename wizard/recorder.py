@@ -225,6 +225,7 @@ class StepRecord:
     batch: int = -1              # batch index within the epoch (-1: no DataLoader)
     scheduler_steps: int = 0     # scheduler.step() calls so far
     update: float | None = None  # largest |change| of a parameter over this step (full mode; on at most UPDATE_SAMPLE values per tensor)
+    update_rel: float | None = None  # the step's change as a share of the parameters' size, ||change|| / ||values|| (the same values)
     nonfinite_input: bool = False
     duration_s: float = 0.0      # wall time since the previous step
     none_names: list[str] = field(default_factory=list)  # trainable params with .grad None (full mode, first steps)
@@ -546,17 +547,24 @@ def _snapshot(views: list[torch.Tensor]) -> torch.Tensor | list[torch.Tensor]:
         return [v.clone() for v in views]
 
 
-def _largest_change(after: list[torch.Tensor], before: torch.Tensor | list[torch.Tensor]) -> float:
-    """The largest |change| between the values of ``after`` now and their ``_snapshot`` before."""
+def _largest_change(after: list[torch.Tensor], before: torch.Tensor | list[torch.Tensor]) -> tuple[float, float | None]:
+    """The largest |change| between the values of ``after`` now and their ``_snapshot`` before, and the change's
+    norm as a share of the values' norm before (None when they were all zero)."""
     if isinstance(before, torch.Tensor):
         now = torch.cat(after) if len(after) != 1 else after[0]
-        return float((now - before).abs_().max()) if now.numel() else 0.0
+        if not now.numel():
+            return 0.0, None
+        diff = (now - before).float()
+        size = float(before.float().norm())
+        return float(diff.abs().max()), (float(diff.norm()) / size if size > 0 else None)
     pairs = [(a, b) for a, b in zip(after, before) if a.numel()]
     if not pairs:
-        return 0.0
+        return 0.0, None
     diffs = torch._foreach_sub([a for a, _ in pairs], [b for _, b in pairs])
+    size = math.hypot(*(float(n) for n in torch._foreach_norm([b for _, b in pairs])))
+    change = math.hypot(*(float(n) for n in torch._foreach_norm(diffs)))
     torch._foreach_abs_(diffs)
-    return float(torch.stack([d.max().float() for d in diffs]).max())
+    return float(torch.stack([d.max().float() for d in diffs]).max()), (change / size if size > 0 else None)
 
 
 _DTYPE_NAMES: dict = {}
@@ -2454,10 +2462,10 @@ class Recorder:
             (trainable, views, before), self._before_step = self._before_step, None
             after = self._views(optimizer, trainable)
             if after is views or (len(after) == len(views) and all(a.shape == b.shape for a, b in zip(after, views))):
-                step.update = _largest_change(after, before)
+                step.update, step.update_rel = _largest_change(after, before)
                 if step.update == 0 and step.grad_norm and not self._exact_update \
                         and any(p.numel() > UPDATE_SAMPLE for p in trainable):
-                    step.update = None   # the sampled values did not move: compare every value from the next step on
+                    step.update = step.update_rel = None   # the sampled values did not move: compare every value from the next step on
                     self._exact_update = True
         now = time.monotonic() - self._t0
         step.duration_s = now - self._last_step_t
