@@ -544,14 +544,15 @@ def test_an_early_overshoot_is_judged_on_lr10_over_the_observed_runs_length(tmp_
     from nnwizard.probes.intervene import _overshot, losses_of
 
     target = target_of(script(tmp_path, text=OVERSHOOT), steps=60)
-    assert _overshot(losses_of(target.run))
+    observed = len(losses_of(target.run))   # 60, or fewer where a loaded machine met the run's time limit first
+    assert _overshot(losses_of(target.run)) and observed >= 40
     result = run(target, "script-lr-sweep", steps=10)   # a window of 10 steps (a slow step's budget): lr/10 ahead
     data = result.data
     assert data["drop_lr10"] >= data["drop_lr"] + 0.1 and data["drop_observed"] >= data["drop_lr10"] + 0.1, result.summary
-    assert data.get("long_factor") == 0.1 and data["long_steps"] == 60, result.summary
+    assert data.get("long_factor") == 0.1 and data["long_steps"] == observed, result.summary
     better = data["drop_long_lr10"] >= data["drop_long_observed"] + 0.1
     assert result.outcome == ("too-high" if better else "ok"), result.summary
-    assert "over the observed run's 60 steps lr/10" in result.summary
+    assert f"over the observed run's {observed} steps lr/10" in result.summary
 
 
 LEAK = '''
