@@ -23,6 +23,9 @@ OWN_SHARE = 0.5   # an optimizer is an objective of its own when at least this s
 class Objectives:
     series: dict[int | None, list[float]]          # optimizer index (None: the one objective) -> its loss series
     through: dict[int, list[int]] = field(default_factory=dict)  # optimizer -> models (of other objectives) its backward went through
+    # optimizer -> models its backward went through whose own optimizer did not step while it trained (a teacher
+    # run with grad mode on after its training ended: gradients computed for nothing)
+    idle_through: dict[int, list[int]] = field(default_factory=dict)
     text: str = ""
 
     @property
@@ -63,6 +66,8 @@ def objectives(rec) -> Objectives:
         if len(holders) == 1:
             holder[m.index] = holders[0]
     through: dict[int, list[int]] = {}
+    idle: dict[int, list[int]] = {}
+    at = {i: [k for k, s in enumerate(steps) if s.optimizer == i] for i in separate}
     for i in separate:
         mine = [s for s in steps if s.optimizer == i and s.backwards > 0]
         crossed: dict[int, int] = {}
@@ -70,9 +75,15 @@ def objectives(rec) -> Objectives:
             for m in s.forwards:
                 if holder.get(m, i) != i:
                     crossed[m] = crossed.get(m, 0) + 1
-        models = sorted(m for m, n in crossed.items() if n >= OWN_SHARE * len(mine))
+        # a moving target only while the other optimizer steps within this one's span (a GAN's alternation); a
+        # teacher whose optimizer finished before the student's began is fixed, whatever its forward's grad mode
+        first, last = at[i][0], at[i][-1]
+        often = sorted(m for m, n in crossed.items() if n >= OWN_SHARE * len(mine))
+        models = [m for m in often if any(first < k < last for k in at.get(holder.get(m), ()))]
         if models:
             through[i] = models
+        if len(often) > len(models):
+            idle[i] = [m for m in often if m not in models]
     text = (f"{len(separate)} optimizers over disjoint parameters, each stepped after its own backward: "
             + ", ".join(optimizer_label(rec, i) for i in separate))
     if through:
@@ -80,7 +91,18 @@ def objectives(rec) -> Objectives:
             f"{optimizer_label(rec, i)}'s loss goes through {', '.join(rec.models[m].name for m in ms)}, "
             f"whose parameters {', '.join(sorted({f'{rec.optimizers[holder[m]].name} #{holder[m] + 1}' for m in ms}))} holds"
             for i, ms in through.items())
-    return Objectives({i: own[i] for i in separate}, through, text)
+    return Objectives({i: own[i] for i in separate}, through, text=text, idle_through=idle)
+
+
+def idle_models_text(rec, obj: Objectives) -> str:
+    """The models an optimizer's backward ran through while the optimizer holding them did not step, in words."""
+    def holders(m: int) -> str:
+        ids = {id(p) for p in rec.models[m].parameters()}
+        return ", ".join(optimizer_label(rec, j) for j in obj.series if j is not None and j < len(rec.optimizers)
+                         and ids & {id(p) for g in rec.optimizers[j].optimizer.param_groups for p in g["params"]}) or "another optimizer"
+    return "; ".join(f"{optimizer_label(rec, i)}'s backward ran through {rec.models[m].name}, whose parameters "
+                     f"{holders(m)} holds and did not step while it trained"
+                     for i, ms in obj.idle_through.items() for m in ms)
 
 
 def adversarial_reason(obj: Objectives) -> str:

@@ -117,6 +117,17 @@ def _softmax_signature(out: torch.Tensor) -> dict | None:
     return None
 
 
+def _takes_rows(model: torch.nn.Module, inputs: torch.Tensor) -> bool:
+    """Whether a 1-D input is a batch of scalars (the forward also takes its first value alone) rather than one
+    sample's feature vector (a policy called on a single observation: a slice of it does not fit the first layer)."""
+    try:
+        with torch.no_grad():
+            model(inputs[:1])
+        return True
+    except Exception:  # noqa: BLE001 - a forward that cannot take one value of it: the dim holds features
+        return False
+
+
 @probe(
     "batch-independence",
     title="Does each sample's output depend on its own input only? (eval mode, backprop per sample)",
@@ -139,6 +150,9 @@ def batch_independence(ctx: ProbeContext):
     avoid = set(inputs.shape[1:]) | ({target.num_classes} if target.num_classes else set())
     n = _sample_count(inputs, int(ctx.param("samples", 8)), avoid)
     model = target.fresh_model(ctx.seed).eval()  # BatchNorm in train mode mixes legitimately
+    if inputs.dim() == 1 and inputs.is_floating_point() and not _takes_rows(model, inputs):
+        return skipped(f"the model is called on one unbatched sample of {inputs.shape[0]} features (a slice of it "
+                       f"does not go through the forward): there is no batch whose samples could mix")
     files = user_source_files(target)
     x, entries, handles = _leaves(model, inputs[:n])
     if not x.is_floating_point() and not handles:

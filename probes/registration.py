@@ -14,6 +14,7 @@ from torch import nn
 
 from nnwizard.probes._instrument import first_line, graph_nodes
 from nnwizard.probes.api import ProbeContext, Table, cannot_run, failed, passed, probe
+from nnwizard.target import LossNotReplayable
 
 _INTERNAL = set(vars(nn.Module()))  # _parameters, _modules, _buffers, hooks, training...
 _MAX_DEPTH = 4
@@ -103,7 +104,14 @@ def parameter_registration(ctx: ProbeContext):
     error = None
     try:
         with torch.enable_grad():
-            loss = target.loss_fn(model(inputs), targets)
+            outputs = model(inputs)
+            try:
+                loss = target.loss_fn(outputs, targets)
+            except LossNotReplayable:   # the forward's own leaves: all the loss could reach through the model
+                first = outputs if isinstance(outputs, torch.Tensor) else \
+                    next((o for o in outputs if isinstance(o, torch.Tensor)), None) if isinstance(outputs, (tuple, list)) else None
+                loss = first.float().sum() if first is not None and first.requires_grad else None
+                data["loss_not_replayed"] = True
         leaves = _loss_leaves(loss) if isinstance(loss, torch.Tensor) else {}
     except Exception as exc:  # e.g. unregistered layers left on the CPU: a device mismatch
         from nnwizard.probes._crash import _kind
@@ -128,7 +136,8 @@ def parameter_registration(ctx: ProbeContext):
         return cannot_run(f"no module or tensor requiring grad is held in plain attributes, but the forward raised "
                           f"({error}), so the tensors the loss uses could not be checked", reason="raised", **data)
     if not findings:
-        return passed(f"{type(model).__name__}: the loss reaches {len(leaves)} leaf tensors, all registered parameters "
+        reaches = "the output (the loss is not replayed)" if data.get("loss_not_replayed") else "the loss"
+        return passed(f"{type(model).__name__}: {reaches} reaches {len(leaves)} leaf tensors, all registered parameters "
                       f"({data['registered']:,} values)", **data)
 
     groups: dict[str, dict] = {}

@@ -13,8 +13,8 @@ from nnwizard.budget import SMALL_SLICE
 from nnwizard.probes._crash import classify_exception
 from nnwizard.probes._instrument import anomaly_origin, error_kind, expected_input, first_line, trace_modules, user_frame
 from nnwizard.probes.registration import _attribute_findings
-from nnwizard.probes.api import LinePlot, ProbeContext, Table, cannot_run, failed, passed, probe
-from nnwizard.target import user_source_files
+from nnwizard.probes.api import LinePlot, ProbeContext, Table, cannot_run, failed, passed, probe, skipped
+from nnwizard.target import LossNotReplayable, user_source_files
 
 
 MIN_OVERFIT_STEPS = 20  # below this a healthy model rarely memorises 16 samples; the probe is skipped
@@ -79,6 +79,7 @@ def model_summary(ctx: ProbeContext):
         "loss-shape": "the loss raised on output/target shapes",
         "loss-error": "the loss raised for another reason",
         "broadcast": "output and target shapes differ but broadcast silently in the loss",
+        "forward-only": "the forward ran; the loss took a selection of the output that depends on the batch and is not replayed",
     },
     timeout_s=60,
 )
@@ -115,6 +116,10 @@ def forward_shape(ctx: ProbeContext):
     data["output_shape"] = out_shape
     try:
         loss = target.loss_fn(outputs, targets)
+    except LossNotReplayable as exc:   # the forward is measured; the loss took a selection of it that is not replayed
+        data["loss_not_replayed"] = str(exc)
+        return passed(f"output {out_shape} from input {data['input_shape']}; the loss is not called again: {exc}",
+                      "forward-only", artifacts=[layers], **data)
     except Exception as exc:
         kind = error_kind(exc)
         data.update(error=first_line(exc), kind=kind, where=user_frame(exc, files), training_raised=True)
@@ -145,7 +150,8 @@ def forward_shape(ctx: ProbeContext):
     title="First-batch loss against the arithmetic expectation",
     outcomes={"ok": "the untrained loss is near its expected value", "high": "far above the expectation",
               "low": "far below the expectation", "non-finite": "the untrained loss is NaN/Inf",
-              "no-reference": "no arithmetic expectation for this loss", "crashed": "forward or loss raised"},
+              "no-reference": "no arithmetic expectation for this loss", "crashed": "forward or loss raised",
+              "not-replayable": "the loss took a selection of the output that depends on the batch: not called again"},
     timeout_s=60,
 )
 def initial_loss(ctx: ProbeContext):
@@ -156,6 +162,8 @@ def initial_loss(ctx: ProbeContext):
         with torch.no_grad():
             outputs = model(inputs)
             loss = float(target.loss_fn(outputs, targets).float().mean())
+    except LossNotReplayable as exc:
+        return skipped(f"the untrained loss is not measured: {exc}", "not-replayable")
     except Exception as exc:
         return failed("crashed", f"forward or loss raised: {first_line(exc)}", error=first_line(exc))
     data = {"loss": loss}

@@ -23,7 +23,7 @@ from nnwizard.probes._instrument import error_kind
 from nnwizard.probes.loop import Coverage
 from nnwizard.probes.outputs import clamped
 from nnwizard.probes.triage import CURVE_OUTCOMES
-from nnwizard.probes._objectives import ADVERSARIAL, adversarial_reason, objectives, optimizer_label
+from nnwizard.probes._objectives import ADVERSARIAL, adversarial_reason, idle_models_text, objectives, optimizer_label
 from nnwizard.probes.api import LinePlot, ProbeContext, Table, cannot_run, failed, passed, probe, skipped
 from nnwizard.recorder import inner_model
 
@@ -235,6 +235,9 @@ def trace_backward_step(ctx: ProbeContext, rec):
     if rec.backwards == 0:
         if not train_calls and not rec.steps:
             return skipped("no loss was computed in grad mode and no optimizer stepped", "no-training", **data)
+        if rec.error is not None and not rec.steps:   # it raised before a first backward could run: not a missing one
+            return cannot_run(f"the script raised ({rec.error.type}) after {len(train_calls)} loss call(s) in grad mode "
+                              f"and before any backward(): whether it calls backward() is not known", reason="raised", **data)
         return failed("no-backward", f"the script computed the loss {len(train_calls)} times in grad mode and called "
                       f"optimizer.step() {len(rec.steps)} times, but never called backward(): every .grad stayed empty",
                       **data)
@@ -565,11 +568,19 @@ def trace_eval_mode(ctx: ProbeContext, rec):
     title="Does the script evaluate without building a graph (torch.no_grad / inference_mode)?",
     outcomes={"ok": "every evaluation forward ran with grad mode off",
               "grad-in-eval": "evaluation forwards ran with grad mode on (a graph per batch, never used)",
+              "grad-into-fixed-model": "a model whose optimizer was not stepping (a distillation's teacher) ran with grad "
+                                       "mode on inside another's training: its gradients were computed for nothing",
               "no-eval": "the script never evaluated"},
     timeout_s=10,
 )
 @_on_recording
 def trace_eval_grad(ctx: ProbeContext, rec):
+    objs = objectives(rec)
+    if objs.idle_through:   # a fixed model (a distillation's teacher) run with grad on inside another's training
+        text = idle_models_text(rec, objs)
+        return failed("grad-into-fixed-model", f"{text}: that forward ran with grad mode on, and the backward computed "
+                      f"gradients for parameters nothing updates (torch.no_grad() around it, or requires_grad_(False), "
+                      f"is missing)", models=sorted({m for ms in objs.idle_through.values() for m in ms}))
     phases = _phases(rec)
     evals = [f for p in phases for f in p if rec.models[f.model].trainable]
     if not evals:
@@ -1152,30 +1163,52 @@ def trace_loss_input(ctx: ProbeContext, rec):
              and c.inputs.is_floating_point() and c.inputs.numel()]
     if not calls:
         return skipped("no loss input was captured")
+    sites: dict[tuple, list] = {}   # each call site and model on its own: a second phase's loss (a student after its
+    for c in calls:                  # teacher, a distillation loop) is not pooled with the first phase's
+        sites.setdefault((c.fn, c.where, c.model), []).append(c)
+    names = {m.index: m.name for m in rec.models}
+    models = {m for _, _, m in sites}
+
+    def label(where, model):   # "" with one site; else where the calls were made, and for which model
+        if len(sites) == 1:
+            return ""
+        return (f" at {where}" if where else "") + (f" on {names[model]}'s output" if len(models) > 1 and model in names else "")
+
+    results = [_loss_input(group, label(where, model)) for (_, where, model), group in sites.items()]
+    return next((r for r in results if r.status == "failed"), results[0])
+
+
+def _loss_input(calls: list, at: str):
+    """trace-loss-input's reading of the calls of one loss call site and model (``at`` names them when there are
+    several)."""
+    import torch
+
     call = calls[0]
     x = torch.cat([_class_rows(c.inputs.float()) for c in calls
                    if c.fn == call.fn and c.inputs.dim() == call.inputs.dim() and c.inputs.shape[1:] == call.inputs.shape[1:]])
     data: dict[str, Any] = dict(fn=call.fn, rows=len(x), min=float(x.min()), max=float(x.max()))
+    if at:
+        data["call_site"] = at.strip()
     if call.fn in ("cross_entropy", "nll_loss") and x.dim() == 2 and x.shape[1] >= 2:
         sums = x.sum(1)
         probs = bool((x >= 0).all() and (x <= 1).all() and ((sums - 1).abs() < 1e-3).all())
         lse = torch.logsumexp(x, 1)
         data.update(row_sum_mean=float(sums.mean()), logsumexp_mean=float(lse.mean()))
         if probs and call.fn == "cross_entropy":
-            return failed("double-softmax", f"all {len(x)} rows {call.fn} received are probabilities (in [0, 1], summing "
+            return failed("double-softmax", f"all {len(x)} rows {call.fn} received{at} are probabilities (in [0, 1], summing "
                           f"to 1): the model already applies softmax and cross_entropy applies log_softmax again, "
                           f"which flattens the gradient", **data)
         if call.fn == "nll_loss" and probs:
-            return failed("probs-to-nll", f"nll_loss received probabilities (rows sum to 1, values in [0, 1]) where it "
+            return failed("probs-to-nll", f"nll_loss received{at} probabilities (rows sum to 1, values in [0, 1]) where it "
                           f"needs log-probabilities (log_softmax)", **data)
         if call.fn == "nll_loss" and data["max"] <= 0 and bool((lse < -0.1).all()) and len(x) >= 8:
             # log-probabilities (none above 0) whose rows hold less than all the probability: the log_softmax
             # ran over another dimension (the samples), each column summing to one over the whole batch
-            return failed("other-dim", f"nll_loss received log-probabilities (none above 0) whose rows' probabilities sum "
+            return failed("other-dim", f"nll_loss received{at} log-probabilities (none above 0) whose rows' probabilities sum "
                           f"to {math.exp(float(lse.mean())):.3g} on average, not 1: the log_softmax normalised another "
                           f"dimension (the samples), not the classes", **data)
         if call.fn == "nll_loss" and (lse - 0).abs().mean() > 0.1:
-            return failed("logits-to-nll", f"nll_loss received rows whose logsumexp is {float(lse.mean()):.3g}, not 0: raw "
+            return failed("logits-to-nll", f"nll_loss received{at} rows whose logsumexp is {float(lse.mean()):.3g}, not 0: raw "
                           f"logits where it needs log_softmax outputs", **data)
         if call.fn == "cross_entropy" and not probs and x.numel() >= MIN_LOGITS:
             clamped = _clamped(x, call.fn, data)
@@ -1185,7 +1218,7 @@ def trace_loss_input(ctx: ProbeContext, rec):
                 c = x.shape[1]
                 floor = math.log(1 + (c - 1) / math.e)
                 data.update(classes=c, loss_floor=round(floor, 4))
-                return failed("squashed-logits", f"all {len(x)} rows cross_entropy received lie in [{data['min']:.3g}, "
+                return failed("squashed-logits", f"all {len(x)} rows cross_entropy received{at} lie in [{data['min']:.3g}, "
                               f"{data['max']:.3g}] without summing to 1: the logits are squashed (a sigmoid on them, or a "
                               f"scale that shrinks them, such as a temperature far too large) before a loss "
                               f"that applies its own softmax, so it cannot fall below ln(1 + {c - 1}/e) = {floor:.3f} even "
@@ -1195,10 +1228,10 @@ def trace_loss_input(ctx: ProbeContext, rec):
         if clamped is not None:
             return clamped
     if call.fn == "binary_cross_entropy_with_logits" and bool((x >= 0).all() and (x <= 1).all()) and len(x) >= 8:
-        return failed("double-sigmoid", f"binary_cross_entropy_with_logits received only values in [0, 1] (min "
+        return failed("double-sigmoid", f"binary_cross_entropy_with_logits received{at} only values in [0, 1] (min "
                       f"{data['min']:.3g}, max {data['max']:.3g}): a sigmoid was applied before a loss that applies its own",
                       **data)
-    return passed(f"{call.fn} receives inputs of the form it expects ({len(x)} rows, range {data['min']:.3g} .. {data['max']:.3g})",
+    return passed(f"{call.fn}{at} receives inputs of the form it expects ({len(x)} rows, range {data['min']:.3g} .. {data['max']:.3g})",
                   **data)
 
 

@@ -72,3 +72,30 @@ def test_too_few_samples_per_class_is_not_read_as_labels_without_signal(tmp_path
     target = ScriptTarget(run_script(load_script(str(path)), [], RunOptions(max_steps=3)))
     result = run_probe_on("label-signal-audit", target)
     assert result.status == "skipped" and result.outcome == "few-per-class", result.summary
+
+
+# mixup's shape: the loss called twice on one output (two targets), and an evaluation run with grad on between steps
+TWO_CALLS = SCRIPT.replace("F.cross_entropy(model(xb), yb).backward()",
+                           "out = model(xb)\n"
+                           "        (0.7 * F.cross_entropy(out, yb) + 0.3 * F.cross_entropy(out, yb.flip(0))).backward()\n"
+                           "        model(x[:100]).argmax(1)   # a look at the predictions, grad mode on")
+
+
+def test_each_input_is_paired_with_the_target_of_its_own_forward(tmp_path):
+    """Two loss calls per step and an extra forward with grad on: pairs zipped in order drift off their inputs from
+    the second step on (labels-misaligned on a healthy mixup script); paired by forward they keep the labels' signal."""
+    path = _write(tmp_path, TWO_CALLS.replace("{LOADER}", TOGETHER))
+    result = run_probe_on("label-signal-audit", ScriptTarget(run_script(load_script(str(path)), [], RunOptions(max_steps=40))))
+    assert result.status == "passed", result.summary
+
+
+def test_paired_by_forward_labels_shuffled_apart_still_carry_no_signal(tmp_path):
+    path = _write(tmp_path, TWO_CALLS.replace("{LOADER}", APART))
+    result = run_probe_on("label-signal-audit", ScriptTarget(run_script(load_script(str(path)), [], RunOptions(max_steps=40))))
+    assert result.outcome == "no-signal", result.summary
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "two_calls.py"
+    path.write_text(text, encoding="utf-8")
+    return path

@@ -358,6 +358,14 @@ def test_audit_fires_on_its_fault(tmp_path, fault):
         assert result.outcome == expected, result.summary
 
 
+def test_a_script_that_raises_before_its_first_backward_is_not_said_to_lack_one(tmp_path):
+    """An old idiom that raises between the loss and backward() (``loss.data[0]``): backward() is written and was
+    never reached, so the audit cannot say it is missing (the crash is trace-crash's finding)."""
+    target = record(write(tmp_path, ("loss.backward()", "loss.data[0]; loss.backward()")))
+    result = get("trace-backward-step")(ProbeContext(target))
+    assert result.outcome != "no-backward" and result.data.get("cannot_run") == "raised", result.summary
+
+
 SEGMENTATION = """
 import torch
 from torch import nn

@@ -118,6 +118,9 @@ LOSS_FUNCTIONS = (
 MODE_TYPES = (nn.modules.dropout._DropoutNd, nn.modules.batchnorm._BatchNorm)
 KEEP = 4        # DataLoader batches copied to CPU in full mode
 KEEP_PAIRS = 16  # training model inputs and loss inputs/targets copied to CPU in full mode
+# past them, a loss call site (or another model at the same site) not seen in the first KEEP_PAIRS calls still has its
+# first SITE_PAIRS calls kept (a second phase: a student trained after its teacher), for up to LATE_SITES sites
+SITE_PAIRS, LATE_SITES = 2, 6
 LABEL_FORWARDS = 16  # full mode: the first training forwards whose arguments are checked for the batch's labels (label_inputs)
 LIGHT_KEEP = 256  # light mode: the last StepRecords / scheduler events kept (a watched run may be very long)
 DISCOVERY_STEPS = 20  # light mode: global module hooks stay at most this many steps once an optimizer stepped
@@ -318,6 +321,9 @@ class LossCall:
     # given its targets to compute its own loss (nanoGPT's model(X, Y)); recorded with the copies above
     target_arg: int | None = None
     watched: bool = True   # the graph mode was on the stack (full mode): ``target_is_output`` could be seen
+    late: bool = False     # kept past KEEP_PAIRS for a call site first seen later (not paired with model inputs)
+    model: int | None = None   # the index of the model that ran last (full mode)
+    forward: int | None = None  # the position in ``Recording.forwards`` of the forward whose output it scores
 
 
 @dataclass
@@ -394,6 +400,7 @@ class Recording:
     loaders: list[LoaderInfo] = field(default_factory=list)
     batches: list[Any] = field(default_factory=list)        # CPU copies of the first DataLoader batches
     model_inputs: list[tuple] = field(default_factory=list)  # (model index, args) of the first training forwards
+    model_input_forwards: list[int] = field(default_factory=list)  # each one's position in ``forwards``
     eval_inputs: list[tuple] = field(default_factory=list)   # (model index, fingerprint(args)) of the first no-grad forwards
     graph_kept: list[str] = field(default_factory=list)    # ops on a backwarded loss whose result outlived the step
     graph_spans: list[str] = field(default_factory=list)   # backwards whose graph reached a forward trained before the last step
@@ -760,6 +767,8 @@ class Recorder:
         self._lazy: list[ModelInfo] = []   # models registered with lazy parameters not yet initialised
         self._window_values: list[float] = []   # training loss-call values since the last step
         self._kept_pairs = 0
+        self._last_forward_at: int | None = None   # the position of ``_last_event`` in the recording's forwards
+        self._site_pairs: dict[tuple, int] = {}   # (loss call site, last model): calls whose inputs were kept
         self._t0 = 0.0
         self._mode_obj: _GraphMode | None = None
         self._paused = 0                          # full mode: nested calls the mode is out of the stack for
@@ -1327,10 +1336,12 @@ class Recorder:
         if not self._live and not (event.grad_enabled and event.training):
             self._set_live(True)   # an evaluation's forward: its predictions (argmax) are watched until the next step
         rec.forwards.append(event)
+        self._last_forward_at = len(rec.forwards) - 1
         if self._labels:
             self._label_check(event, args)
         if event.grad_enabled and len(rec.model_inputs) < KEEP_PAIRS:
             rec.model_inputs.append((event.model, cpu_copy(tuple(args))))
+            rec.model_input_forwards.append(len(rec.forwards) - 1)
         elif not event.grad_enabled and len(rec.eval_inputs) < KEEP_PAIRS:
             rec.eval_inputs.append((event.model, fingerprint(args)))
         if len(self._inputs) < 8:   # checked for NaN/Inf at the step, when its gradient norm is measured
@@ -1587,6 +1598,15 @@ class Recorder:
             return value
         return loss
 
+    def _late_site(self, call: LossCall) -> bool:
+        """Past KEEP_PAIRS: keep this call's inputs too when its site (where, and which model ran last) has fewer
+        than SITE_PAIRS kept and is one of the first LATE_SITES sites seen late (marks it ``late``)."""
+        kept = self._site_pairs.get((call.where, call.model))
+        if kept is None and len(self._site_pairs) >= LATE_SITES or (kept or 0) >= SITE_PAIRS:
+            return False
+        call.late = True
+        return True
+
     def _from_model(self, x: torch.Tensor) -> tuple[bool, list | None, Any]:
         """Does the loss input ``x`` come from a model's output: (yes, that output's shape, and the
         output's graph node when ``x`` is the last forward's first output or its graph reaches it)."""
@@ -1657,8 +1677,13 @@ class Recorder:
         call = LossCall(name, list(x.shape), _dtype_name(x.dtype), list(y.shape) if y_tensor else None,
                         _dtype_name(y.dtype) if y_tensor else None, v, reduction, grad, training,
                         self.recording.total_steps, self.where(3, self._site), from_model, out_shape, same)  # (3: the loss wrapper's caller)
-        if grad and self._kept_pairs < KEEP_PAIRS:
+        if self._last_model is not None:
+            call.model = self._last_model.index
+        if from_model and event is not None:
+            call.forward = self._last_forward_at
+        if grad and (self._kept_pairs < KEEP_PAIRS or self._late_site(call)):
             self._kept_pairs += 1
+            self._site_pairs[call.where, call.model] = self._site_pairs.get((call.where, call.model), 0) + 1
             call.inputs, call.targets = cpu_copy(x), cpu_copy(y)
             call.replay = (original, tuple(args[2:]), {k: v for k, v in kwargs.items() if k not in ("input", "target")})
             if y_tensor and self._inputs:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +34,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from nnwizard.recorder import LossCall, ModelInfo, Recording
 from nnwizard.script_run import DEFAULT_LIMIT_BATCHES, RunOptions, RunResult, Script, run_script
-from nnwizard.target import Target
+from nnwizard.target import LossNotReplayable, Target
 
 # the reruns the default budget is sized for, in optimizer steps: script-overfit (40), script-lr-sweep's x0.1, x10
 # and x100 (30 each, the x100 one when neither of the others moves the loss) and its one long arm (the observed run's
@@ -70,8 +71,8 @@ def training_models(rec: Recording) -> list[ModelInfo]:
 
 
 def first_training_call(rec: Recording) -> LossCall | None:
-    return next((c for c in rec.loss_calls if c.inputs is not None and not c.eval), None) or \
-        next((c for c in rec.loss_calls if c.inputs is not None), None)
+    return next((c for c in rec.loss_calls if c.inputs is not None and not c.eval and not c.late), None) or \
+        next((c for c in rec.loss_calls if c.inputs is not None and not c.late), None)
 
 
 class ScriptLoss:
@@ -86,8 +87,17 @@ class ScriptLoss:
         self.dtype = getattr(torch, call.input_dtype, None)
         self.reduction = call.reduction
         self.__name__ = call.fn
+        # a loss input with other values than the output had (``q.gather(1, actions)``, ``out[mask]``, ``out[:, -1]``)
+        # is a selection no reshape reproduces: replaying it would score the wrong values or raise
+        self.not_replayable = None
+        if output_shape is not None and math.prod(output_shape) != math.prod(call.input_shape):
+            self.not_replayable = (f"{call.fn}'s input {list(call.input_shape)} has {math.prod(call.input_shape):,} values "
+                                   f"and the model's output {list(output_shape)} {math.prod(output_shape):,}: a selection "
+                                   f"(gather, indexing) or scores computed from the output, which no reshape reproduces")
 
     def adapt(self, outputs: torch.Tensor) -> torch.Tensor:
+        if self.not_replayable:
+            raise LossNotReplayable(self.not_replayable)
         if not isinstance(outputs, torch.Tensor):
             outputs = next((o for o in outputs if isinstance(o, torch.Tensor)), outputs) if isinstance(outputs, (tuple, list)) else outputs
         shape = self.input_shape
@@ -118,6 +128,22 @@ def _task(call: LossCall | None) -> str:
     if call.fn in BINARY_FNS:
         return "binary"
     return "regression"
+
+
+def _paired(rec: Recording, info: ModelInfo, calls: list[LossCall]) -> list[tuple]:
+    """(model input args, loss target) of the kept training calls: each call with the input of the forward whose
+    output it scored, once a forward (mixup's two calls on one output: the first; an evaluation run with grad on
+    between them: no call of its own). Calls recorded without their forward are zipped in order as before."""
+    inputs = [(at, args) for (index, args), at in zip(rec.model_inputs, rec.model_input_forwards) if index == info.index]
+    if len(rec.model_input_forwards) != len(rec.model_inputs) or any(c.forward is None for c in calls):
+        return list(zip((args for _, args in inputs), (c.targets for c in calls)))
+    by_forward = dict(inputs)
+    pairs, used = [], set()
+    for c in calls:
+        if c.forward in by_forward and c.forward not in used:
+            used.add(c.forward)
+            pairs.append((by_forward[c.forward], c.targets))
+    return pairs
 
 
 class ScriptTarget(Target):
@@ -169,12 +195,12 @@ class ScriptTarget(Target):
             self.capture_problem = "no training loss call through torch.nn.functional / nn.*Loss was recorded"
             return []
         inputs = [args for index, args in rec.model_inputs if index == info.index]
-        targets = [c.targets for c in rec.loss_calls if c.inputs is not None and not c.eval] or \
-            [c.targets for c in rec.loss_calls if c.inputs is not None]
+        calls = [c for c in rec.loss_calls if c.inputs is not None and not c.eval and not c.late] or \
+            [c for c in rec.loss_calls if c.inputs is not None and not c.late]
         if not inputs or any(len(a) != 1 or not isinstance(a[0], torch.Tensor) for a in inputs):
             self.capture_problem = f"{info.name}.forward takes more than one tensor (or none); model-level probes need one input"
             return []
-        pairs = [(a[0], t) for a, t in zip(inputs, targets) if isinstance(t, torch.Tensor)]
+        pairs = [(a[0], t) for a, t in _paired(rec, info, calls) if isinstance(t, torch.Tensor)]
         if not pairs:
             self.capture_problem = "the loss received no target tensor"
         return pairs

@@ -61,6 +61,12 @@ def cut(batch: Any, samples: int | None) -> Any:
     return type(batch)(b[:samples] if isinstance(b, torch.Tensor) and b.dim() else b for b in batch)
 
 
+class LossNotReplayable(Exception):
+    """The loss cannot be called again on a new model output as the user's code called it (the code took a
+    selection of the output that depends on the batch: ``gather`` with the actions taken, a row index). Probes that
+    replay the loss leave that part out: it is not a fault of the user's code and not a missing measurement."""
+
+
 class DeviceLoader:
     """Iterates a DataLoader moving each batch to the device, optionally stopping after n batches
     and cutting each batch to its first ``samples`` samples.

@@ -1,0 +1,95 @@
+"""Script mode on the shapes reinforcement-learning loops give the model-level probes (found on pytorch/tutorials'
+DQN and a policy-gradient loop). A loss that scores a selection of the model's output (a Q-network's ``gather`` of
+the actions taken) cannot be replayed on a new output by reshaping it: the probes measure what they can without it
+(the forward, the parameters it reaches), neither raise nor count the loss as missing, and still find a fault in the
+forward. A policy called on one unbatched observation has no batch for batch-independence to read."""
+
+from __future__ import annotations
+
+from nnwizard.probes.api import could_not_run
+from tests.test_script_interventions import run, script, target_of
+
+Q_LEARNING = '''
+import torch, torch.nn as nn, torch.nn.functional as F
+torch.manual_seed(0)
+{MODEL}
+opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+X = torch.randn(512, 4); A = torch.randint(0, 2, (512, 1)); R = X[:, :1] * (2 * A.float() - 1)
+for step in range(60):
+    i = torch.randint(0, 512, (64,))
+    q = net(X[i]).gather(1, A[i])
+    loss = F.smooth_l1_loss(q, R[i])
+    opt.zero_grad(); loss.backward(); opt.step()
+'''
+HEALTHY = "net = nn.Sequential(nn.Linear(4, 32), nn.ReLU(), nn.Linear(32, 2))"
+# a layer kept in a plain list: its weights are used by the forward and never trained
+UNREGISTERED = '''
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = [nn.Linear(4, 32), nn.Linear(32, 2)]
+        self.scale = nn.Parameter(torch.ones(1))
+    def forward(self, x):
+        return self.layers[1](torch.relu(self.layers[0](x))) * self.scale
+net = Net()'''
+
+
+def test_a_gathered_loss_input_is_not_replayed_and_is_not_a_missing_measurement(tmp_path):
+    target = target_of(script(tmp_path, text=Q_LEARNING.format(MODEL=HEALTHY)), 40)
+    shape = run(target, "forward-shape")
+    assert shape.status == "passed" and shape.outcome == "forward-only", shape.summary
+    assert not shape.data.get("training_raised") and "[64, 1] has 64 values" in shape.summary, shape.summary
+    initial = run(target, "initial-loss")
+    assert initial.status == "skipped" and not could_not_run(initial), initial.summary
+    registration = run(target, "parameter-registration")
+    assert registration.status == "passed" and registration.data["loss_not_replayed"], registration.summary
+
+
+def test_a_gathered_loss_still_finds_parameters_the_forward_uses_but_the_model_does_not_register(tmp_path):
+    target = target_of(script(tmp_path, text=Q_LEARNING.format(MODEL=UNREGISTERED)), 40)
+    registration = run(target, "parameter-registration")
+    assert registration.status == "failed", registration.summary
+    assert "layers" in registration.summary, registration.summary
+
+
+def test_a_reshaped_loss_input_is_still_replayed(tmp_path):
+    """The same element count (``out.view(-1)``) is a reshape the loss replays: the loss is called again."""
+    text = Q_LEARNING.format(MODEL=HEALTHY.replace("nn.Linear(32, 2)", "nn.Linear(32, 1)")).replace(
+        "q = net(X[i]).gather(1, A[i])", "q = net(X[i]).view(-1)").replace("R[i])", "R[i].view(-1))")
+    shape = run(target_of(script(tmp_path, text=text), 40), "forward-shape")
+    assert shape.outcome == "ok" and "loss" in shape.summary, shape.summary
+
+
+POLICY = '''
+import torch, torch.nn as nn, torch.nn.functional as F
+torch.manual_seed(0)
+class Policy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l = nn.Linear({IN}, 32)
+        self.a = nn.Linear(32, 2)
+    def forward(self, x):
+        return F.softmax(self.a(torch.relu(self.l(x))), {DIM})
+model = Policy()
+opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+for episode in range(40):
+    {OBS}
+    probs = model(obs)
+    loss = F.mse_loss(probs, torch.tensor([1.0, 0.0]).expand_as(probs))
+    opt.zero_grad(); loss.backward(); opt.step()
+'''
+
+
+def test_a_policy_called_on_one_unbatched_observation_has_no_batch_to_mix(tmp_path):
+    """An observation of 2 features and 2 actions: dim 0 of the output is the actions, not samples."""
+    text = POLICY.format(IN=2, DIM=-1, OBS="obs = torch.randn(2)")
+    result = run(target_of(script(tmp_path, text=text), 40), "batch-independence")
+    assert result.status == "skipped" and "unbatched" in result.summary, result.summary
+
+
+def test_a_batch_of_scalars_still_has_its_mixing_found(tmp_path):
+    """A 1-D input the forward takes value by value is a batch: a softmax over it mixes the samples."""
+    text = POLICY.format(IN=1, DIM=0, OBS="obs = torch.randn(8)").replace(
+        "self.l(x)", "self.l(x.unsqueeze(1))")
+    result = run(target_of(script(tmp_path, text=text), 40), "batch-independence")
+    assert result.status == "failed", result.summary
