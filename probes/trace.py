@@ -873,7 +873,9 @@ def trace_loss_sign(ctx: ProbeContext, rec):
     title="Does the script's loss compare the model's output with the real targets?",
     outcomes={"ok": "the loss input comes from the model and the target is not derived from it",
               "target-from-output": "the loss target is the model's own output (detached, or its argmax)",
-              "not-from-model": "the loss input does not come from the model's output"},
+              "not-from-model": "the loss input does not come from the model's output",
+              "target-carries-grad": "the loss target is computed by the same model with grad on: the gradient also "
+                                     "moves the target (a TD target, a stop-gradient branch, not detached)"},
     timeout_s=10,
 )
 @_on_recording
@@ -891,6 +893,12 @@ def trace_loss_target(ctx: ProbeContext, rec):
         return failed("target-from-output", f"in {len(own)} of {len(watched)} training loss calls{followed} ({calls[0].fn} at "
                       f"{data['where']}) the target equals the model's own output (detached or its argmax): the loss "
                       f"pulls the model towards what it already predicts", **data)
+    carried = [c for c in calls if c.target_grad]
+    if len(carried) > len(calls) / 2:
+        data.update(target_grad=len(carried), where=carried[0].where or "?")
+        return failed("target-carries-grad", f"in {len(carried)} of {len(calls)} training loss calls ({carried[0].fn} at "
+                      f"{data['where']}) the target was computed by the same model with grad mode on: the backward runs "
+                      f"through the target too, so each step also moves what the model is asked to match", **data)
     if len(foreign) > len(calls) / 2:
         return failed("not-from-model", f"in {len(foreign)} of {len(calls)} training loss calls ({calls[0].fn} at "
                       f"{data['where']}) the input is not computed from the model's output", **data)

@@ -93,3 +93,39 @@ def test_a_batch_of_scalars_still_has_its_mixing_found(tmp_path):
         "self.l(x)", "self.l(x.unsqueeze(1))")
     result = run(target_of(script(tmp_path, text=text), 40), "batch-independence")
     assert result.status == "failed", result.summary
+
+
+TD = '''
+import torch, torch.nn as nn, torch.nn.functional as F
+torch.manual_seed(0)
+net = nn.Sequential(nn.Linear(4, 32), nn.ReLU(), nn.Linear(32, 2))
+opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+S = torch.randn(512, 4); A = torch.randint(0, 2, (512, 1)); S2 = S + 0.1 * torch.randn(512, 4); R = torch.ones(512)
+for step in range(40):
+    i = torch.randint(0, 512, (64,))
+    q = net(S[i]).gather(1, A[i])
+    {TARGET}
+    loss = F.smooth_l1_loss(q, target.unsqueeze(1))
+    opt.zero_grad(); loss.backward(); opt.step()
+'''
+
+
+def test_a_td_target_computed_with_grad_by_the_trained_network_is_not_detached(tmp_path):
+    target = target_of(script(tmp_path, text=TD.format(TARGET="target = R[i] + 0.99 * net(S2[i]).max(1).values")), 40)
+    result = run(target, "trace-loss-target")
+    assert result.outcome == "target-carries-grad", result.summary
+
+
+def test_a_td_target_under_no_grad_is_quiet(tmp_path):
+    text = TD.format(TARGET="with torch.no_grad():\n        target = R[i] + 0.99 * net(S2[i]).max(1).values")
+    result = run(target_of(script(tmp_path, text=text), 40), "trace-loss-target")
+    assert result.status == "passed", result.summary
+
+
+def test_a_target_from_another_model_run_with_grad_is_not_this_finding(tmp_path):
+    """A teacher's output (another model) as the target, its forward after the student's: the student's target is
+    not its own; the teacher run with grad is another audit's (trace-eval-grad)."""
+    text = TD.format(TARGET="target = R[i] + teacher(S2[i]).max(1).values").replace(
+        "opt = torch.optim", "teacher = nn.Sequential(nn.Linear(4, 2))\nopt = torch.optim")
+    result = run(target_of(script(tmp_path, text=text), 40), "trace-loss-target")
+    assert result.outcome != "target-carries-grad", result.summary

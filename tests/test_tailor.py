@@ -153,3 +153,30 @@ def test_scheduler_graph_and_clipping_fixes_name_the_recorded_line_and_nothing_w
     d.target.recording.clips = [ClipCall("clip_grad_norm_", "train.py:45 in fit", 3, True, 1.0, 2.0)]   # in place
     tailor(d)
     assert d.ranked[0].fix_here == ""
+
+
+def test_a_target_not_detached_names_the_loss_line_the_audit_measured_and_nothing_without_it():
+    found = ProbeResult("failed", "target-carries-grad", "s", {"fn": "smooth_l1_loss", "where": "dqn.py:190 in optimize_model"},
+                        id="trace-loss-target")
+    d = _diagnosis("target-not-detached", [found])
+    tailor(d)
+    assert "`smooth_l1_loss` at dqn.py:190 in optimize_model" in d.ranked[0].fix_here and "no_grad" in d.ranked[0].fix_here
+    quiet = _diagnosis("target-not-detached", [ProbeResult("passed", "ok", "s", {"where": "dqn.py:190"}, id="trace-loss-target")])
+    tailor(quiet)
+    assert quiet.ranked[0].fix_here == ""
+
+
+def test_a_teacher_run_with_grad_names_the_training_after_its_optimizer_stopped():
+    teacher, student = (SimpleNamespace(name=n, index=i) for i, n in enumerate(("DeepNN", "LightNN")))
+    opts = [SimpleNamespace(index=0, models=[0], steps=3), SimpleNamespace(index=1, models=[1], steps=3)]
+    steps = [SimpleNamespace(optimizer=o) for o in (0, 0, 0, 1, 1, 1)]
+    calls = [_call("kd.py:20 in train", eval_=False, grad=True, training=True) for _ in range(3)] + \
+        [_call("kd.py:60 in distill", eval_=False, grad=True, training=True) for _ in range(3)]
+    for k, c in enumerate(calls):
+        c.step = k
+    fixed = ProbeResult("failed", "grad-into-fixed-model", "s", {"models": [0]}, id="trace-eval-grad")
+    d = _diagnosis("no-grad-missing", [fixed], calls=calls)
+    d.target.recording.models, d.target.recording.optimizers, d.target.recording.steps = [teacher, student], opts, steps
+    tailor(d)
+    assert "DeepNN's forward" in d.ranked[0].fix_here and "kd.py:60 in distill" in d.ranked[0].fix_here
+    assert "kd.py:20" not in d.ranked[0].fix_here

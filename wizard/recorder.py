@@ -324,6 +324,7 @@ class LossCall:
     late: bool = False     # kept past KEEP_PAIRS for a call site first seen later (not paired with model inputs)
     model: int | None = None   # the index of the model that ran last (full mode)
     forward: int | None = None  # the position in ``Recording.forwards`` of the forward whose output it scores
+    target_grad: bool = False   # the target carries gradient back into the model whose output is the input (full mode)
 
 
 @dataclass
@@ -1598,6 +1599,18 @@ class Recorder:
             return value
         return loss
 
+    def _target_reaches_input_model(self, x: torch.Tensor, y: torch.Tensor) -> bool:
+        """Whether the loss target ``y`` backpropagates into a forward of a model whose forward the input ``x`` comes
+        from (a TD target computed by the network being trained, with grad on); a teacher's output (another model)
+        is not."""
+        pending = self._pending_forwards[-64:]
+        node_model = {id(n): e.model for e in pending for n in e.outs}
+        if not node_model:
+            return False
+        mine = {node_model[i] for i in _reached(x.grad_fn, set(node_model), limit=400)}
+        outs = {i for i, m in node_model.items() if m in mine}
+        return bool(outs and _reached(y.grad_fn, outs, limit=400))
+
     def _late_site(self, call: LossCall) -> bool:
         """Past KEEP_PAIRS: keep this call's inputs too when its site (where, and which model ran last) has fewer
         than SITE_PAIRS kept and is one of the first LATE_SITES sites seen late (marks it ``late``)."""
@@ -1681,6 +1694,8 @@ class Recorder:
             call.model = self._last_model.index
         if from_model and event is not None:
             call.forward = self._last_forward_at
+            if y_tensor and y.grad_fn is not None and x.grad_fn is not None:   # (rare in supervised training: searched
+                call.target_grad = self._target_reaches_input_model(x, y)      # only then)
         if grad and (self._kept_pairs < KEEP_PAIRS or self._late_site(call)):
             self._kept_pairs += 1
             self._site_pairs[call.where, call.model] = self._site_pairs.get((call.where, call.model), 0) + 1

@@ -104,6 +104,15 @@ def _training(rec) -> str:
 
 
 def _no_grad(results, rec) -> str:
+    fixed = results.get("trace-eval-grad")
+    if rec is not None and fixed is not None and fixed.outcome == "grad-into-fixed-model":
+        models = [m for m in fixed.data.get("models", []) if m < len(rec.models)]
+        names = ", ".join(rec.models[m].name for m in models)
+        holders = {o.index for o in rec.optimizers if set(o.models) & set(models)}
+        done = max((k for k, st in enumerate(rec.steps) if st.optimizer in holders), default=-1)   # their last step
+        site = _sites(rec, lambda c: not c.eval and c.step > done)
+        return (f"run {names}'s forward in the training whose loss is computed at {site} under `with torch.no_grad():` "
+                f"(or call `requires_grad_(False)` on it): nothing steps its parameters there." if names and site else "")
     site = _sites(rec, lambda c: c.eval and c.grad_enabled)
     return f"run the evaluation whose loss is computed at {site} under `with torch.no_grad():`." if site else ""
 
@@ -155,6 +164,14 @@ def _double_softmax(results, rec) -> str:
             f"drop the softmax before it.")
 
 
+def _target_detach(results, rec) -> str:
+    r = results.get("trace-loss-target")
+    if r is None or r.outcome != "target-carries-grad" or not r.data.get("where"):
+        return ""
+    return (f"compute the target passed to `{r.data.get('fn', 'the loss')}` at {r.data['where']} under "
+            f"`with torch.no_grad():` (or `.detach()` it).")
+
+
 def _missing_step(results, rec) -> str:
     idle = [o for o in rec.optimizers if not o.steps] if rec is not None else []
     site = _training(rec)
@@ -204,6 +221,7 @@ TAILORS: dict[str, Callable] = {
     "lr-too-high": _lr("high"),
     "lr-too-low": _lr("low"),
     "no-grad-missing": _no_grad,
+    "target-not-detached": _target_detach,
     "eval-mode-missing": _eval_mode,
     "train-mode-missing": _train_mode,
     "missing-zero-grad": _zero_grad,
