@@ -370,6 +370,19 @@ def _overshot(losses: list[float]) -> bool:
     return _blew_up(window[: len(window) // 3]) and _tail(window) < window[0]
 
 
+def _warmup(rec, objective: int | None, n: int) -> dict:
+    """The observed run's rate over the sweep's window when a schedule was still raising it at the window's end (a
+    warm-up not over): ``warmup_rise``, the last rate over the first. The arms scale that schedule, so each compares
+    rates the warm-up keeps below their peak. Empty when the rate did not rise 2x or had stopped rising."""
+    lrs = [s.lrs[0] for s in rec.steps if s.lrs and (objective is None or s.optimizer == objective)][:n]
+    if len(lrs) < 4 or lrs[0] <= 0:
+        return {}
+    rise, late = lrs[-1] / lrs[0], lrs[(3 * len(lrs)) // 4]
+    if rise < 2 or lrs[-1] <= late * 1.05:
+        return {}
+    return dict(warmup_rise=rise, warmup_from=lrs[0], warmup_to=lrs[-1])
+
+
 def _sweep_judged(ctx, target, reruns: dict, steps: int, wanted: int, objective: int | None):
     """The sweep's judgement on one loss series (all steps, or one optimizer's own)."""
     observed = losses_of(target.run, objective)
@@ -474,6 +487,7 @@ def _sweep_judged(ctx, target, reruns: dict, steps: int, wanted: int, objective:
                 margin=margin)
     if lr is not None:
         data.update(lr_low=lr * 0.1, lr_high=lr * 10, best_lr=lr * max(d, key=lambda f: d[f]))
+    data.update(_warmup(target.recording, objective, n))
     if longer is not None:
         data.update(long_steps=longer["steps"], long_factor=longer["factor"], drop_long_observed=longer["observed_drop"],
                     **{"drop_long_lrx100" if longer["factor"] == 100.0 else "drop_long_lr10": longer["drop"]})

@@ -597,3 +597,20 @@ def test_reruns_do_not_keep_the_scripts_objects_alive(tmp_path):
     gc.collect()
     alive = [c for c in subclasses(nn.Module) if c.__name__ == "LeakNet"]
     assert len(alive) <= 1, f"{len(alive)} LeakNet classes alive (the observed run's and its reruns')"
+
+
+def test_the_sweep_knows_when_its_window_ended_inside_a_warm_up():
+    """A rate still rising 2x or more at the window's end is a warm-up not over (its 'too low' counts for less in the
+    tree); a warm-up that ended inside the window, or a constant rate, is not."""
+    from types import SimpleNamespace
+
+    from nnwizard.probes.intervene import _warmup
+
+    def rec(lrs):
+        return SimpleNamespace(steps=[SimpleNamespace(lrs=[lr], optimizer=0) for lr in lrs])
+
+    rising = _warmup(rec([0.01 * (k + 1) for k in range(30)]), None, 30)
+    assert rising["warmup_rise"] == pytest.approx(30.0) and rising["warmup_to"] == pytest.approx(0.3)
+    assert _warmup(rec([0.01 * min(k + 1, 10) for k in range(30)]), None, 30) == {}   # over by step 10
+    assert _warmup(rec([0.1] * 30), None, 30) == {}
+    assert _warmup(rec([0.01 * (k + 1) for k in range(30)]), 1, 30) == {}   # another optimizer's steps
