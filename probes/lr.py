@@ -198,12 +198,16 @@ def sweep_outcome(d: dict[float, float], margin: float = BETTER) -> str:
     One rule for the module sweep and the sweep over reruns of a script (probes/intervene.py).
     A direction is named only when its arm is the best of all and ahead of the configured rate by
     ``margin`` (at least BETTER; more where the run's own step-to-step noise is larger, see
-    :func:`noise_margin`): a configured rate behind both of its neighbours is noise, not a direction."""
+    :func:`noise_margin`): a configured rate behind both of its neighbours is noise, not a direction; and
+    only when that arm lowered the loss."""
     up = _up(d)
     best = max(d.values())
-    if d[1.0] < MOVES and math.isfinite(d.get(up, -math.inf)) and d[up] >= d[1.0] + margin and d[up] >= best:
+    # (and only when that arm lowered the loss at all: arms that all ended above their start, one less far, learn
+    # nothing between them)
+    if d[1.0] < MOVES and math.isfinite(d.get(up, -math.inf)) and d[up] >= d[1.0] + margin and d[up] >= best and d[up] > 0:
         return "too-low"
-    if math.isfinite(d[0.1]) and (not math.isfinite(d[1.0]) or d[0.1] >= d[1.0] + margin) and d[0.1] >= best:
+    if math.isfinite(d[0.1]) and (not math.isfinite(d[1.0]) or d[0.1] >= d[1.0] + margin) and d[0.1] >= best \
+            and (d[0.1] > 0 or not math.isfinite(d[1.0])):   # (finite where the configured rate diverged: a direction)
         return "too-high"
     if max(d.values()) < MOVES:
         return "none-learns"

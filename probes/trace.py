@@ -77,6 +77,19 @@ def eval_curve(rec) -> tuple[list[float], list[int]]:
 
 
 # ------------------------------------------------------------------------------------ the run
+def _step_losses(rec) -> list[float]:
+    """One loss a recorded step (NaN where a step with a backward has none). A step with no loss and no backward of
+    its own (a second optimizer stepped after the same backward: a decoder's beside its encoder's) repeats the loss
+    of the step before it: it is not a non-finite loss, and the curve keeps one point per optimizer step."""
+    out: list[float] = []
+    for s in rec.steps:
+        value = s.loss if s.loss is not None else s.loss_call_mean
+        if value is None and not s.backwards:
+            value = out[-1] if out else next((t.loss for t in rec.steps if t.loss is not None), math.nan)
+        out.append(math.nan if value is None else value)
+    return out
+
+
 @probe(
     "trace-run",
     title="The script's own run: what it built, and the shape of its loss curves",
@@ -87,8 +100,7 @@ def eval_curve(rec) -> tuple[list[float], list[int]]:
 @_on_recording
 def trace_run(ctx: ProbeContext, rec):
     target = ctx.target
-    train = [s.loss if s.loss is not None else (s.loss_call_mean if s.loss_call_mean is not None else math.nan)
-             for s in rec.steps]
+    train = _step_losses(rec)
     val, val_steps = eval_curve(rec)
     reference = None
     how = None
@@ -365,7 +377,10 @@ def idle_optimizers(rec) -> list:
         params = [p for g in o.optimizer.param_groups for p in g["params"] if p.requires_grad]
         if not params or all(id(p) in held for p in params):
             continue
-        if rec.stopped and all(p.grad is None for p in params):
+        # (reached: a backward ran through one of its models' forwards in a recorded step; its .grad alone would not
+        # say, a zero_grad() just before the cut sets it to None)
+        reached = any(m in s.forwards for s in rec.steps for m in o.models)
+        if rec.stopped and not reached and all(p.grad is None for p in params):
             continue
         idle.append(o)
     return idle
@@ -893,10 +908,15 @@ def trace_loss_target(ctx: ProbeContext, rec):
         return failed("target-from-output", f"in {len(own)} of {len(watched)} training loss calls{followed} ({calls[0].fn} at "
                       f"{data['where']}) the target equals the model's own output (detached or its argmax): the loss "
                       f"pulls the model towards what it already predicts", **data)
-    carried = [c for c in calls if c.target_grad]
-    if len(carried) > len(calls) / 2:
+    # per call site and function: a consistency term beside a supervised one (Mean Teacher) is half the calls, all its own
+    by_site: dict = {}
+    for c in calls:
+        by_site.setdefault((c.where, c.fn), []).append(c)
+    site = next((cs for cs in by_site.values() if sum(c.target_grad for c in cs) > len(cs) / 2), None)
+    if site is not None:
+        carried = [c for c in site if c.target_grad]
         data.update(target_grad=len(carried), where=carried[0].where or "?")
-        return failed("target-carries-grad", f"in {len(carried)} of {len(calls)} training loss calls ({carried[0].fn} at "
+        return failed("target-carries-grad", f"in {len(carried)} of {len(site)} training loss calls ({carried[0].fn} at "
                       f"{data['where']}) the target was computed by the same model with grad mode on: the backward runs "
                       f"through the target too, so each step also moves what the model is asked to match", **data)
     if len(foreign) > len(calls) / 2:

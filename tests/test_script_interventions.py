@@ -175,6 +175,10 @@ def test_sweep_rule_never_calls_a_diverging_rate_too_low():
 
     assert sweep_outcome({0.1: 0.9, 1.0: -math.inf, 10.0: -math.inf}) == "too-high"
     assert sweep_outcome({0.1: 0.01, 1.0: 0.02, 10.0: 0.6}) == "too-low"
+    # every arm ended above its start, lr*10 least (a per-sample RNN's 60 noisy steps): no direction
+    assert sweep_outcome({0.1: -0.18, 1.0: -0.16, 10.0: -0.02}) == "none-learns"
+    assert sweep_outcome({0.1: -0.02, 1.0: -0.16, 10.0: -0.4}) == "none-learns"
+    assert sweep_outcome({0.1: -0.05, 1.0: -math.inf, 10.0: -math.inf}) == "too-high"   # the configured rate diverged
 
 
 

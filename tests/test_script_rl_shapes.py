@@ -6,6 +6,8 @@ forward. A policy called on one unbatched observation has no batch for batch-ind
 
 from __future__ import annotations
 
+import math
+
 from nnwizard.probes.api import could_not_run
 from tests.test_script_interventions import run, script, target_of
 
@@ -129,3 +131,52 @@ def test_a_target_from_another_model_run_with_grad_is_not_this_finding(tmp_path)
         "opt = torch.optim", "teacher = nn.Sequential(nn.Linear(4, 2))\nopt = torch.optim")
     result = run(target_of(script(tmp_path, text=text), 40), "trace-loss-target")
     assert result.outcome != "target-carries-grad", result.summary
+
+
+ENCODER_DECODER = '''
+import torch, torch.nn as nn
+torch.manual_seed(0)
+enc, dec = nn.Linear(8, 16), nn.Linear(16, 4)
+eo, do = torch.optim.SGD(enc.parameters(), lr=0.1), torch.optim.SGD(dec.parameters(), lr=0.1)
+X, Y = torch.randn(256, 8), torch.randint(0, 4, (256,))
+for it in range(60):
+    i = it % 8
+    x, y = X[i*32:(i+1)*32], Y[i*32:(i+1)*32]
+    eo.zero_grad(); do.zero_grad()
+    loss = nn.functional.cross_entropy(dec(torch.tanh(enc(x))), y)
+    loss.backward()
+    eo.step(); do.step()
+'''
+
+
+def test_a_second_optimizer_stepped_after_the_same_backward_adds_no_nan_to_the_curve(tmp_path):
+    """(pytorch/tutorials' seq2seq: an encoder's and a decoder's optimizer after one backward read symptom 'nan')"""
+    result = run(target_of(script(tmp_path, text=ENCODER_DECODER), 60), "trace-run")
+    assert result.outcome != "nan" and all(math.isfinite(v) for v in result.data["train"]), result.summary
+    broken = ENCODER_DECODER.replace("    eo.zero_grad(); do.zero_grad()", "    x = x * float('nan') if it >= 20 else x\n"
+                                     "    eo.zero_grad(); do.zero_grad()")
+    nan = run(target_of(script(tmp_path, name="nan.py", text=broken), 60), "trace-run")
+    assert nan.outcome in ("nan", "diverged") and not all(math.isfinite(v) for v in nan.data["train"]), nan.summary
+
+
+def test_an_idle_optimizer_is_found_in_a_run_cut_short_just_after_zero_grad():
+    """A run nnwizard stops at its time limit may end right after the script's zero_grad() set the idle optimizer's
+    gradients to None: whether a backward ever reached its model decides, not its last .grad. A stage no backward
+    has reached yet (training in stages, cut before it) is still not idle."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from nnwizard.probes.trace import idle_optimizers
+
+    enc, dec = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+
+    def opt(index, module, steps):
+        return SimpleNamespace(index=index, steps=steps, models=[index],
+                               optimizer=SimpleNamespace(param_groups=[{"params": list(module.parameters())}]))
+
+    optimizers = [opt(0, enc, 12), opt(1, dec, 0)]
+    reached = SimpleNamespace(optimizers=optimizers, stopped="time limit", steps=[SimpleNamespace(forwards={0: 1, 1: 1})] * 12)
+    assert [o.index for o in idle_optimizers(reached)] == [1]
+    staged = SimpleNamespace(optimizers=optimizers, stopped="time limit", steps=[SimpleNamespace(forwards={0: 1})] * 12)
+    assert idle_optimizers(staged) == []

@@ -180,3 +180,14 @@ def test_a_teacher_run_with_grad_names_the_training_after_its_optimizer_stopped(
     tailor(d)
     assert "DeepNN's forward" in d.ranked[0].fix_here and "kd.py:60 in distill" in d.ranked[0].fix_here
     assert "kd.py:20" not in d.ranked[0].fix_here
+
+
+def test_a_script_without_an_optimizer_is_not_told_about_build_optimizer():
+    """A hand-written update (the char-RNN tutorial's p.data.add_): the rate the sweep measured, in its own words."""
+    d = _diagnosis("lr-too-low", [_sweep("too-low", lr=0.005, best=0.05)])
+    tailor(d)
+    assert "hand-written update runs at lr 0.005" in d.ranked[0].fix_here and "build_optimizer" not in d.ranked[0].fix_here
+    module = SimpleNamespace(results=[_sweep("too-low", lr=0.005, best=0.05)], target=SimpleNamespace(),
+                             ranked=[Ranked("lr-too-low", "t", "loop", 0.8)])
+    tailor(module)
+    assert "build_optimizer" in module.ranked[0].fix_here

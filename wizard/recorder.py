@@ -769,6 +769,7 @@ class Recorder:
         self._window_values: list[float] = []   # training loss-call values since the last step
         self._kept_pairs = 0
         self._last_forward_at: int | None = None   # the position of ``_last_event`` in the recording's forwards
+        self._from_last = False   # the last loss input came from the last forward itself (_from_model)
         self._site_pairs: dict[tuple, int] = {}   # (loss call site, last model): calls whose inputs were kept
         self._t0 = 0.0
         self._mode_obj: _GraphMode | None = None
@@ -1622,31 +1623,39 @@ class Recorder:
 
     def _from_model(self, x: torch.Tensor) -> tuple[bool, list | None, Any]:
         """Does the loss input ``x`` come from a model's output: (yes, that output's shape, and the
-        output's graph node when ``x`` is the last forward's first output or its graph reaches it)."""
+        output's graph node when ``x`` is the last forward's first output or its graph reaches it).
+        Sets ``_from_last``: ``x`` comes from the last forward itself (not an earlier one still pending)."""
+        self._from_last = False
         if self._last_out is None:
             return False, None, None
         _, ref, shape = self._last_out
         out = ref()
         if out is None:
+            self._from_last = bool(x.requires_grad)   # (the output was freed: as before, taken to be the last one's)
             return bool(x.requires_grad), shape, None
         if x is out:
+            self._from_last = True
             return True, shape, out.grad_fn
         target = out.grad_fn
         # a view of the output (out.squeeze(1), out.view(-1, C)) comes from it whether or not a graph says so; the
         # search below still finds the output's node for it (the backward then needs none, see _linked)
         shared = bool(x.numel()) and x.untyped_storage().data_ptr() == out.untyped_storage().data_ptr()
-        if target is None:
+        if target is None and (shared or x.grad_fn is None):
+            self._from_last = shared
             return shared, shape, None
-        stack, seen = [x.grad_fn], 0
+        # (the last forward ran without a graph, a teacher under no_grad after its student: the pending search below)
+        stack, seen = [x.grad_fn] if target is not None else [], 0
         while stack and seen < 200:
             node = stack.pop()
             if node is None:
                 continue
             seen += 1
             if node == target:
+                self._from_last = True
                 return True, shape, target
             stack.extend(fn for fn, _ in node.next_functions)
         if shared:
+            self._from_last = True
             return True, shape, None
         # any output of a forward no backward has reached yet (a second output, e.g. an actor-critic's value
         # head, or an output saved over an episode before one backward)
@@ -1677,8 +1686,8 @@ class Recorder:
         if self._in_model:  # called inside a model's forward (Hugging Face models compute their own loss); a loss
             from_model = True  # module's own call (nn.CrossEntropyLoss) is a top-level call too, but not a model's
         event = self._last_event
-        if from_model and event is not None:
-            event.scored = True
+        if from_model and event is not None and (self._from_last or self._in_model):
+            event.scored = True   # (the forward that made the input: not a teacher's run after its student's)
         same = False
         y_tensor = isinstance(y, torch.Tensor)
         if y_tensor:

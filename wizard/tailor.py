@@ -67,7 +67,10 @@ def _lr(direction: str) -> Callable:
         measured = _measured_lr(results, outcome)
         if opt is None and measured is None:
             return ""
-        what, lrs = opt if opt is not None else ("the optimizer `build_optimizer` returns", [])   # (module mode)
+        if opt is None and rec is not None:   # a script that updates its parameters by hand (no torch.optim)
+            what, lrs = "the hand-written update", []
+        else:
+            what, lrs = opt if opt is not None else ("the optimizer `build_optimizer` returns", [])   # (module mode)
         lr = measured[0] if measured else (lrs[0] if lrs else None)
         if lr is None:
             return ""
