@@ -567,7 +567,14 @@ def trace_eval_mode(ctx: ProbeContext, rec):
     if not any(f.model in layered for f in evals):
         return passed("the evaluated model has no Dropout or BatchNorm module: eval mode changes only code that reads self.training (eval-stochastic checks a functional dropout)", "no-mode-layers",
                       phases=len(phases), forwards=len(evals))
-    bad = [f for f in evals if f.model in layered and f.training]
+    averaged = _averaged_models(rec)
+    bad = [f for f in evals if f.model in layered and f.training and f.model not in averaged]
+    if not bad and any(f.model in averaged and f.training for f in evals):
+        names = ", ".join(sorted({rec.models[i].name for i in averaged}))
+        return passed(f"the forwards in train mode outside training ran {names}, a copy whose parameters changed during the "
+                      f"run without an optimizer (an averaged teacher, Mean Teacher style): its train mode is the "
+                      f"script's choice, not an evaluation left in training mode", "ok", phases=len(phases),
+                      forwards=len(evals), averaged=names)
     names = sorted({layered[f.model].name for f in bad})
     data = dict(phases=len(phases), forwards=len(evals), train_mode_forwards=len(bad), models=", ".join(names),
                 layers=sum(layered[i].mode_layers for i in {f.model for f in bad}))
@@ -576,6 +583,28 @@ def trace_eval_mode(ctx: ProbeContext, rec):
                       f"{', '.join(names)} with training=True: its {_mode_parts([layered[i] for i in {f.model for f in bad}])} "
                       f"behaved as in training (model.eval() missing)", **data)
     return passed(f"all {len(evals)} evaluation forwards ({len(phases)} phases) ran in eval mode", **data)
+
+
+def _averaged_models(rec) -> set[int]:
+    """Models no optimizer holds whose parameters still changed during the run (set by hand from another model's:
+    an EMA teacher, Mean Teacher style), judged against the copy taken before their first forward."""
+    import torch
+
+    if not rec.steps:
+        return set()
+    held = {id(p) for o in rec.optimizers for g in o.optimizer.param_groups for p in g["params"]}
+    out = set()
+    for m in rec.models:
+        if m.initial is None:
+            continue
+        now = list(inner_model(m.owner or m.module).parameters())
+        if not now or any(id(p) in held for p in now):
+            continue
+        before = list(m.initial.parameters())
+        if len(before) == len(now) and any(a.shape == b.shape and not torch.equal(a.detach().cpu(), b.detach().cpu())
+                                           for a, b in zip(now, before)):
+            out.add(m.index)
+    return out
 
 
 @probe(

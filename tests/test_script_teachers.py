@@ -39,3 +39,15 @@ def test_the_students_loss_is_from_its_own_output_when_the_teacher_ran_last(tmp_
 def test_a_consistency_target_from_the_student_with_grad_is_found_beside_the_supervised_term(tmp_path):
     result = run(target_of(script(tmp_path, text=MEAN_TEACHER.format(TARGET=SELF)), 40), "trace-loss-target")
     assert result.outcome == "target-carries-grad" and "40 of 40" in result.summary, result.summary
+
+
+def test_an_averaged_teacher_in_train_mode_is_the_scripts_choice_but_a_fixed_one_is_not(tmp_path):
+    """Mean Teacher keeps its EMA teacher in train mode (dropout as noise): its parameters change without an
+    optimizer, so it is not an evaluation left in training mode. A teacher whose parameters never change (loaded,
+    fixed) run in train mode under no_grad is still read as model.eval() missing."""
+    with_dropout = MEAN_TEACHER.replace("nn.ReLU(), nn.Linear(64, 5))", "nn.ReLU(), nn.Dropout(0.3), nn.Linear(64, 5))")
+    averaged = run(target_of(script(tmp_path, text=with_dropout.format(TARGET=TEACHER)), 40), "trace-eval-mode")
+    assert averaged.status == "passed" and "averaged" in averaged.summary, averaged.summary
+    fixed = with_dropout.replace("tp.mul_(0.99).add_(sp, alpha=0.01)", "pass")
+    result = run(target_of(script(tmp_path, name="fixed.py", text=fixed.format(TARGET=TEACHER)), 40), "trace-eval-mode")
+    assert result.outcome == "train-mode-in-eval", result.summary
