@@ -27,6 +27,7 @@ class Objectives:
     # run with grad mode on after its training ended: gradients computed for nothing)
     idle_through: dict[int, list[int]] = field(default_factory=dict)
     text: str = ""
+    holder: dict[int, int] = field(default_factory=dict)   # model index -> the optimizer holding its parameters (alone)
 
     @property
     def several(self) -> bool:
@@ -91,17 +92,15 @@ def objectives(rec) -> Objectives:
             f"{optimizer_label(rec, i)}'s loss goes through {', '.join(rec.models[m].name for m in ms)}, "
             f"whose parameters {', '.join(sorted({f'{rec.optimizers[holder[m]].name} #{holder[m] + 1}' for m in ms}))} holds"
             for i, ms in through.items())
-    return Objectives({i: own[i] for i in separate}, through, text=text, idle_through=idle)
+    return Objectives({i: own[i] for i in separate}, through, text=text, idle_through=idle, holder=holder)
 
 
 def idle_models_text(rec, obj: Objectives) -> str:
     """The models an optimizer's backward ran through while the optimizer holding them did not step, in words."""
-    def holders(m: int) -> str:
-        ids = {id(p) for p in rec.models[m].parameters()}
-        return ", ".join(optimizer_label(rec, j) for j in obj.series if j is not None and j < len(rec.optimizers)
-                         and ids & {id(p) for g in rec.optimizers[j].optimizer.param_groups for p in g["params"]}) or "another optimizer"
-    return "; ".join(f"{optimizer_label(rec, i)}'s backward ran through {rec.models[m].name}, whose parameters "
-                     f"{holders(m)} holds and did not step while it trained"
+    def holds(m: int) -> str:
+        h = obj.holder.get(m)
+        return f"{optimizer_label(rec, h)} holds and did not step while it trained" if h is not None else "no optimizer holds"
+    return "; ".join(f"{optimizer_label(rec, i)}'s backward ran through {rec.models[m].name}, whose parameters {holds(m)}"
                      for i, ms in obj.idle_through.items() for m in ms)
 
 

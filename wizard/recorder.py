@@ -769,7 +769,6 @@ class Recorder:
         self._window_values: list[float] = []   # training loss-call values since the last step
         self._kept_pairs = 0
         self._last_forward_at: int | None = None   # the position of ``_last_event`` in the recording's forwards
-        self._from_last = False   # the last loss input came from the last forward itself (_from_model)
         self._site_pairs: dict[tuple, int] = {}   # (loss call site, last model): calls whose inputs were kept
         self._t0 = 0.0
         self._mode_obj: _GraphMode | None = None
@@ -1343,7 +1342,7 @@ class Recorder:
             self._label_check(event, args)
         if event.grad_enabled and len(rec.model_inputs) < KEEP_PAIRS:
             rec.model_inputs.append((event.model, cpu_copy(tuple(args))))
-            rec.model_input_forwards.append(len(rec.forwards) - 1)
+            rec.model_input_forwards.append(self._last_forward_at)
         elif not event.grad_enabled and len(rec.eval_inputs) < KEEP_PAIRS:
             rec.eval_inputs.append((event.model, fingerprint(args)))
         if len(self._inputs) < 8:   # checked for NaN/Inf at the step, when its gradient norm is measured
@@ -1621,28 +1620,24 @@ class Recorder:
         call.late = True
         return True
 
-    def _from_model(self, x: torch.Tensor) -> tuple[bool, list | None, Any]:
-        """Does the loss input ``x`` come from a model's output: (yes, that output's shape, and the
-        output's graph node when ``x`` is the last forward's first output or its graph reaches it).
-        Sets ``_from_last``: ``x`` comes from the last forward itself (not an earlier one still pending)."""
-        self._from_last = False
+    def _from_model(self, x: torch.Tensor) -> tuple[bool, list | None, Any, bool]:
+        """Does the loss input ``x`` come from a model's output: (yes, that output's shape, the output's graph node
+        when ``x`` is the last forward's first output or its graph reaches it, and whether ``x`` comes from the last
+        forward itself rather than from an earlier one still pending)."""
         if self._last_out is None:
-            return False, None, None
+            return False, None, None, False
         _, ref, shape = self._last_out
         out = ref()
-        if out is None:
-            self._from_last = bool(x.requires_grad)   # (the output was freed: as before, taken to be the last one's)
-            return bool(x.requires_grad), shape, None
+        if out is None:   # (the output was freed: taken to be the last one's)
+            return bool(x.requires_grad), shape, None, bool(x.requires_grad)
         if x is out:
-            self._from_last = True
-            return True, shape, out.grad_fn
+            return True, shape, out.grad_fn, True
         target = out.grad_fn
         # a view of the output (out.squeeze(1), out.view(-1, C)) comes from it whether or not a graph says so; the
         # search below still finds the output's node for it (the backward then needs none, see _linked)
         shared = bool(x.numel()) and x.untyped_storage().data_ptr() == out.untyped_storage().data_ptr()
         if target is None and (shared or x.grad_fn is None):
-            self._from_last = shared
-            return shared, shape, None
+            return shared, shape, None, shared
         # (the last forward ran without a graph, a teacher under no_grad after its student: the pending search below)
         stack, seen = [x.grad_fn] if target is not None else [], 0
         while stack and seen < 200:
@@ -1651,18 +1646,16 @@ class Recorder:
                 continue
             seen += 1
             if node == target:
-                self._from_last = True
-                return True, shape, target
+                return True, shape, target, True
             stack.extend(fn for fn, _ in node.next_functions)
         if shared:
-            self._from_last = True
-            return True, shape, None
+            return True, shape, None, True
         # any output of a forward no backward has reached yet (a second output, e.g. an actor-critic's value
         # head, or an output saved over an episode before one backward)
         outs = {id(n) for e in self._pending_forwards[-64:] for n in e.outs} | self._dropped_outs.keys()
         if outs and x.grad_fn is not None and _reached(x.grad_fn, outs, limit=200):
-            return True, shape, None
-        return False, shape, None
+            return True, shape, None, False
+        return False, shape, None, False
 
     def _loss_called(self, name: str, args, kwargs, value, original=None) -> None:
         x = args[0] if args else kwargs.get("input")
@@ -1682,11 +1675,11 @@ class Recorder:
                 self._loss_value = (weakref.ref(value), v)
                 if grad:
                     self._window_values.append(v)
-        from_model, out_shape, direct = self._from_model(x)
+        from_model, out_shape, direct, from_last = self._from_model(x)
         if self._in_model:  # called inside a model's forward (Hugging Face models compute their own loss); a loss
             from_model = True  # module's own call (nn.CrossEntropyLoss) is a top-level call too, but not a model's
         event = self._last_event
-        if from_model and event is not None and (self._from_last or self._in_model):
+        if from_model and event is not None and (from_last or self._in_model):
             event.scored = True   # (the forward that made the input: not a teacher's run after its student's)
         same = False
         y_tensor = isinstance(y, torch.Tensor)
