@@ -4,7 +4,7 @@ Every module in examples/ declares ``EXPECTED = {"symptoms": [...], "hypotheses"
 hypothesis list means healthy). This harness runs the scripted diagnosis of each one, with its
 declared symptoms (or with ``--auto``: symptom ``auto``), and prints per-example verdicts, top-1 and
 top-3 accuracy over the broken examples, false alarms on the healthy ones, and the median and max
-seconds per diagnosis. ``--markdown`` runs both modes and prints the table the README shows.
+seconds per diagnosis. ``--markdown`` runs both modes and prints the tables of docs/benchmarks.md.
 
 ``--scripts`` does the same for script mode over the plain training scripts in examples/scripts/
 (each declares ``# nnwizard-expect:`` / ``# nnwizard-symptom:`` in its first lines): every script

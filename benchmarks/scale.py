@@ -9,7 +9,7 @@ about a thousand to about eleven million parameters, each healthy and with a pla
 2. ``nnwizard diagnose --symptom auto --non-interactive`` through the real CLI, with its wall time,
    exit code and peak resident memory (``os.wait4``'s rusage of that child alone).
 
-It prints one README table row per case and checks the targets of issue #12: every probe completes
+It prints one table row per case (docs/benchmarks.md) and checks the targets of issue #12: every probe completes
 (none errored, none left out for lack of budget; a probe the engine deliberately does not run because
 a finding is already confirmed is counted apart, as "not needed"), the planted fault is top-1 and the healthy twin
 ``healthy``, wall time at most ``max(20 s, 40 plain steps)``, a clean exit (0 or 1, no abort), and peak
