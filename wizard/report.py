@@ -139,6 +139,16 @@ def _jsonable(value: Any) -> Any:
 
 
 def build(diagnosis: Diagnosis) -> Report:
+    report = _build(diagnosis)
+    notebook = getattr(getattr(diagnosis.target, "script", None), "notebook", None)
+    if notebook is not None:   # every location of a notebook's program reads "cell N, line M"
+        from nnwizard.locations import render_all
+
+        report = Report.model_validate(render_all(report.model_dump(), Path(notebook.path).name))
+    return report
+
+
+def _build(diagnosis: Diagnosis) -> Report:
     missing = not_run(diagnosis)
     return Report(
         nnwizard_version=nnwizard.__version__,

@@ -9,6 +9,7 @@ from rich.table import Table
 from rich.tree import Tree as RichTree
 
 from nnwizard.engine import Event
+from nnwizard.locations import render
 from nnwizard.ranking import FINDING
 from nnwizard.report import Report
 
@@ -41,7 +42,7 @@ class TerminalView:
             self._stop()
             r = event.data["result"]
             mark, style = _STYLE[r.status]
-            c.print(f"  [{style}]{mark} {r.id:<22}[/] {r.summary} [dim]({r.duration_s:.1f}s)[/]", highlight=False)
+            c.print(f"  [{style}]{mark} {r.id:<22}[/] {render(r.summary)} [dim]({r.duration_s:.1f}s)[/]", highlight=False)
         elif event.kind == "conclusion":
             e = event.data["evidence"]
             sign, style = ("+", "magenta") if e.weight > 0 else ("−", "dim")
