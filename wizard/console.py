@@ -1,0 +1,22 @@
+"""The rich Console every view prints through: on a terminal, its width; elsewhere (a CI log, a file, a pipe) no
+hard wrap at 80 columns, so that paths and file:line stay whole (``COLUMNS`` still sets a width)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from rich.console import Console
+
+WIDE = 160   # a table's width when the output is no terminal
+
+
+def make_console(stderr: bool = False, **kwargs) -> Console:
+    stream = sys.stderr if stderr else sys.stdout
+    try:
+        tty = stream.isatty()
+    except (AttributeError, ValueError):
+        tty = False
+    if tty or os.environ.get("COLUMNS") or "width" in kwargs or "file" in kwargs:
+        return Console(stderr=stderr, **kwargs)
+    return Console(stderr=stderr, width=WIDE, soft_wrap=True, **kwargs)
