@@ -12,11 +12,14 @@ WIDE = 160   # a table's width when the output is no terminal
 
 
 def make_console(stderr: bool = False, **kwargs) -> Console:
-    stream = sys.stderr if stderr else sys.stdout
+    stream = kwargs.get("file") or (sys.stderr if stderr else sys.stdout)
     try:
         tty = stream.isatty()
     except (AttributeError, ValueError):
         tty = False
-    if tty or os.environ.get("COLUMNS") or "width" in kwargs or "file" in kwargs:
-        return Console(stderr=stderr, **kwargs)
-    return Console(stderr=stderr, width=WIDE, soft_wrap=True, **kwargs)
+    # bound to the stream as it is now: while the user's program runs, sys.stdout/sys.stderr are nnwizard's captures
+    # of its output, and a console that looked them up at each write would draw the live line into them
+    kwargs.setdefault("file", stream)
+    if not (tty or os.environ.get("COLUMNS") or "width" in kwargs):
+        kwargs.update(width=WIDE, soft_wrap=True)
+    return Console(**kwargs)
