@@ -178,3 +178,19 @@ def run_session(opts: Options) -> int:
     if code == ExitCode.FINDINGS:
         view.failed(failure_reasons(report, opts))
     return code
+
+
+def probe(opts: Options, probe_id: str, params: dict | None = None, listener=None):
+    """One probe on the program ``opts`` names, outside any tree: the program is observed as a diagnosis observes it,
+    then ``probe_id`` measures (``nnwizard.testing.assert_overfits_one_batch`` runs ``script-overfit`` here). Returns
+    ``(result, target)``; the second entry, with :func:`run`, that the Python API uses."""
+    from nnwizard.probes.api import ProbeContext, get
+
+    check(opts, load=False)
+    with cuda_lost.guard("while loading or running the target"), preserved_state():
+        seed_everything(opts.seed)
+        target = _load_script_target(opts, listener) if opts.script else load_target(opts.module, opts.device)
+        from nnwizard.isolation import run_probe
+
+        ctx = ProbeContext(target=target, params=dict(params or {}), seed=opts.seed)
+        return run_probe(get(probe_id), ctx, opts.probe_timeout), target
