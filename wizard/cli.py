@@ -76,7 +76,7 @@ def _script_args(ctx: typer.Context) -> list[str]:
     ``--flag`` that is a near miss of one of this command's own options is a typo, not a script argument."""
     bare = list(ctx.args)
     if bare and not ctx.params.get("script"):
-        what = "no such option" if bare[0].startswith("-") else "unexpected argument"
+        what = "No such option" if bare[0].startswith("-") else "Got unexpected extra argument"
         raise UsageError(f"{what}: {bare[0]} (see 'nnwizard {ctx.command.name} --help')")
     own = [name for p in ctx.command.params for name in getattr(p, "opts", []) if name.startswith("--")]
     for arg in bare:
