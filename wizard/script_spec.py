@@ -42,7 +42,7 @@ def load_script(spec: str) -> Script:
         from nnwizard.notebook.cells import load_notebook
 
         notebook = load_notebook(path, spec)
-        return Script(spec, path.resolve(), None, path.resolve().parent, notebook)
+        return Script(spec, path.resolve(), None, notebook.folder, notebook)
     if path.suffix == ".py" or os.sep in spec or path.exists():
         if not path.is_file():
             raise UsageError(f"--script {spec}: no such file")

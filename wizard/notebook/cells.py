@@ -24,6 +24,7 @@ import shutil
 import sys
 import tempfile
 import types
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from nnwizard.errors import UsageError
 
 # cell magics whose body is Python that runs: kept as code, the magic line a comment
 BODY_MAGICS = {"time", "timeit", "capture", "prun", "nnwizard_watch", "debug", "memit", "mprun", "px", "pypy"}
+ACTIVE: "Notebook | None" = None   # the notebook whose cells are running (a watch bundle keeps their sources)
 CELL_PREFIX = "cell "     # the materialized file of cell N is named "cell N": locations read "cell N:M", shown "cell N, line M"
 
 
@@ -78,16 +80,24 @@ class Notebook:
         shell = NotebookShell(self, ns, notes if notes is not None else [])
         ns["get_ipython"] = shell.get_ipython
         ns["In"], ns["Out"] = [""], {}
+        global ACTIVE
         saved_main, saved_cwd, saved_env = sys.modules.get("__main__"), os.getcwd(), dict(os.environ)
         sys.modules["__main__"] = main
         os.chdir(self.folder)
+        added = str(self.folder) not in sys.path
+        if added:   # a kernel has its working folder on sys.path ('')
+            sys.path.insert(0, str(self.folder))
+        ACTIVE = self
         try:
             for cell in self.cells:
                 shell.current = cell
                 ns["In"].append(cell.source)
                 exec(cell.code, ns)  # noqa: S102 - the user's own notebook, run as their kernel would run it
         finally:
+            ACTIVE = None
             shell.current = None
+            if added and str(self.folder) in sys.path:
+                sys.path.remove(str(self.folder))
             os.chdir(saved_cwd)
             if saved_main is not None:
                 sys.modules["__main__"] = saved_main
@@ -133,9 +143,9 @@ def _transform(tm, source: str) -> str:
         return source
 
 
-def read_cells(path: Path, spec: str) -> tuple[list[tuple[int, str]], int]:
-    """``[(position, source)]`` of the code cells and the number of all cells; UsageError when the file is not a
-    notebook nbformat can read."""
+def read_cells(path: Path, spec: str) -> tuple[list[tuple[int, str]], int, dict]:
+    """``[(position, source)]`` of the code cells, the number of all cells and the notebook's ``nnwizard`` metadata;
+    UsageError when the file is not a notebook nbformat can read."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
@@ -156,7 +166,9 @@ def read_cells(path: Path, spec: str) -> tuple[list[tuple[int, str]], int]:
     except ImportError:
         raise UsageError("reading a notebook needs IPython and nbformat: pip install 'nnwizard[notebook]'") from None
     try:
-        nb = nbformat.reads(text, as_version=4)
+        with warnings.catch_warnings():   # (an older notebook's missing cell ids: nbformat's warning, not the user's)
+            warnings.simplefilter("ignore")
+            nb = nbformat.reads(text, as_version=4)
     except Exception as exc:  # noqa: BLE001 - nbformat's many reader errors: one line
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UsageError(f"--script {spec}: not a notebook nbformat can read: {first}") from None
@@ -167,14 +179,19 @@ def read_cells(path: Path, spec: str) -> tuple[list[tuple[int, str]], int]:
             continue
         source = cell.get("source", "")
         code.append((i, "".join(source) if isinstance(source, list) else str(source)))
-    return code, len(cells)
+    meta = (nb.get("metadata") or {}).get("nnwizard") or {}
+    return code, len(cells), dict(meta) if isinstance(meta, dict) else {}
 
 
 def load_notebook(path: Path, spec: str | None = None) -> Notebook:
     spec = spec or str(path)
     if not path.is_file():
         raise UsageError(f"--script {spec}: no such file")
-    code, total = read_cells(path, spec)
+    code, total, meta = read_cells(path, spec)
+    # a notebook that %nnwizard_diagnose wrote from a live kernel's history: its cells are In[k], and it runs in the
+    # kernel's working folder (metadata "nnwizard": {"cells": "In", "cwd": ...})
+    kernel = meta.get("cells") == "In"
+    workdir = Path(meta["cwd"]) if isinstance(meta.get("cwd"), str) and Path(meta["cwd"]).is_dir() else path.resolve().parent
     if not any(src.strip() for _, src in code):
         raise UsageError(f"--script {spec}: the notebook has no code to run ({total} cell{'s' if total != 1 else ''}, "
                          f"no code cell with code)")
@@ -184,16 +201,17 @@ def load_notebook(path: Path, spec: str | None = None) -> Notebook:
     cells = []
     for index, source in code:
         python = python_source(source, tm)
-        file = folder / f"{CELL_PREFIX}{index}"
+        file = folder / (f"In[{index}]" if kernel else f"{CELL_PREFIX}{index}")
         file.write_text(python, encoding="utf-8")
         cell = Cell(index, source, python, file)
         try:
             cell.code = compile(python, str(file), "exec")
         except SyntaxError as exc:
             shutil.rmtree(folder, ignore_errors=True)
-            raise UsageError(f"--script {spec}: syntax error in cell {index}, line {exc.lineno}: {exc.msg}") from None
+            raise UsageError(f"--script {spec}: syntax error in cell {'In[%d]' % index if kernel else index}, line "
+                             f"{exc.lineno}: {exc.msg}") from None
         except ValueError as exc:
             shutil.rmtree(folder, ignore_errors=True)
             raise UsageError(f"--script {spec}: cell {index} cannot be compiled: {exc}") from None
         cells.append(cell)
-    return Notebook(path.resolve(), cells, path.resolve().parent, total)
+    return Notebook(path.resolve(), cells, workdir, total)
