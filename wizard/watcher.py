@@ -316,6 +316,8 @@ class Watch:
                 else:
                     setattr(cls, "forward", had)
         self._patched.clear()
+        if self._log is not None and self._history and self._history[-1][0] > self._written_step:
+            self._write(self._entry(self._history[-1]))   # the run's last step ends the curve (and loss_between)
         if self._log is not None:
             self._log.close()
             self._log = None
