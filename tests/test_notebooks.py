@@ -179,3 +179,12 @@ def test_notebook_twins_read_as_their_scripts(twin):
         assert report.verdict == "healthy", (found, report.not_run)
     text = json.dumps(report.to_dict())
     assert "cell " in text or not expected or report.script["error"] is None
+
+
+def test_shell_lines_run_in_watch_mode_only(tmp_path):
+    nb = write(tmp_path, "said = !echo hello\n!touch made.txt")
+    notes: list = []
+    ns = load_notebook(nb).run(notes=notes)             # a diagnosis: skipped, with notes
+    assert ns["said"] == [] and not (tmp_path / "made.txt").exists() and len(notes) == 2
+    ns = load_notebook(nb).run(notes=[], shell=True)     # watch: the user's real run
+    assert ns["said"] == ["hello"] and (tmp_path / "made.txt").exists()

@@ -645,7 +645,7 @@ def _run_once(script: Script, args: list[str], opts: RunOptions, evaluation_caps
                         _alarm((opts.time_limit_s or 0) * 1.5 + 5 if opts.time_limit_s else None):
                     try:
                         if script.notebook is not None:   # a notebook's code cells, in order, as a kernel runs them
-                            script.notebook.run(init_globals=own, notes=recorder.recording.notes)
+                            script.notebook.run(init_globals=own, notes=recorder.recording.notes, shell=not opts.sandbox)
                         elif script.module is not None:
                             runpy.run_module(script.module, run_name="__main__", alter_sys=True, init_globals=own)
                         else:

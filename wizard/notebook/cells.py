@@ -66,19 +66,21 @@ class Notebook:
         """The code cells as a bundle keeps them (so that replay rebuilds the classes defined in cells)."""
         return [{"cell": c.index, "source": c.source, "python": c.python} for c in self.cells]
 
-    def run(self, init_globals: dict | None = None, notes: list | None = None, argv: list[str] | None = None) -> dict:
+    def run(self, init_globals: dict | None = None, notes: list | None = None, shell: bool = False) -> dict:
         """Run every code cell in order in one ``__main__`` namespace, with ``get_ipython()`` and ``display()``
         available and the working directory set to the notebook's folder (as a kernel started there has it); the
         working directory, ``__main__`` and the environment are put back afterwards. An exception leaves the cell
-        that raised it (as "Run All" in Jupyter stops there). Returns the namespace."""
+        that raised it (as "Run All" in Jupyter stops there). ``shell``: run ``!cmd`` lines and shell magics as a
+        kernel would (watch: the user's real run); otherwise they are skipped with a note (a diagnosis). Returns the
+        namespace."""
         from nnwizard.notebook.shell import NotebookShell, display
 
         main = types.ModuleType("__main__")
         ns = main.__dict__
         ns.update({"__builtins__": builtins, "__name__": "__main__", "display": display})
         ns.update(init_globals or {})
-        shell = NotebookShell(self, ns, notes if notes is not None else [])
-        ns["get_ipython"] = shell.get_ipython
+        ipython = NotebookShell(self, ns, notes if notes is not None else [], run_shell=shell)
+        ns["get_ipython"] = ipython.get_ipython
         ns["In"], ns["Out"] = [""], {}
         global ACTIVE
         saved_main, saved_cwd, saved_env = sys.modules.get("__main__"), os.getcwd(), dict(os.environ)
@@ -90,12 +92,12 @@ class Notebook:
         ACTIVE = self
         try:
             for cell in self.cells:
-                shell.current = cell
+                ipython.current = cell
                 ns["In"].append(cell.source)
                 exec(cell.code, ns)  # noqa: S102 - the user's own notebook, run as their kernel would run it
         finally:
             ACTIVE = None
-            shell.current = None
+            ipython.current = None
             if added and str(self.folder) in sys.path:
                 sys.path.remove(str(self.folder))
             os.chdir(saved_cwd)

@@ -7,9 +7,9 @@ note in the report, those that only touch the kernel or the machine.
   (through ``open``, so the diagnosis sandbox catches it), ``%reset -f``.
 - no-ops: ``%matplotlib`` (plots go to the non-interactive Agg backend anyway), ``%config``, ``%load_ext``,
   ``%autoreload``, ``%who``, ``%%html`` and the other display magics, ``?`` help.
-- skipped with a note: ``!cmd``, ``x = !cmd``, ``%pip``, ``%conda``, ``%%bash``/``%%sh``/``%%script`` (a
-  diagnosis installs nothing and starts no shell command; ``x = !ls`` gives an empty list), any magic not
-  listed here.
+- shell commands ``!cmd``, ``x = !cmd``, ``%pip``, ``%conda``, ``%%bash``/``%%sh``: run as a kernel runs them
+  in ``watch`` (the user's real run); skipped with a note in a diagnosis (it installs nothing and starts no shell
+  command; ``x = !ls`` gives an empty list). Any magic not listed here is skipped with a note.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import runpy
 import shlex
+import subprocess
 import sys
 from typing import Any
 
@@ -78,8 +79,8 @@ class _Captured:
 class NotebookShell:
     """``get_ipython()`` for a notebook run by nnwizard: see the module docstring."""
 
-    def __init__(self, notebook, user_ns: dict, notes: list):
-        self.notebook, self.user_ns, self.notes = notebook, user_ns, notes
+    def __init__(self, notebook, user_ns: dict, notes: list, run_shell: bool = False):
+        self.notebook, self.user_ns, self.notes, self.run_shell = notebook, user_ns, notes, run_shell
         self.current = None      # the cell running
         self.events = _Events()
         self.config: dict = {}
@@ -136,6 +137,9 @@ class NotebookShell:
             return None
         if name in QUIET or name == "reset":
             return None
+        if name in SHELL and self.run_shell and name in ("pip", "conda", "mamba", "system", "sx"):
+            prefix = {"pip": f"{sys.executable} -m pip", "system": "", "sx": ""}.get(name, name)
+            return self.system(f"{prefix} {line}".strip()) if name != "sx" else self.getoutput(line)
         if name in SHELL:
             self._note(f"`%{name} {line}` at {self._where(at)} was not run (a diagnosis installs nothing and runs no "
                        f"shell command)")
@@ -159,6 +163,9 @@ class NotebookShell:
             return None
         if name in QUIET:
             return None
+        if name in ("bash", "sh") and self.run_shell:
+            subprocess.run([name, "-c", cell], check=False)
+            return None
         if name in SHELL:
             self._note(f"the `%%{name}` cell at {self._where(at)} was not run (a diagnosis runs no shell command)")
             return None
@@ -170,9 +177,15 @@ class NotebookShell:
         return _Captured()
 
     def system(self, cmd: str) -> None:
+        if self.run_shell:
+            subprocess.run(os.path.expandvars(cmd), shell=True, check=False)  # noqa: S602 - the user's own `!cmd`
+            return
         self._note(f"`!{cmd}` at {self._where()} was not run (a diagnosis installs nothing and runs no shell command)")
 
     def getoutput(self, cmd: str, split: bool = True, depth: int = 0) -> _SList:
+        if self.run_shell:
+            done = subprocess.run(os.path.expandvars(cmd), shell=True, check=False, capture_output=True, text=True)  # noqa: S602
+            return _SList(done.stdout.splitlines())
         self._note(f"`!{cmd}` at {self._where()} was not run (a diagnosis runs no shell command): its output is an "
                    f"empty list")
         return _SList()
