@@ -37,8 +37,8 @@ def test_version_short(capsys):
 
 
 def test_completion_script(capsys):
-    code, out, _ = cli(capsys, "--show-completion", "bash")
-    assert code == 0 and "_nnwizard_completion" in out
+    code, out, err = cli(capsys, "--show-completion", "bash")
+    assert code == 0 and "_nnwizard_completion" in out, (code, out, err)
 
 
 def _light(argv, cwd=None, env=None):
