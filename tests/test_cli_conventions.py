@@ -36,7 +36,8 @@ def test_version_short(capsys):
     assert code == 0 and out.startswith("nnwizard ")
 
 
-def test_completion_script(capsys):
+def test_completion_script(capsys, monkeypatch):
+    monkeypatch.setenv("_TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION", "1")   # name the shell: no detection from the process tree
     code, out, err = cli(capsys, "--show-completion", "bash")
     assert code == 0 and "_nnwizard_completion" in out, (code, out, err)
 

@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -47,6 +48,19 @@ def _cell_file(count: int, python: str) -> Path:
     return path
 
 
+def _running_count(ipython) -> int:
+    """The execution count of the cell running now, as its traceback would name it (``In[k]``): from the frame of
+    the cell's code (IPython's compiler maps its file name to the count); the shell's counter otherwise."""
+    names = getattr(getattr(ipython, "compile", None), "_filename_map", None) or {}
+    frame = sys._getframe(1)
+    while frame is not None:
+        count = names.get(frame.f_code.co_filename)
+        if isinstance(count, int):
+            return count
+        frame = frame.f_back
+    return ipython.execution_count
+
+
 def _watch_magic(ipython):
     def nnwizard_watch(line: str, cell: str) -> None:
         from nnwizard.notebook.sources import WATCHED
@@ -62,7 +76,7 @@ def _watch_magic(ipython):
         if args.every is not None and args.every < 1:
             print(f"%%nnwizard_watch: --every {args.every}: must be 1 or more", file=sys.stderr)
             return
-        count = ipython.execution_count
+        count = _running_count(ipython)
         python = ipython.transform_cell(cell)
         WATCHED[count] = python
         path = _cell_file(count, python)
@@ -102,6 +116,26 @@ def kernel_notebook(ipython, folder: Path) -> Path:
     return path
 
 
+def _own_reports(flags: list[str]) -> tuple[list[str], dict[str, str]]:
+    """The user's flags without ``--json F`` / ``--report F`` (the magic writes its own report files and copies them
+    there afterwards), and those paths."""
+    kept, wanted = [], {}
+    i = 0
+    while i < len(flags):
+        flag = flags[i]
+        name, eq, value = flag.partition("=")
+        if name in ("--json", "--report"):
+            if eq:
+                wanted[name] = value
+            elif i + 1 < len(flags):
+                wanted[name] = flags[i + 1]
+                i += 1
+        else:
+            kept.append(flag)
+        i += 1
+    return kept, wanted
+
+
 def _diagnose_magic(ipython):
     def nnwizard_diagnose(line: str) -> None:
         folder = Path(tempfile.mkdtemp(prefix="nnwizard-kernel-diagnose-"))
@@ -109,7 +143,7 @@ def _diagnose_magic(ipython):
         if not any(c.strip() for c in (getattr(ipython.history_manager, "input_hist_raw", None) or [])[1:ipython.execution_count]):
             print("%nnwizard_diagnose: no cell has run yet in this kernel: run the training cells first", file=sys.stderr)
             return
-        flags = shlex.split(line)
+        flags, wanted = _own_reports(shlex.split(line))
         js, md = folder / "report.json", folder / "report.md"
         command = [sys.executable, "-m", "nnwizard", "diagnose", "--script", str(notebook), "--non-interactive",
                    "--json", str(js), "--report", str(md), *flags]
@@ -128,12 +162,15 @@ def _diagnose_magic(ipython):
             print(f"%nnwizard_diagnose: the diagnosis ended with exit code {code} and no report", file=sys.stderr)
             return
         ipython.user_ns["nnwizard_report"] = json.loads(js.read_text(encoding="utf-8"))
-        try:
+        if type(ipython).__name__ == "ZMQInteractiveShell":   # Jupyter: the markdown report, rendered
             from IPython.display import Markdown, display
 
             display(Markdown(md.read_text(encoding="utf-8")))
-        except ImportError:  # pragma: no cover - IPython is what runs this magic
-            print(md.read_text(encoding="utf-8"))
+        for flag, source in (("--json", js), ("--report", md)):
+            if flag in wanted:
+                shutil.copyfile(source, wanted[flag])
+                print(f"wrote {wanted[flag]}", file=sys.stderr)
+        shutil.rmtree(folder, ignore_errors=True)   # (the terminal view above already showed it; --json/--report keep copies)
 
     nnwizard_diagnose.__doc__ = __doc__
     return nnwizard_diagnose
