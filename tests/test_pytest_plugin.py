@@ -58,6 +58,7 @@ def test_no_training_bugs_passes_healthy_and_fails_broken(project):
     assert "nnwizard/testing.py" not in out and "wizard/testing.py" not in out
 
 
+@pytest.mark.slow
 def test_overfits_one_batch_passes_healthy_and_fails_without_step(project):
     project.makepyfile(test_overfit=textwrap.dedent("""\
         from nnwizard.testing import assert_overfits_one_batch
