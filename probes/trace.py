@@ -752,7 +752,7 @@ def _scheduler_steps_written(target, cls: str) -> list[str]:
 
     script = getattr(target, "script", None)
     run = getattr(target, "run", None)
-    files = ([script.path] if script is not None and script.path else []) + list(getattr(run, "own_files", []) or [])
+    files = (list(script.files) if script is not None else []) + list(getattr(run, "own_files", []) or [])
     found = []
     for path in dict.fromkeys(files):
         try:
@@ -1186,7 +1186,7 @@ def _project_files(target, exc) -> list | None:
     script = getattr(target, "script", None)
     if script is None or script.path is None:
         return None
-    files = [script.path]
+    files = list(script.files)   # (a notebook: its cells' files)
     folder = Path(script.folder).resolve()
     tb = getattr(exc, "__traceback__", None)
     while tb is not None:

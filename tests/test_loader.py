@@ -170,3 +170,27 @@ def test_cached_fresh_models_are_copies_of_one_build_and_leave_the_generators_as
     assert len(calls) == 1
     assert not all(torch.equal(p, q) for p, q in zip(cached.fresh_model(4).parameters(), cached.fresh_model(3).parameters()))
     assert len(calls) == 2
+
+
+def test_a_file_named_like_a_loaded_module_is_the_users_file(tmp_path):
+    """`--module path/to/json.py` (or attr.py, once attrs is imported): the user's file, not the module that already
+    holds that name in sys.modules; the loaded one stays in place."""
+    import json
+
+    path = tmp_path / "json.py"
+    path.write_text(textwrap.dedent("""\
+        import torch
+        from torch import nn
+
+        def build_model():
+            return nn.Linear(2, 1)
+
+        def build_data():
+            x = torch.randn(16, 2)
+            return torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)), None
+
+        loss_fn = nn.MSELoss()
+    """))
+    target = load_target(str(path), "cpu")
+    assert isinstance(target.fresh_model(0), torch.nn.Linear)
+    assert sys.modules["json"] is json

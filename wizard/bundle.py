@@ -124,6 +124,12 @@ def save_bundle(folder: Path, meta: dict, models: dict[str, nn.Module], optimize
         torch.save(rng, folder / "rng.pt")
     meta = {**meta, "notes": meta.get("notes", []) + notes, "nnwizard_version": nnwizard.__version__,
             "torch": torch.__version__, "python": platform.python_version()}
+    if "cells" not in meta and (sys.modules.get("IPython") is not None or sys.modules.get("nnwizard.notebook.cells")):
+        from nnwizard.notebook.sources import current_cells
+
+        cells = current_cells()   # a notebook's or a kernel's cells: replay rebuilds the classes they define
+        if cells:
+            meta["cells"] = cells
     (folder / "meta.json").write_text(json.dumps(_jsonable(meta), indent=1) + "\n", encoding="utf-8")
     return folder
 
@@ -133,7 +139,13 @@ def load_script_defs(path: Path) -> types.ModuleType:
     """The imports, classes, functions and call-free assignments of a script, executed into a fresh
     module without running anything else (no training, no ``main()``)."""
     source = path.read_text(encoding="utf-8")
-    tree = ast.parse(source, str(path))
+    module = types.ModuleType(SCRIPT_MODULE)
+    module.__file__ = str(path)
+    return definitions(ast.parse(source, str(path)), str(path), module)
+
+
+def definitions(tree: ast.Module, filename: str, module: types.ModuleType) -> types.ModuleType:
+    """Run the definitions of ``tree`` (imports, classes, functions, call-free assignments) into ``module``."""
     keep = []
     for node in tree.body:
         if isinstance(node, (ast.Import, ast.ImportFrom, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -141,10 +153,8 @@ def load_script_defs(path: Path) -> types.ModuleType:
         elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None and \
                 not any(isinstance(n, (ast.Call, ast.Await, ast.Yield)) for n in ast.walk(node.value)):
             keep.append(node)
-    module = types.ModuleType(SCRIPT_MODULE)
-    module.__file__ = str(path)
     for node in keep:   # one at a time: a statement that reads what only the run computed
-        code = compile(ast.Module(body=[node], type_ignores=[]), str(path), "exec")   # (`x = args.lr`) is left out
+        code = compile(ast.Module(body=[node], type_ignores=[]), filename, "exec")   # (`x = args.lr`) is left out
         try:
             exec(code, module.__dict__)  # noqa: S102 - the user's own definitions, nothing that runs training
         except Exception:  # noqa: BLE001 - NameError, AttributeError ... of a value the run made
@@ -159,7 +169,11 @@ def _importable(meta: dict):
     added = [p for p in (str(Path(script).resolve().parent) if script else None, meta.get("cwd")) if p and p not in sys.path]
     sys.path[:0] = added
     saved_main = sys.modules.get("__main__")
-    if script and Path(script).exists():
+    if meta.get("cells"):   # a notebook's (or a kernel's) cells: the classes they defined
+        from nnwizard.notebook.sources import load_cells_defs
+
+        sys.modules["__main__"] = load_cells_defs(meta["cells"], SCRIPT_MODULE)
+    elif script and Path(script).exists() and Path(script).suffix != ".ipynb":
         sys.modules["__main__"] = load_script_defs(Path(script))
     try:
         yield

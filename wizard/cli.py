@@ -3,6 +3,7 @@ that shows users one clear line (``--debug`` for the traceback) with the contrac
 
 from __future__ import annotations
 
+import difflib
 import functools
 import os
 import sys
@@ -17,22 +18,29 @@ try:  # recent typer vendors its own click
     from typer._click.exceptions import NoArgsIsHelpError, UsageError as ClickUsageError
 except ImportError:  # pragma: no cover - older typer uses click itself
     from click.exceptions import NoArgsIsHelpError, UsageError as ClickUsageError
-from rich.console import Console
-
 import nnwizard
+from nnwizard.config import default_map, env_name
+from nnwizard.console import make_console as Console
 from nnwizard.errors import ExitCode, NNWizardError, UsageError
+from nnwizard.options import parse_fail_on
 
+# this module imports no torch: a usage error is answered before the heavy imports that a diagnosis needs
+CONTEXT = {"help_option_names": ["-h", "--help"]}
+SCRIPT_COMMAND = {"allow_extra_args": True, "ignore_unknown_options": True}   # script arguments bare or after `--`
 app = typer.Typer(
-    name="nnwizard", add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-    rich_markup_mode=None, help="A guided troubleshooting wizard for PyTorch training that goes wrong.",
+    name="nnwizard", add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False,
+    rich_markup_mode=None, context_settings=CONTEXT,
+    help="A guided troubleshooting wizard for PyTorch training that goes wrong. Settings may also come from "
+         "NNWIZARD_* environment variables and [tool.nnwizard] in pyproject.toml (flags first, then the environment, "
+         "then the file).",
 )
 trees_app = typer.Typer(help="List, draw and validate decision trees.", no_args_is_help=True)
 probes_app = typer.Typer(help="List the registered probes.", no_args_is_help=True)
 app.add_typer(trees_app, name="trees")
 app.add_typer(probes_app, name="probes")
 
-FAIL_ON_NAMES = {"low": 0.3, "medium": 0.5, "high": 0.8}
 _debug = False
+_after_dashes: list[str] | None = None   # what followed `--` on the command line (the script's arguments)
 
 
 def _interruptible(command):
@@ -56,59 +64,72 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Show the version and exit."),
+    version: bool = typer.Option(False, "--version", "-V", callback=_version, is_eager=True, help="Show the version and exit."),
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks of errors."),
 ) -> None:
     global _debug
     _debug = debug
 
 
-def parse_fail_on(value: str | None) -> float | None:
-    if value is None:
-        return None
-    if value.lower() in FAIL_ON_NAMES:
-        return FAIL_ON_NAMES[value.lower()]
-    try:
-        threshold = float(value)
-    except ValueError:
-        threshold = -1.0
-    if not 0.0 <= threshold <= 1.0:
-        raise UsageError(f"--fail-on {value!r}: expected a confidence in [0, 1] or one of {', '.join(FAIL_ON_NAMES)}")
-    return threshold
+def _script_args(ctx: typer.Context) -> list[str]:
+    """The script's arguments: those after `--` (the documented way) and any bare ones click left over. A bare
+    ``--flag`` that is a near miss of one of this command's own options is a typo, not a script argument."""
+    bare = list(ctx.args)
+    if bare and not ctx.params.get("script"):
+        what = "No such option" if bare[0].startswith("-") else "Got unexpected extra argument"
+        raise UsageError(f"{what}: {bare[0]} (see 'nnwizard {ctx.command.name} --help')")
+    own = [name for p in ctx.command.params for name in getattr(p, "opts", []) if name.startswith("--")]
+    for arg in bare:
+        if arg.startswith("--"):
+            close = difflib.get_close_matches(arg.split("=", 1)[0], own, n=1, cutoff=0.8)
+            if close:
+                raise UsageError(f"no option {arg.split('=', 1)[0]} for nnwizard {ctx.command.name} (did you mean "
+                                 f"{close[0]}?); arguments for the script go after `--`")
+    return bare + list(_after_dashes or [])
 
 
-@app.command()
+def _env(key: str) -> dict:
+    return {"envvar": env_name(key), "show_envvar": False}
+
+
+@app.command(context_settings=SCRIPT_COMMAND)
 @_interruptible
 def diagnose(
+    ctx: typer.Context,
     module: Optional[str] = typer.Option(None, "--module", "-m", help="Training module: mypkg.train, path/to/train.py, optionally :attr."),
-    script: Optional[str] = typer.Option(None, "--script", help="An unmodified training script (path or dotted name), run as `python train.py ARGS` would; ARGS go after `--`."),
-    max_steps: Optional[int] = typer.Option(None, "--max-steps", help="Script mode: stop the script after this many optimizer steps (default 60)."),
-    script_args: Optional[List[str]] = typer.Argument(None, help="Script mode: arguments for the script, after `--`."),
-    symptom: Optional[List[str]] = typer.Option(None, "--symptom", "-s", help="What you see (repeatable): nan, flat, oscillating, overfitting, underfitting, val-suspicious, crash, not-reproducible, auto."),
+    script: Optional[str] = typer.Option(None, "--script", help="An unmodified training script (path, dotted name, or a Jupyter notebook .ipynb), run as `python train.py ARGS` would; ARGS go after `--`."),
+    max_steps: Optional[int] = typer.Option(None, "--max-steps", help="Script mode: stop the script after this many optimizer steps (default 60).", **_env("max-steps")),
+    symptom: Optional[List[str]] = typer.Option(None, "--symptom", "-s", help="What you see (repeatable): nan, flat, oscillating, overfitting, underfitting, val-suspicious, crash, not-reproducible, auto.", **_env("symptom")),
     answers: Optional[Path] = typer.Option(None, "--answers", help="YAML/JSON file of answers (as saved by an interactive session)."),
-    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the JSON report here."),
-    report_path: Optional[Path] = typer.Option(None, "--report", help="Write the markdown report here (plots go in a folder beside it)."),
-    device: str = typer.Option("auto", "--device", help="auto (CUDA when present), cpu or cuda."),
-    seed: int = typer.Option(0, "--seed", help="Seed for every probe."),
-    fail_on: Optional[str] = typer.Option(None, "--fail-on", help="Exit 1 when a hypothesis reaches this confidence (0-1, or low/medium/high)."),
-    non_interactive: bool = typer.Option(False, "--non-interactive", help="Never prompt: answers file, then defaults."),
-    trees: Optional[Path] = typer.Option(None, "--trees", help="A folder of extra trees (and catalog.yaml) that add to or override the built-in ones."),
-    probe_timeout: Optional[float] = typer.Option(None, "--probe-timeout", help="Seconds before a probe is stopped (default: sized by the measured step time)."),
-    budget: Optional[float] = typer.Option(None, "--budget", help="Seconds for the whole diagnosis; probes that train plan their steps from it (default: max(20 s, 40 plain steps; a script's: its reruns with their start-up) less a fifth, printed at the start)."),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the JSON report here.", **_env("json")),
+    report_path: Optional[Path] = typer.Option(None, "--report", help="Write the markdown report here (plots go in a folder beside it).", **_env("report")),
+    device: str = typer.Option("auto", "--device", help="auto (CUDA when present), cpu or cuda.", **_env("device")),
+    seed: int = typer.Option(0, "--seed", help="Seed for every probe.", **_env("seed")),
+    fail_on: Optional[str] = typer.Option(None, "--fail-on", help="Exit 1 when a hypothesis reaches this confidence (0-1, or low/medium/high), or when the program raised.", **_env("fail-on")),
+    strict: bool = typer.Option(False, "--strict", help="Exit 1 also when the verdict is inconclusive (implies --fail-on 0.5 unless given).", **_env("strict")),
+    non_interactive: bool = typer.Option(False, "--non-interactive", help="Never prompt: answers file, then defaults.", **_env("non-interactive")),
+    trees: Optional[Path] = typer.Option(None, "--trees", help="A folder of extra trees (and catalog.yaml) that add to or override the built-in ones.", **_env("trees")),
+    probe_timeout: Optional[float] = typer.Option(None, "--probe-timeout", help="Seconds before a probe is stopped (default: sized by the measured step time).", **_env("probe-timeout")),
+    budget: Optional[float] = typer.Option(None, "--budget", help="Seconds for the whole diagnosis; probes that train plan their steps from it (default: max(20 s, 40 plain steps; a script's: its reruns with their start-up) less a fifth, printed at the start).", **_env("budget")),
     save_answers_path: Optional[Path] = typer.Option(None, "--save-answers", help="Where an interactive session saves its answers (default nnwizard-answers.yaml)."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="Only the final table."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Only the final table.", **_env("quiet")),
 ) -> None:
-    """Diagnose a training module or script: ask what you see, measure, and rank the hypotheses."""
-    from nnwizard.session import Options, run_session
+    """Diagnose a training module or script: ask what you see, measure, and rank the hypotheses.
 
-    code = run_session(Options(
+    Arguments for the script go after `--`: nnwizard diagnose --script train.py -- --epochs 1"""
+    from nnwizard.options import Options, check
+
+    opts = Options(
         module=module, symptoms=list(symptom or []), answers=answers, json_path=json_path, report_path=report_path,
-        device=device, seed=seed, fail_on=parse_fail_on(fail_on),
+        device=device, seed=seed, fail_on=parse_fail_on(fail_on), strict=strict,
         interactive=not non_interactive and sys.stdin.isatty(), trees_dir=trees, probe_timeout=probe_timeout,
-        budget=budget, save_answers=save_answers_path, quiet=quiet, script=script, script_args=list(script_args or []),
+        budget=budget, save_answers=save_answers_path, quiet=quiet, script=script, script_args=_script_args(ctx),
         max_steps=max_steps,
-    ))
-    raise typer.Exit(int(code))
+    )
+    check(opts)   # bad usage is answered here, before torch is imported
+    from nnwizard.session import run_session
+
+    raise typer.Exit(int(run_session(opts)))
 
 
 @trees_app.command("list")
@@ -176,20 +197,30 @@ def curve(
     raise typer.Exit(run(file, json_path, report_path, reference))
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@app.command(context_settings=SCRIPT_COMMAND)
 @_interruptible
 def watch(
     ctx: typer.Context,
-    script: str = typer.Option(..., "--script", help="The training script (path or dotted module), run as python would."),
-    out: Path = typer.Option(Path("nnwizard-watch"), "--out", help="Folder for watch.jsonl and the replay bundles."),
-    on_anomaly: str = typer.Option("continue", "--on-anomaly", help="continue (default) or stop at the first anomaly."),
+    script: str = typer.Option(..., "--script", help="The training script (path, dotted module, or a notebook .ipynb), run as python would; its arguments go after `--`."),
+    out: Path = typer.Option(Path("nnwizard-watch"), "--out", help="Folder for watch.jsonl and the replay bundles.", **_env("out")),
+    on_anomaly: str = typer.Option("continue", "--on-anomaly", help="continue (default) or stop at the first anomaly.", **_env("on-anomaly")),
     every: Optional[int] = typer.Option(None, "--every", help="Steps between JSON lines (default: 10, or a multiple of "
-                                        "10 at which a line costs at most 1 percent of the steps between two; the triggers check every step)."),
+                                        "10 at which a line costs at most 1 percent of the steps between two; the triggers check every step).", **_env("every")),
 ) -> None:
-    """Watch the real run: log per-step health to DIR/watch.jsonl, save a replay bundle at each anomaly."""
+    """Watch the real run: log per-step health to DIR/watch.jsonl, save a replay bundle at each anomaly.
+
+    Arguments for the script go after `--`: nnwizard watch --script train.py -- --epochs 1"""
+    if on_anomaly not in ("stop", "continue"):
+        raise UsageError(f"--on-anomaly {on_anomaly!r}: choose stop or continue")
+    if every is not None and every < 1:
+        raise UsageError(f"--every {every}: must be 1 or more")
+    args = _script_args(ctx)
+    from nnwizard.script_spec import load_script
+
+    load_script(script)   # a missing script or a syntax error is answered before torch is imported
     from nnwizard.watch_cmd import run
 
-    raise typer.Exit(run(script, list(ctx.args), out, on_anomaly, every))
+    raise typer.Exit(run(script, args, out, on_anomaly, every))
 
 
 @app.command()
@@ -198,9 +229,9 @@ def replay(
     bundle: Path = typer.Argument(..., help="A bundle folder saved by watch: DIR/anomaly-step<N>."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the JSON report here."),
     report_path: Optional[Path] = typer.Option(None, "--report", help="Write the markdown report here."),
-    device: str = typer.Option("cpu", "--device", help="cpu, cuda or auto."),
-    seed: int = typer.Option(0, "--seed", help="Seed for the probes."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="Only the final table."),
+    device: str = typer.Option("cpu", "--device", help="cpu, cuda or auto.", **_env("device")),
+    seed: int = typer.Option(0, "--seed", help="Seed for the probes.", **_env("seed")),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Only the final table.", **_env("quiet")),
 ) -> None:
     """Diagnose exactly the step a watch bundle saved: the op and line, the batch, lr/10 and clipping."""
     from nnwizard.replay import run
@@ -234,9 +265,21 @@ def _crash(exc: BaseException) -> int:
     return int(ExitCode.INTERNAL)
 
 
+def _split_dashes(args: list[str]) -> tuple[list[str], list[str] | None]:
+    """``diagnose ... -- ARGS`` / ``watch ... -- ARGS``: the arguments before `--`, and those after it (None: none)."""
+    command = next((a for a in args if not a.startswith("-")), None)
+    if command in ("diagnose", "watch") and "--" in args:
+        at = args.index("--")
+        return args[:at], args[at + 1:]
+    return args, None
+
+
 def main(argv: list[str] | None = None) -> None:
+    global _after_dashes
     try:
-        code = app(args=argv, standalone_mode=False, prog_name="nnwizard")
+        args, _after_dashes = _split_dashes(list(sys.argv[1:] if argv is None else argv))
+        defaults, _ = default_map()
+        code = app(args=args, standalone_mode=False, prog_name="nnwizard", default_map=defaults)
         code = int(code or 0)
     except typer.Exit as exc:
         code = exc.exit_code

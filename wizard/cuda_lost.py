@@ -131,6 +131,8 @@ def cli_args(opts, symptoms: list[str] | None = None, answers_file: str | None =
         args.append("--non-interactive")
     if opts.quiet:
         args.append("--quiet")
+    if getattr(opts, "strict", False):
+        args.append("--strict")
     if opts.script_args:
         args += ["--", *opts.script_args]
     return args

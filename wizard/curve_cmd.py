@@ -14,6 +14,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from nnwizard.console import make_console
 from nnwizard.curves import Curves, Shape, classify, read_log, sparkline
 from nnwizard.errors import UsageError
 
@@ -80,7 +81,7 @@ def write_report(curves: Curves, shape: Shape, path: str | Path) -> Path:
 
 def run(path: Path, json_path: Path | None = None, report_path: Path | None = None, reference: float | None = None,
         console: Console | None = None) -> int:
-    console = console or Console()
+    console = console or make_console()
     curves, shape = analyse(path, reference)
     console.print(f"[bold]{curves.source}[/bold]  ({len(curves.train)} points; columns "
                   f"{', '.join(f'{k}={v}' for k, v in curves.columns.items())})", highlight=False)

@@ -467,7 +467,22 @@ def _num(value: Any) -> float | None:
         return None
 
 
+def _expand(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """watch.jsonl: a line's ``loss_between`` (``[[step, loss], ...]``, the steps between two lines) as rows of their
+    own before it, so that the curve is the one the TensorBoard scalars of the same run hold."""
+    if not any("loss_between" in r for r in rows):
+        return rows
+    out = []
+    for r in rows:
+        between = r.get("loss_between")
+        if isinstance(between, list):
+            out += [{"step": p[0], "loss": p[1]} for p in between if isinstance(p, list) and len(p) == 2]
+        out.append({k: v for k, v in r.items() if k != "loss_between"})
+    return out
+
+
 def _from_rows(rows: list[dict[str, Any]], source: str) -> Curves:
+    rows = _expand(rows)
     keys: list[str] = []
     for r in rows:
         keys += [k for k in r if k not in keys]

@@ -69,6 +69,8 @@ def import_module(spec: str) -> ModuleType:
     else:
         name = spec
     try:
+        if _looks_like_file(spec) and _shadowed(name, file):
+            return _load_file(name, file)
         return importlib.import_module(name)
     except ModuleNotFoundError as exc:
         missing = exc.name or ""
@@ -87,6 +89,22 @@ def import_module(spec: str) -> ModuleType:
             f"Module {spec!r} was found but raised while being imported{_raised_at(exc)}: "
             f"{type(exc).__name__}: {exc}"
         ) from exc
+
+
+def _shadowed(name: str, file: Path) -> bool:
+    """Another module of that name is loaded already (the user's ``attr.py`` or ``model.py`` beside an installed
+    ``attr`` package that something imported first): importing the name would return that one."""
+    loaded = sys.modules.get(name)
+    origin = getattr(loaded, "__file__", None) if loaded is not None else None
+    return loaded is not None and (origin is None or Path(origin).resolve() != file)
+
+
+def _load_file(name: str, file: Path) -> ModuleType:
+    """The user's file as a module of its own, leaving the module already registered under that name in place."""
+    spec = importlib.util.spec_from_file_location(name, file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def load_namespace(spec: str) -> tuple[Any, ModuleType]:

@@ -296,7 +296,7 @@ def report_dict(diagnosis, target: ReplayTarget) -> dict:
 
 def run(folder: Path, json_path: Path | None = None, report_path: Path | None = None, device: str = "cpu",
         seed: int = 0, quiet: bool = False) -> int:
-    from rich.console import Console
+    from nnwizard.console import make_console as Console
 
     from nnwizard.errors import ExitCode
     from nnwizard.markdown import render_markdown

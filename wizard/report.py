@@ -7,7 +7,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, PrivateAttr
 
 import nnwizard
 from nnwizard.engine import Diagnosis
@@ -83,6 +83,21 @@ class Report(BaseModel):
     mode: str = "module"                 # "script" for --script (CONTRACT §6)
     script: dict[str, Any] | None = None  # script mode: what the run did (models, optimizers, trace, output)
     budget: dict[str, Any] = {}  # the cost model: step time measured, budget, plain steps used
+    _written: list[str] = PrivateAttr(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON report (CONTRACT §4) as Python objects."""
+        return self.model_dump(mode="json")
+
+    @property
+    def written(self) -> list[str]:
+        """The report files this diagnosis wrote (``--json``, ``--report``, saved answers)."""
+        return self._written
+
+    @property
+    def findings(self) -> list[HypothesisOut]:
+        """The hypotheses at finding confidence (0.5 or more), highest first."""
+        return [h for h in self.hypotheses if h.confidence >= FINDING]
 
 
 CURVE_PROBES = ("triage-run", "trace-run")   # the run's own loss curve (module mode, script mode)
@@ -139,6 +154,16 @@ def _jsonable(value: Any) -> Any:
 
 
 def build(diagnosis: Diagnosis) -> Report:
+    report = _build(diagnosis)
+    notebook = getattr(getattr(diagnosis.target, "script", None), "notebook", None)
+    if notebook is not None:   # every location of a notebook's program reads "cell N, line M"
+        from nnwizard.locations import render_all
+
+        report = Report.model_validate(render_all(report.model_dump(), Path(notebook.path).name))
+    return report
+
+
+def _build(diagnosis: Diagnosis) -> Report:
     missing = not_run(diagnosis)
     return Report(
         nnwizard_version=nnwizard.__version__,

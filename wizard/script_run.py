@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import builtins
 import collections
-import importlib.util
 import io
 import math
 import os
@@ -44,26 +43,14 @@ from typing import Any, Callable
 
 import torch
 
-from nnwizard.errors import UsageError
 from nnwizard.recorder import Recorder, Recording, StopRun, plain_text
 from nnwizard.script_ranges import capped_range, install as install_range
+from nnwizard.script_spec import Script, load_script  # noqa: F401 - (load_script: re-exported for its callers)
 
 DEFAULT_MAX_STEPS = 60
 DEFAULT_LIMIT_BATCHES = 20
 DEFAULT_TIME_LIMIT_S = 30.0
 OUTPUT_LINES = 200
-
-
-@dataclass
-class Script:
-    spec: str            # as given
-    path: Path | None    # the file that runs
-    module: str | None   # a dotted name run like `python -m`
-    folder: Path
-
-    @property
-    def files(self) -> list[Path]:
-        return [self.path] if self.path else []
 
 
 class BatchCap:
@@ -215,51 +202,6 @@ class RunResult:
     @property
     def crashed(self) -> bool:
         return self.exit == "raised"
-
-
-# ------------------------------------------------------------------------------------ loading
-def load_script(spec: str) -> Script:
-    """Find and syntax-check the script; UsageError (exit 2, one line) when it cannot run at all."""
-    path = Path(spec)
-    if path.suffix == ".py" or os.sep in spec or path.exists():
-        if not path.is_file():
-            raise UsageError(f"--script {spec}: no such file")
-        _syntax_check(path, spec)
-        return Script(spec, path.resolve(), None, path.resolve().parent)
-    cwd = str(Path.cwd())
-    added = cwd not in sys.path
-    if added:
-        sys.path.insert(0, cwd)
-    try:
-        found = importlib.util.find_spec(spec)
-    except (ImportError, ValueError):
-        found = None
-    finally:
-        if added:
-            sys.path.remove(cwd)
-    if found is None or not found.origin or not found.origin.endswith(".py"):
-        raise UsageError(f"--script {spec}: no such file, and no module of that name importable from {cwd}")
-    origin = Path(found.origin)
-    if origin.name == "__init__.py":
-        main = origin.parent / "__main__.py"
-        if not main.is_file():
-            raise UsageError(f"--script {spec}: a package without __main__.py cannot be run")
-        origin = main
-    _syntax_check(origin, spec)
-    return Script(spec, origin.resolve(), spec, Path.cwd())
-
-
-def _syntax_check(path: Path, spec: str) -> None:
-    try:
-        source = path.read_bytes()
-    except OSError as exc:
-        raise UsageError(f"--script {spec}: cannot read: {exc.strerror}") from None
-    try:
-        compile(source, str(path), "exec")
-    except SyntaxError as exc:
-        raise UsageError(f"--script {spec}: syntax error at line {exc.lineno}: {exc.msg}") from None
-    except ValueError as exc:
-        raise UsageError(f"--script {spec}: cannot be compiled: {exc}") from None
 
 
 # ------------------------------------------------------------------------------------ output
@@ -702,7 +644,9 @@ def _run_once(script: Script, args: list[str], opts: RunOptions, evaluation_caps
                         _entered(opts.patches), (_eager(recorder) if recorder.full else _null()), \
                         _alarm((opts.time_limit_s or 0) * 1.5 + 5 if opts.time_limit_s else None):
                     try:
-                        if script.module is not None:
+                        if script.notebook is not None:   # a notebook's code cells, in order, as a kernel runs them
+                            script.notebook.run(init_globals=own, notes=recorder.recording.notes, shell=not opts.sandbox)
+                        elif script.module is not None:
                             runpy.run_module(script.module, run_name="__main__", alter_sys=True, init_globals=own)
                         else:
                             runpy.run_path(str(script.path), run_name="__main__", init_globals=own)

@@ -481,4 +481,4 @@ def load_script_target(spec: str, args: list[str], options: RunOptions, device: 
 
 
 def script_files(target) -> list[Path]:
-    return [target.script.path] if getattr(target, "script", None) and target.script.path else []
+    return list(target.script.files) if getattr(target, "script", None) else []

@@ -4,60 +4,19 @@ engine, the prompters, the view and the report writers."""
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from nnwizard import cuda_lost
 from nnwizard.budget import calibrate
 from nnwizard.catalog import load_catalog
 from nnwizard.engine import Diagnosis, Engine, Event
-from nnwizard.errors import ExitCode, UsageError
+from nnwizard.errors import ExitCode
 from nnwizard.isolation import preserved_state, seed_everything
 from nnwizard.prompts import SYMPTOMS_KEY, QuestionaryPrompter, ScriptedPrompter, load_answers, save_answers
-from nnwizard.report import build, write_json
+from nnwizard.options import Options, check, exit_code, failure_reasons  # noqa: F401 - (Options: re-exported)
+from nnwizard.report import Report, build, write_json
 from nnwizard.target import load_target
-from nnwizard.tree import SYMPTOMS, load_trees, question_keys
-
-
-@dataclass
-class Options:
-    module: str | None = None
-    symptoms: list[str] = field(default_factory=list)
-    answers: Path | None = None
-    json_path: Path | None = None
-    report_path: Path | None = None
-    device: str = "auto"
-    seed: int = 0
-    fail_on: float | None = None
-    interactive: bool = False
-    trees_dir: Path | None = None
-    probe_timeout: float | None = None
-    budget: float | None = None  # seconds for the whole diagnosis (None: from the measured step time)
-    save_answers: Path | None = None
-    quiet: bool = False
-    script: str | None = None          # script mode (CONTRACT §6): the script path or dotted name
-    script_args: list[str] = field(default_factory=list)
-    max_steps: int | None = None
-
-
-def _check_outputs(opts: Options) -> None:
-    for flag, path in (("--json", opts.json_path), ("--report", opts.report_path)):
-        if path is not None and not Path(path).resolve().parent.is_dir():
-            raise UsageError(f"{flag} {path}: the folder {Path(path).resolve().parent} does not exist")
-    if opts.budget is not None and not opts.budget > 0:
-        raise UsageError(f"--budget {opts.budget}: expected a positive number of seconds")
-    unknown = [s for s in opts.symptoms if s not in SYMPTOMS]
-    if unknown:
-        raise UsageError(f"--symptom {unknown[0]!r}: unknown; choose from {', '.join(SYMPTOMS)}")
-
-
-def _check_target(opts: Options) -> None:
-    if bool(opts.module) == bool(opts.script):
-        raise UsageError("give either --module M (the training-module contract) or --script train.py (an unmodified script)")
-    if opts.module and opts.script_args:
-        raise UsageError(f"arguments after the options ({' '.join(opts.script_args)}) are passed to a --script; --module takes none")
-    if opts.max_steps is not None and opts.max_steps < 1:
-        raise UsageError(f"--max-steps {opts.max_steps}: expected at least 1")
+from nnwizard.tree import load_trees, question_keys
 
 
 ONE_STEPS = 0.8   # a one-epoch script's second observed run: its pass takes at most this share of the step budget
@@ -82,6 +41,7 @@ def _one_pass_rerun(rec, steps: int, exit_kind: str) -> int:
 
 def _load_script_target(opts: Options, listener):
     from nnwizard.engine import Event
+    from nnwizard.live import Progress
     from nnwizard.probes.mixing import SampleMixing
     from nnwizard.probes.next_token import FirstForwards
     from nnwizard.script_replace import ChildProcesses
@@ -101,7 +61,8 @@ def _load_script_target(opts: Options, listener):
         try:
             run = run_script(script, opts.script_args, RunOptions(
                 max_steps=steps, seed=opts.seed, limit_batches=limit_batches, cap_passes=passes, patches=[children],
-                listeners=[StepFit(extend=not opts.max_steps), mixing, firsts]))
+                listeners=[StepFit(extend=not opts.max_steps), mixing, firsts]
+                + ([Progress(listener)] if listener is not None else [])))
         except ScriptInterrupted as stop:
             stop.result.recording.child_processes = children.started
             raise
@@ -143,8 +104,7 @@ def select_trees(trees: dict, target) -> dict:
 
 def diagnose(opts: Options, listener=None) -> Diagnosis:
     """Load everything, run the engine; raises NNWizardError on bad input. No files are written."""
-    _check_target(opts)
-    _check_outputs(opts)
+    check(opts, load=False)
     trees = load_trees(opts.trees_dir)
     catalog = load_catalog(str(opts.trees_dir) if opts.trees_dir else None)
     answers = load_answers(opts.answers, question_keys(trees)) if opts.answers else {}
@@ -191,6 +151,16 @@ def write_reports(diagnosis: Diagnosis, opts: Options) -> tuple[object, list[str
     return report, written
 
 
+def run(opts: Options, listener=None) -> Report:
+    """A diagnosis from options to its report: the one entry that the ``diagnose`` command and the Python API
+    (``nnwizard.diagnose``, ``nnwizard.testing``) share. Writes the reports that ``opts`` asks for (their paths in
+    ``report.written``); raises NNWizardError on bad input (and CudaContextLost, which the command handles)."""
+    diagnosis = diagnose(opts, listener=listener)
+    report, written = write_reports(diagnosis, opts)
+    report._written = list(written)
+    return report
+
+
 def run_session(opts: Options) -> int:
     from nnwizard.view import TerminalView
 
@@ -199,14 +169,28 @@ def run_session(opts: Options) -> int:
     if note and not opts.quiet:
         view.console.print(f"[yellow]{note[0].upper()}{note[1:]}.[/]", highlight=False)
     try:
-        diagnosis = diagnose(opts, listener=view)
+        report = run(opts, listener=view)
     except cuda_lost.CudaContextLost as lost:
         view.close()
         return cuda_lost.rerun_on_cpu(opts, lost)
-    report, written = write_reports(diagnosis, opts)
-    view.summary(report, written)
-    if diagnosis.interrupted:
-        return ExitCode.INTERRUPTED
-    if opts.fail_on is not None and any(h.confidence >= opts.fail_on for h in report.hypotheses):
-        return ExitCode.FINDINGS
-    return ExitCode.OK
+    view.summary(report, report.written)
+    code = exit_code(report, opts)
+    if code == ExitCode.FINDINGS:
+        view.failed(failure_reasons(report, opts))
+    return code
+
+
+def probe(opts: Options, probe_id: str, params: dict | None = None, listener=None):
+    """One probe on the program ``opts`` names, outside any tree: the program is observed as a diagnosis observes it,
+    then ``probe_id`` measures (``nnwizard.testing.assert_overfits_one_batch`` runs ``script-overfit`` here). Returns
+    ``(result, target)``; the second entry, with :func:`run`, that the Python API uses."""
+    from nnwizard.probes.api import ProbeContext, get
+
+    check(opts, load=False)
+    with cuda_lost.guard("while loading or running the target"), preserved_state():
+        seed_everything(opts.seed)
+        target = _load_script_target(opts, listener) if opts.script else load_target(opts.module, opts.device)
+        from nnwizard.isolation import run_probe
+
+        ctx = ProbeContext(target=target, params=dict(params or {}), seed=opts.seed)
+        return run_probe(get(probe_id), ctx, opts.probe_timeout), target

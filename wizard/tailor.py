@@ -19,14 +19,32 @@ from nnwizard.probes.api import ProbeResult
 def tailor(diagnosis) -> None:
     results = {r.id: r for r in diagnosis.results}
     rec = getattr(diagnosis.target, "recording", None)
+    framework = _framework(diagnosis.target, rec)
     for h in diagnosis.ranked:
         make = TAILORS.get(h.id)
         if make is None:
             continue
         try:
             h.fix_here = make(results, rec) or ""
+            special = FRAMEWORK_TAILORS.get(h.id) if framework is not None else None
+            if special is not None:   # the optimizer, its rate or the loop belong to Lightning / transformers
+                h.fix_here = special(framework, results, rec) or h.fix_here
         except Exception:  # noqa: BLE001 - a sentence that cannot be made is left out, never the report
             h.fix_here = ""
+
+
+def _framework(target, rec):
+    """The framework that owns the script's optimizer or loop (wizard/frameworks.py), or None."""
+    script = getattr(target, "script", None)
+    if rec is None or script is None:
+        return None
+    from nnwizard.frameworks import detect
+
+    files = list(script.files) + list(getattr(getattr(target, "run", None), "own_files", []) or [])
+    try:
+        return detect(rec, files)
+    except Exception:  # noqa: BLE001 - no framework sentence rather than no fix
+        return None
 
 
 def _g(x: float) -> str:
@@ -59,30 +77,52 @@ def _measured_lr(results: dict[str, ProbeResult], outcome: str) -> tuple[float, 
     return None
 
 
-def _lr(direction: str) -> Callable:
+def _rates(results: dict[str, ProbeResult], rec, direction: str):
+    """(the optimizer's rates, the rate in use, the rate to set, the sweep's measurement or None)."""
     outcome, factor = ("too-high", 0.1) if direction == "high" else ("too-low", 10.0)
+    opt, measured = _optimizer(rec), _measured_lr(results, outcome)
+    lrs = opt[1] if opt is not None else []
+    lr = measured[0] if measured else (lrs[0] if lrs else None)
+    if lr is None:
+        return None
+    return lrs, lr, (measured[1] if measured else lr * factor), measured
 
+
+def _framework_lr(direction: str) -> Callable:
+    def make(framework, results: dict[str, ProbeResult], rec) -> str:
+        from nnwizard.frameworks import rate_fix
+
+        rates = _rates(results, rec, direction)
+        if rates is None or len(set(rates[0])) > 1:
+            return ""
+        _, lr, best, measured = rates
+        said = f"; the reruns ({measured[2]}) measured lr {_g(best)} (x{_g(best / lr)}) better" if measured else None
+        return rate_fix(framework, lr, best, said)
+    return make
+
+
+def _framework_eval_mode(framework, results, rec) -> str:
+    if framework.name != "lightning":
+        return ""
+    from nnwizard.frameworks import eval_mode_fix
+
+    return eval_mode_fix(framework, _sites(rec, lambda c: c.eval and c.training) or "validation_step")
+
+
+def _lr(direction: str) -> Callable:
     def make(results: dict[str, ProbeResult], rec) -> str:
-        opt = _optimizer(rec)
-        measured = _measured_lr(results, outcome)
-        if opt is None and measured is None:
+        rates = _rates(results, rec, direction)
+        if rates is None:
             return ""
-        if opt is None and rec is not None:   # a script that updates its parameters by hand (no torch.optim)
-            what, lrs = "the hand-written update", []
+        lrs, lr, best, measured = rates
+        if _optimizer(rec) is None and rec is not None:   # a script that updates its parameters by hand (no torch.optim)
+            what = "the hand-written update"
         else:
-            what, lrs = opt if opt is not None else ("the optimizer `build_optimizer` returns", [])   # (module mode)
-        lr = measured[0] if measured else (lrs[0] if lrs else None)
-        if lr is None:
-            return ""
-        rates = f"lr {_g(lr)}" if len(set(lrs)) <= 1 else "its groups' rates " + ", ".join(map(_g, lrs))
-        if measured:
-            best = measured[1]
-            scale = best / lr
-            head = (f"{what} runs at {rates}; the reruns ({measured[2]}) measured lr {_g(best)} "
-                    f"(x{_g(scale)}) better")
-        else:
-            scale, best = factor, lr * factor
-            head = f"{what} runs at {rates}"
+            what = _optimizer(rec)[0] if _optimizer(rec) is not None else "the optimizer `build_optimizer` returns"   # (module mode)
+        rates_text = f"lr {_g(lr)}" if len(set(lrs)) <= 1 else "its groups' rates " + ", ".join(map(_g, lrs))
+        scale = best / lr
+        head = (f"{what} runs at {rates_text}; the reruns ({measured[2]}) measured lr {_g(best)} (x{_g(scale)}) better"
+                if measured else f"{what} runs at {rates_text}")
         if len(set(lrs)) > 1:
             return f"{head}: scale each group's rate by {_g(scale)} there."
         return f"{head}: set `lr={_g(best)}` there" + ("." if measured else ", then diagnose again to measure it.")
@@ -228,4 +268,10 @@ TAILORS: dict[str, Callable] = {
     "eval-mode-missing": _eval_mode,
     "train-mode-missing": _train_mode,
     "missing-zero-grad": _zero_grad,
+}
+# where Lightning or transformers owns the optimizer, its rate or the loop: the fix in that framework's terms
+FRAMEWORK_TAILORS: dict[str, Callable] = {
+    "lr-too-high": _framework_lr("high"),
+    "lr-too-low": _framework_lr("low"),
+    "eval-mode-missing": _framework_eval_mode,
 }

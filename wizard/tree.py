@@ -24,19 +24,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from nnwizard.catalog import Catalog, builtin_trees_dir, load_catalog
 from nnwizard.errors import TreeError
+from nnwizard.options import SYMPTOMS  # noqa: F401 - (the symptoms and their meaning live with the options)
 from nnwizard.yamlsource import line_of, load_with_lines
 
-SYMPTOMS: dict[str, str] = {
-    "nan": "loss is NaN or Inf",
-    "flat": "loss does not move",
-    "oscillating": "loss jumps around without progress",
-    "overfitting": "train loss falls, validation does not",
-    "underfitting": "train and validation both stall high",
-    "val-suspicious": "validation too good, or noisier / worse than it should be",
-    "crash": "training raises an exception",
-    "not-reproducible": "same seed, different results",
-    "auto": "I don't know: measure it with a short run",
-}
 END = "end"
 _TEST = re.compile(r"^\s*([A-Za-z0-9_\-]+)\.([A-Za-z0-9_.\-]+)\s*(<=|>=|==|!=|<|>)\s*(.+?)\s*$")
 

@@ -4,11 +4,15 @@ final ranked table. Tests render to Console(file=StringIO(), width=100)."""
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.status import Status
 from rich.table import Table
 from rich.tree import Tree as RichTree
 
+from nnwizard.console import make_console
 from nnwizard.engine import Event
+from nnwizard.live import progress_text
+from nnwizard.locations import render
 from nnwizard.ranking import FINDING
 from nnwizard.report import Report
 
@@ -18,7 +22,7 @@ _STYLE = {"passed": ("✓", "green"), "failed": ("✗", "red"), "errored": ("!",
 
 class TerminalView:
     def __init__(self, console: Console | None = None, quiet: bool = False):
-        self.console = console or Console(stderr=True)
+        self.console = console or make_console(stderr=True)
         self.quiet = quiet
         self._status: Status | None = None
 
@@ -41,7 +45,7 @@ class TerminalView:
             self._stop()
             r = event.data["result"]
             mark, style = _STYLE[r.status]
-            c.print(f"  [{style}]{mark} {r.id:<22}[/] {r.summary} [dim]({r.duration_s:.1f}s)[/]", highlight=False)
+            c.print(f"  [{style}]{mark} {r.id:<22}[/] {render(r.summary)} [dim]({r.duration_s:.1f}s)[/]", highlight=False)
         elif event.kind == "conclusion":
             e = event.data["evidence"]
             sign, style = ("+", "magenta") if e.weight > 0 else ("−", "dim")
@@ -51,11 +55,16 @@ class TerminalView:
         elif event.kind == "script-start":
             self._stop()
             d = event.data
-            c.print(f"[bold cyan]▶ Running {d['script']} {' '.join(d['args'])}[/] [dim](at most {d['max_steps']} optimizer "
+            c.print(f"[bold cyan]▶ Running {escape(d['script'])} {escape(' '.join(d['args']))}[/] [dim](at most {d['max_steps']} optimizer "
                     f"steps; its output and files are kept aside)[/]", highlight=False)
+            self._status = c.status("[dim]starting the script…[/]", spinner="dots")
+            self._status.start()
+        elif event.kind == "script-progress" and self._status is not None:
+            self._status.update(f"[bold]observed run[/] {progress_text(event.data)}")
         elif event.kind == "script-observed":
             from nnwizard.script_view import print_observed
 
+            self._stop()
             print_observed(c, event.data["observed"])
 
     def close(self) -> None:
@@ -105,6 +114,11 @@ class TerminalView:
                 c.print(f"  [dim]... and {len(report.not_run) - 8} more, listed in the reports[/]")
         for f in files:
             c.print(f"[dim]wrote {f}[/]")
+
+    def failed(self, reasons: list[str]) -> None:
+        """Why the exit code is 1 (--fail-on, --strict): the last lines a CI log shows."""
+        for reason in reasons:
+            self.console.print(f"[bold red]fail:[/] {escape(render(reason))}", highlight=False)
 
 
 def draw_tree(tree) -> RichTree:

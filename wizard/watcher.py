@@ -267,6 +267,7 @@ class Watch:
         self._named: tuple | None = None       # (key, result) of the last _names call
         self._before: list[torch.Tensor] | None = None
         self._sampled: dict | None = None
+        self._written_step = 0                  # the step of the last line written (loss_between starts after it)
         self._first: dict | None = None        # the run's first step with a positive LR (the history keeps only the last HISTORY)
         self._first0: tuple | None = None      # the latest step while none had a positive LR (a history tuple)
         self._opt_det: dict[int, tuple] = {}    # id(optimizer) -> (optimizer, index, Detector)
@@ -315,6 +316,8 @@ class Watch:
                 else:
                     setattr(cls, "forward", had)
         self._patched.clear()
+        if self._log is not None and self._history and self._history[-1][0] > self._written_step:
+            self._write(self._entry(self._history[-1]))   # the run's last step ends the curve (and loss_between)
         if self._log is not None:
             self._log.close()
             self._log = None
@@ -768,6 +771,12 @@ class Watch:
     def _write(self, line: dict) -> None:
         if self._log is None:
             return
+        # the loss at each multiple of `every` since the previous line (lines may be further apart: see _pace), so
+        # that watch.jsonl and the TensorBoard scalars hold the same curve at every `every` steps, non-finite included
+        last, self._written_step = self._written_step, line["step"]
+        between = [[h[0], h[1]] for h in self._history if last < h[0] < line["step"] and h[0] % self.every == 0]
+        if between:
+            line["loss_between"] = between
         try:  # a line of plain finite numbers (the common case) needs no conversion
             text = json.dumps(line, allow_nan=False)
         except (TypeError, ValueError):  # NaN/Inf (written as strings) or a value json does not know
@@ -779,9 +788,12 @@ class Watch:
             self._flushed = now
         if self._tb is not None:
             step = line["step"]
+            for at, v in between:
+                if isinstance(v, (int, float)):
+                    self._tb.add_scalar("nnwizard/loss", v, at)
             for key in ("loss", "grad_norm", "lr", "update_ratio"):
                 v = line.get(key)
-                if isinstance(v, (int, float)) and math.isfinite(v):
+                if isinstance(v, (int, float)):   # NaN and Inf too: the curve shows where it broke
                     self._tb.add_scalar(f"nnwizard/{key}", v, step)
 
     def _say(self, text: str) -> None:

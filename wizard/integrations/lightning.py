@@ -5,7 +5,9 @@
 
 Lightning runs forward and backward inside ``optimizer.step(closure)``; watch wraps that closure,
 so its checks (and a bundle's saved state) come after the backward and before the update, as in a
-plain loop. Steps are numbered from 1 over every ``optimizer.step()`` of the run.
+plain loop. Steps are numbered from 1 over every ``optimizer.step()`` of the run. Every line watch writes
+also goes to the trainer's loggers (``trainer.loggers``) as ``nnwizard/loss``, ``nnwizard/grad_norm``,
+``nnwizard/lr``, ``nnwizard/update_ratio`` (and ``nnwizard/anomaly``) at that step.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ except ImportError:  # pragma: no cover - the older package name
     except ImportError as exc:
         raise ImportError("nnwizard.integrations.lightning needs Lightning: pip install 'nnwizard[lightning]'") from exc
 
+from nnwizard.integrations import tap
 from nnwizard.watcher import DEFAULT_OUT, Watch
 
 
@@ -36,6 +39,13 @@ class WatchCallback(Callback):
         # the optimizer is left open: Lightning may wrap it, and the torch hooks see the inner one
         self.watch = Watch(pl_module, None, self.out, "continue", **self.options)
         self.watch.start()
+        loggers = list(getattr(trainer, "loggers", None) or [])
+        if loggers:   # the same scalars through the trainer's own loggers (TensorBoard, CSV, W&B ...)
+            def forward(metrics: dict, step: int) -> None:
+                for logger in loggers:
+                    logger.log_metrics(metrics, step=step)
+
+            tap(self.watch, forward)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self.on_anomaly == "stop" and self.watch is not None and self.watch.anomalies and not trainer.should_stop:

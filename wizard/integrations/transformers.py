@@ -6,7 +6,9 @@
 The Trainer calls ``model(**batch)`` and backpropagates the output's own ``loss`` (divided by the
 accumulation steps); watch records both, so a bundle's step re-executes from the saved batch. The
 Trainer clips gradients (``max_grad_norm``, default 1.0) before ``optimizer.step()``: the gradient
-norm watch logs there is the clipped one, so the loss triggers do most of the work under it.
+norm watch logs there is the clipped one, so the loss triggers do most of the work under it. The latest
+watch scalars (``nnwizard/loss``, ``nnwizard/grad_norm`` ...) are added to each record the Trainer logs
+(``on_log``): they land in ``trainer.state.log_history`` and in the reporters listed after this callback.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ try:
 except ImportError as exc:  # pragma: no cover
     raise ImportError("nnwizard.integrations.transformers needs transformers: pip install 'nnwizard[transformers]'") from exc
 
+from nnwizard.integrations import tap
 from nnwizard.watcher import DEFAULT_OUT, Watch
 
 
@@ -28,11 +31,22 @@ class WatchCallback(TrainerCallback):
             raise ValueError(f"on_anomaly must be 'continue' or 'stop', not {on_anomaly!r}")
         self.out, self.on_anomaly, self.options = Path(out), on_anomaly, options
         self.watch: Watch | None = None
+        self._pending: dict[str, float] = {}
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         # the Trainer's optimizer is wrapped (accelerate): watch every torch optimizer step instead
         self.watch = Watch(model, None, self.out, "continue", **self.options)
         self.watch.start()
+        self._pending: dict[str, float] = {}
+        tap(self.watch, lambda metrics, step: self._pending.update(metrics))
+        return control
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        """The latest watch scalars join the Trainer's own log record (``state.log_history``, and the reporters
+        that run after this callback)."""
+        if logs is not None and self._pending:
+            logs.update(self._pending)
+            self._pending = {}
         return control
 
     def on_step_end(self, args, state, control, **kwargs):
