@@ -2,7 +2,7 @@
 
 ``with nnwizard.watch(model, optimizer):`` around the user's own loop, or ``nnwizard watch --script
 train.py`` (``watch_cmd``), both feed one :class:`Watch`, a listener of the shared recorder
-(``nnwizard.recorder``, light mode). Per optimizer step it reads the loss (the tensor ``backward()``
+(``nnwizard.record``, light mode). Per optimizer step it reads the loss (the tensor ``backward()``
 ran on) and the global gradient norm the recorder measured (on the steps its interval picks, always
 on the logged ones), and runs the anomaly triggers (``nnwizard.anomaly``); every ``every`` steps (and at each anomaly) it also measures the largest
 per-layer gradient norms and the update/weight ratio, and writes one JSON line to
@@ -45,8 +45,8 @@ import torch
 from torch import nn
 
 from nnwizard.anomaly import Anomaly, Detector, Triggers
-from nnwizard.bundle import _jsonable, rng_state, save_bundle, to_cpu
-from nnwizard.recorder import total_norm
+from nnwizard.bundle import jsonable, rng_state, save_bundle
+from nnwizard.record import StopRun, cpu_copy, total_norm
 
 DEFAULT_OUT = "nnwizard-watch"
 DEFAULT_EVERY = 10
@@ -56,17 +56,6 @@ UPDATE_SHARE = 0.005  # the update/weight ratio may cost this share of the steps
 LOG_SHARE = 0.01  # every=None: a logged step's extra work may cost this share of the steps between two lines
 LOG_EVERY_MAX = 10  # every=None: lines at most this many times DEFAULT_EVERY apart
 FLUSH_S = 1.0  # watch.jsonl is flushed at most this often (and at every anomaly and at the end)
-
-
-def _tensors(obj: Any):
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, (list, tuple)):
-        for o in obj:
-            yield from _tensors(o)
-    elif isinstance(obj, dict):
-        for o in obj.values():
-            yield from _tensors(o)
 
 
 _VIEWS = ("ViewBackward", "ReshapeAliasBackward", "UnsafeViewBackward", "SqueezeBackward", "UnsqueezeBackward",
@@ -245,7 +234,7 @@ class Watch:
         self._detectors: dict[int, Detector] = {}
         self._history: deque = deque(maxlen=HISTORY)
         self._ring: deque = deque(maxlen=max(self.ring_size, 0))
-        self._current: dict = self._fresh()
+        self.step_calls: dict = self._fresh()
         self._hooked: dict[int, list] = {}     # id(model) -> its hook handles (an instance-level forward) or []
         self._wrapped: set[int] = set()        # ids of the models whose class forward is wrapped (_forward_patch)
         self._patched: dict[type, tuple] = {}  # class -> (the forward it had in its own __dict__ or None, our wrapper)
@@ -288,14 +277,14 @@ class Watch:
                     raise
                 self._tb = None
         if recorder is None:
-            from nnwizard.recorder import Recorder
+            from nnwizard.record import Recorder
 
-            recorder = Recorder("light", files=self.files, listeners=[self])
-            recorder._fast = self  # our loss-call and backward work inside its hooks (on_loss_args, on_backward)
+            # inline: our loss-call and backward work runs inside its hooks (on_loss_args, on_backward)
+            recorder = Recorder("light", files=self.files, listeners=[self], inline=self)
             recorder.__enter__()
             self._owns_recorder = True
         self._recorder = recorder
-        self._t_shift = recorder._t0 - self._t0  # (both monotonic: a step's time since our start)
+        self._t_shift = recorder.t0 - self._t0  # (both monotonic: a step's time since our start)
         recorder.norm_every_max = self.every  # every logged step has the gradient norms measured
         return self
 
@@ -321,7 +310,7 @@ class Watch:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
-        self._current = self._fresh()
+        self.step_calls = self._fresh()
         self._ring.clear()
 
     def __enter__(self) -> "Watch":
@@ -329,8 +318,6 @@ class Watch:
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         self.close()
-        from nnwizard.recorder import StopRun
-
         return exc_type is not None and issubclass(exc_type, StopRun) and self.stopped is not None
 
     # -- what belongs to the watched run ----------------------------------------------------------
@@ -391,7 +378,7 @@ class Watch:
 
             def first(m, a, kw, out):  # its keyword arguments and output, once
                 box[0].remove()
-                calls = self._current["calls"]
+                calls = self.step_calls["calls"]
                 if calls and calls[-1]["module"] is _unwrapped(m) and "out" not in calls[-1]:
                     calls[-1].update(kwargs=kw, out=out)
             box.append(module.register_forward_hook(first, with_kwargs=True, always_call=True))
@@ -420,7 +407,7 @@ class Watch:
         def forward(this, *args, **kwargs):
             if watch._inside or id(this) not in watch._wrapped or not _grad_enabled() or _compiling():
                 return original(this, *args, **kwargs)
-            cur = watch._current
+            cur = watch.step_calls
             calls = cur["calls"]
             if not calls:  # the step's first call (the common case: one a step)
                 cur["rng"] = _cpu_rng()  # the RNG state at the step's first forward
@@ -447,7 +434,7 @@ class Watch:
         if not torch.is_grad_enabled():
             return None
         module = _unwrapped(module)   # a compiled model's call is kept as its model's (replayed eagerly)
-        cur = self._current
+        cur = self.step_calls
         calls = cur["calls"]
         if not calls:
             cur["rng"] = _cpu_rng()  # the RNG state at the step's first forward
@@ -461,13 +448,13 @@ class Watch:
     def _model_post(self, module, args, *rest):
         module = _unwrapped(module)
         output = rest[-1] if rest else None
-        calls = self._current["calls"]
+        calls = self.step_calls["calls"]
         if calls and calls[-1]["module"] is module and "out" not in calls[-1]:
             calls[-1]["out"] = output
         return None
 
     def on_loss_args(self, rec, call, args, kwargs, value) -> None:
-        cur = self._current
+        cur = self.step_calls
         losses = cur["losses"]
         if not _grad_enabled() or not isinstance(value, _Tensor) or len(losses) >= MAX_PER_STEP:
             return
@@ -476,7 +463,7 @@ class Watch:
         cur["targets"].append(args[1] if len(args) > 1 else kwargs.get("target"))
 
     def on_backward(self, rec, loss) -> None:
-        cur = self._current
+        cur = self.step_calls
         backward, losses = cur["backward"], cur["losses"]
         if len(backward) >= MAX_PER_STEP:
             return
@@ -491,7 +478,7 @@ class Watch:
     def _relate(self, t: torch.Tensor) -> dict | None:
         """How the tensor backward() runs on was made from this step's calls: a loss call (times a
         constant) or a model output's own loss. Done before the backward frees the graph's saved values."""
-        cur = self._current
+        cur = self.step_calls
         calls = cur["calls"]
         for j, loss in enumerate(cur["losses"]):
             scale = _scale_of(t, loss[3])
@@ -516,13 +503,13 @@ class Watch:
             return
         if self._sampled is not None:
             self._finish_line(optimizer)
-        cur = self._current
+        cur = self.step_calls
         calls = cur["calls"]
         if self.ring_size and (calls or cur["losses"]):
             for c in calls:
                 c.pop("out", None)  # the output (and its graph) is not kept past its step
             self._ring.append((self.steps, cur["rng"], calls, cur["targets"]))
-        self._current = {"calls": [], "losses": [], "targets": [], "backward": [], "rng": None}  # (_fresh, inline)
+        self.step_calls = {"calls": [], "losses": [], "targets": [], "backward": [], "rng": None}  # (_fresh, inline)
 
     def _finish_line(self, optimizer) -> None:
         line, self._sampled = self._sampled, None
@@ -544,7 +531,7 @@ class Watch:
         (full check, per-layer norms, the line) costs at most LOG_SHARE of the steps between two lines,
         both measured in this run (the recorder's step time)."""
         self._line_cost = cost if not self._line_cost else 0.8 * self._line_cost + 0.2 * cost
-        step_s = getattr(self._recorder, "_step_s", 0.0) if self._recorder is not None else 0.0
+        step_s = self._recorder.step_seconds if self._recorder is not None else 0.0
         if self.adaptive and step_s > 0 and self.steps > 1:
             need = self._line_cost / (LOG_SHARE * step_s * self.every)
             self.log_every = self.every * min(max(math.ceil(need), 1), LOG_EVERY_MAX)
@@ -557,8 +544,7 @@ class Watch:
             return known[1], known[2]
         index = 0
         if self._recorder is not None:
-            info = self._recorder._opt_ids.get(id(optimizer))
-            index = info.index if info is not None else 0
+            index = self._recorder.optimizer_index(optimizer) or 0
         detector = self._detectors.setdefault(index, Detector(self.triggers))
         if len(self._detectors) > 1:   # several objectives: their losses may rise by design (a GAN)
             for each in self._detectors.values():
@@ -586,7 +572,7 @@ class Watch:
         if self.optimizer is not None and optimizer is not self.optimizer:
             return
         self.steps = n = step_rec.step
-        # None: not measured on this step (Recorder._norm_due), or no gradient at all
+        # None: not measured on this step (LightPolicy.norm_due), or no gradient at all
         norm = step_rec.grad_norm if step_rec.grads_total > step_rec.grads_none else None
         loss, lrs = step_rec.loss, step_rec.lrs
         last = self._last_det
@@ -668,8 +654,6 @@ class Watch:
                 self._write(line)
                 self._sampled = None
                 self.stopped = f"stopped at step {self.steps}: {anomaly.reason}"
-                from nnwizard.recorder import StopRun
-
                 if self._recorder is not None:
                     self._recorder.recording.stopped = self.stopped
                 self._say(f"nnwizard watch: {self.stopped} (--on-anomaly stop)")
@@ -678,10 +662,10 @@ class Watch:
     # -- bundle -------------------------------------------------------------------------------------
     def _step_data(self, keyed: dict[str, nn.Module]) -> dict:
         """The current step as replay needs it: model calls, loss calls, how the backward tensor was made."""
-        cur = self._current
+        cur = self.step_calls
         key_of = {id(m): k for k, m in keyed.items()}
         calls = cur["calls"]
-        out = {"calls": [{"model": key_of[id(c["module"])], "args": to_cpu(c["args"]), "kwargs": to_cpu(c["kwargs"])}
+        out = {"calls": [{"model": key_of[id(c["module"])], "args": cpu_copy(c["args"]), "kwargs": cpu_copy(c["kwargs"])}
                          for c in calls], "losses": [], "backward": []}
         for loss in map(_loss_parts, cur["losses"]):
             source = None
@@ -692,8 +676,8 @@ class Watch:
                         if path is not None:
                             source = {"call": i, "path": path, "shape": list(loss["x"].shape),
                                       "dtype": str(loss["x"].dtype).replace("torch.", "")}
-            out["losses"].append({"fn": loss["fn"], "input": source, "target": to_cpu(loss["target"]),
-                                  "extra": to_cpu(loss["extra"]), "kwargs": to_cpu(loss["kwargs"]),
+            out["losses"].append({"fn": loss["fn"], "input": source, "target": cpu_copy(loss["target"]),
+                                  "extra": cpu_copy(loss["extra"]), "kwargs": cpu_copy(loss["kwargs"]),
                                   "value": float(loss["value"].detach().float().mean())})
         out["backward"] = list(cur["backward"])
         if not out["backward"] or any(b is None for b in out["backward"]):
@@ -709,7 +693,7 @@ class Watch:
 
     def _save(self, optimizer, anomaly: Anomaly, line: dict) -> Path | None:
         keyed, names = self._names(optimizer)
-        for c in self._current["calls"]:  # a model the step called without training it (a frozen encoder)
+        for c in self.step_calls["calls"]:  # a model the step called without training it (a frozen encoder)
             if all(c["module"] is not m for m in keyed.values()):
                 keyed[f"model{len(keyed)}"] = c["module"]
         folder = self.out / f"anomaly-step{anomaly.step}"
@@ -719,11 +703,11 @@ class Watch:
                      for i, p in enumerate(p for g in optimizer.param_groups for p in g["params"]) if p.grad is not None}
             ring = [{"step": step, "rng": rng,
                      "calls": [{"model": next((k for k, m in keyed.items() if m is c["module"]), None),
-                                "args": to_cpu(c["args"]), "kwargs": to_cpu(c["kwargs"])} for c in calls],
-                     "targets": to_cpu(targets)} for step, rng, calls, targets in self._ring]
+                                "args": cpu_copy(c["args"]), "kwargs": cpu_copy(c["kwargs"])} for c in calls],
+                     "targets": cpu_copy(targets)} for step, rng, calls, targets in self._ring]
             rng = rng_state(cuda=any(p.is_cuda for g in optimizer.param_groups for p in g["params"]))
-            if self._current["rng"] is not None:
-                rng["torch"] = self._current["rng"]
+            if self.step_calls["rng"] is not None:
+                rng["torch"] = self.step_calls["rng"]
             meta = {"step": anomaly.step, "trigger": anomaly.kind, "reason": anomaly.reason, "loss": anomaly.loss,
                     "grad_norm": anomaly.grad_norm if anomaly.grad_norm is not None else line.get("grad_norm"), "lrs": [g.get("lr") for g in optimizer.param_groups],
                     "history": [self._entry(h) for h in self._history],
@@ -771,7 +755,7 @@ class Watch:
         try:  # a line of plain finite numbers (the common case) needs no conversion
             text = json.dumps(line, allow_nan=False)
         except (TypeError, ValueError):  # NaN/Inf (written as strings) or a value json does not know
-            text = json.dumps(_jsonable(line))
+            text = json.dumps(jsonable(line))
         self._log.write(text + "\n")
         now = time.monotonic()
         if "anomaly" in line or now - self._flushed >= FLUSH_S:  # a flush is a system call: at most once a second
