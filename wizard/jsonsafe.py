@@ -31,7 +31,7 @@ def plain_data(value: Any) -> Any:
     are (NaN included): what a probe artifact holds, ready to be rendered or sent."""
     if isinstance(value, dict):
         return {str(k): plain_data(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
+    if isinstance(value, (list, tuple, range, set, frozenset)):
         return [plain_data(v) for v in value]
     if isinstance(value, (str, int, float, bool)) or value is None:
         return value
