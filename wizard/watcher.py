@@ -10,16 +10,11 @@ per-layer gradient norms and the update/weight ratio, and writes one JSON line t
 installed). At an anomaly it saves ``DIR/anomaly-step<N>/`` (``nnwizard.bundle``) *inside* the
 step, before the optimizer changed anything, prints its path in one line and goes on or stops.
 
-What the recorder does not give, watch takes itself, on the models the recorder found: each
-model call's arguments, keyword arguments and output (the batch as the model got it, for
-re-executing the step). It wraps the ``forward`` of the model's class (``_forward_patch``: one Python
-call per model call, for that instance only, restored on close) rather than hooking the instance:
-a module hook puts every call of the model on torch's slow hook path, and an instance hook (or
-attribute) would travel with the user's ``copy.deepcopy(model)`` / ``torch.save(model)``. A model
-whose instance has its own ``forward`` attribute gets a forward pre/post hook instead (``_Hook``:
-copied or pickled, it becomes a hook that does nothing). The checks run in the recorder's ``on_step_pre``, which for a
-``step(closure)`` (Lightning, LBFGS) comes inside the closure after its first call, so after its
-backward and before the update.
+Watch also keeps, on the models the recorder found, each model call's arguments, keyword arguments
+and output (the batch as the model got it, for re-executing the step): ``nnwizard.record.calls``'s
+CallKeeper, at no cost to torch's hook-free path. The checks run in the recorder's ``on_step_pre``,
+which for a ``step(closure)`` (Lightning, LBFGS) comes inside the closure after its first call, so
+after its backward and before the update.
 
 Per step (the fast path) watch stores references and one history tuple and asks the detector's
 one comparison (``Detector.quick``); the full trigger statistics, the per-layer norms, the
@@ -32,7 +27,6 @@ Steps are numbered as the recorder numbers them: 1 for the first ``optimizer.ste
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import sys
@@ -47,6 +41,7 @@ from torch import nn
 from nnwizard.anomaly import Anomaly, Detector, Triggers
 from nnwizard.bundle import jsonable, rng_state, save_bundle
 from nnwizard.record import StopRun, cpu_copy, total_norm
+from nnwizard.record.calls import CallKeeper, compiled_inner
 
 DEFAULT_OUT = "nnwizard-watch"
 DEFAULT_EVERY = 10
@@ -134,14 +129,6 @@ def _loss_parts(loss: tuple) -> dict:
             "kwargs": {k: v for k, v in kwargs.items() if k not in ("input", "target")}, "value": value}
 
 
-_cpu_rng = torch.default_generator.get_state  # torch.random.get_rng_state without its Python frame
-_compiling = torch.compiler.is_compiling       # True while torch.compile traces (our side effects stay out of its graph)
-
-
-def _unwrapped(module: nn.Module) -> nn.Module:
-    """The model a ``torch.compile`` wrapper (OptimizedModule) runs; any other module itself."""
-    inner = module.__dict__.get("_modules", {}).get("_orig_mod") if type(module).__name__ == "OptimizedModule" else None
-    return inner if isinstance(inner, nn.Module) else module
 _grad_enabled = torch.is_grad_enabled          # (one lookup less per call: these run every step)
 _Tensor = torch.Tensor
 
@@ -179,29 +166,6 @@ def _no_grad(fn, *args):
 MAX_PER_STEP = 64  # model calls / loss calls / backwards kept for one step (a loop with no step() stays bounded)
 
 
-class _Inert:
-    """What a watch hook becomes in a copy or pickle of the model: a hook that does nothing."""
-
-    def __call__(self, *args):
-        return None
-
-
-class _Hook:
-    """A watch forward hook on a model instance; copied (``copy.deepcopy``) or pickled
-    (``torch.save(model)``) with the model, it becomes an :class:`_Inert` one, not the watch."""
-
-    __slots__ = ("fn",)
-
-    def __init__(self, fn):
-        self.fn = fn
-
-    def __call__(self, *args):
-        return self.fn(*args)
-
-    def __reduce__(self):
-        return _Inert, ()
-
-
 class Watch:
     """See the module docstring; made by :func:`nnwizard.watch` (context manager) or the CLI."""
 
@@ -235,10 +199,7 @@ class Watch:
         self._history: deque = deque(maxlen=HISTORY)
         self._ring: deque = deque(maxlen=max(self.ring_size, 0))
         self.step_calls: dict = self._fresh()
-        self._hooked: dict[int, list] = {}     # id(model) -> its hook handles (an instance-level forward) or []
-        self._wrapped: set[int] = set()        # ids of the models whose class forward is wrapped (_forward_patch)
-        self._patched: dict[type, tuple] = {}  # class -> (the forward it had in its own __dict__ or None, our wrapper)
-        self._inside = False                   # in a wrapped model forward (a nested model call is not a new call)
+        self._calls = CallKeeper(self)         # the watched models' calls of each step (into step_calls["calls"])
         self._seen: dict[int, bool] = {}
         self._recorder = None
         self._owns_recorder = False
@@ -292,18 +253,7 @@ class Watch:
         if self._owns_recorder and self._recorder is not None:
             self._recorder.__exit__(None, None, None)
         self._recorder = None
-        for handles in self._hooked.values():
-            for h in handles:
-                h.remove()
-        self._hooked.clear()
-        self._wrapped.clear()
-        for cls, (had, wrapper) in self._patched.items():
-            if cls.__dict__.get("forward") is wrapper:  # (not if someone patched it after us: ours then passes through)
-                if had is None:
-                    delattr(cls, "forward")
-                else:
-                    setattr(cls, "forward", had)
-        self._patched.clear()
+        self._calls.close()
         if self._log is not None:
             self._log.close()
             self._log = None
@@ -325,7 +275,7 @@ class Watch:
         found = [self.model] if self.model is not None else []
         if self._recorder is not None:
             for m in self._recorder.recording.models:
-                inner = _unwrapped(m.module)
+                inner = compiled_inner(m.module)
                 if all(inner is not f for f in found):
                     found.append(inner)
         return found
@@ -358,100 +308,15 @@ class Watch:
         """Is this top-level model call part of the watched model (itself, or a submodule called directly)?"""
         seen = self._seen.get(id(module))
         if seen is None:
-            inner = _unwrapped(module)   # (a compiled model's wrapper is ours when the model it runs is)
+            inner = compiled_inner(module)   # (a compiled model's wrapper is ours when the model it runs is)
             seen = self.model is None or inner is self.model or any(m is inner for m in self.model.modules())
             self._seen[id(module)] = seen
         return seen
 
     def on_forward(self, rec, info, args) -> None:
         module = info.module
-        if id(module) in self._hooked or not self._ours(module):
-            return
-        if "forward" in module.__dict__:  # an instance-level forward (the class's is not called): hooks
-            self._hooked[id(module)] = self._hook(module)
-        else:
-            self._hooked[id(module)] = []
-            self._wrap(module)
-        if torch.is_grad_enabled():  # this first call: torch looked its forward up before we wrapped it
-            self._model_pre(module, args, {})
-            box = []
-
-            def first(m, a, kw, out):  # its keyword arguments and output, once
-                box[0].remove()
-                calls = self.step_calls["calls"]
-                if calls and calls[-1]["module"] is _unwrapped(m) and "out" not in calls[-1]:
-                    calls[-1].update(kwargs=kw, out=out)
-            box.append(module.register_forward_hook(first, with_kwargs=True, always_call=True))
-
-    def _hook(self, module: nn.Module) -> list:
-        return [module.register_forward_pre_hook(_Hook(self._model_pre), with_kwargs=True),
-                module.register_forward_hook(_Hook(self._model_post), always_call=True)]
-
-    def _wrap(self, module: nn.Module) -> None:
-        """Wrap the ``forward`` of the model's class (once per class) and mark this instance watched."""
-        self._wrapped.add(id(module))
-        cls = type(module)
-        if cls not in self._patched:
-            had = cls.__dict__.get("forward")
-            wrapper = self._forward_patch(getattr(cls, "forward"))
-            setattr(cls, "forward", wrapper)
-            self._patched[cls] = (had, wrapper)
-
-    def _forward_patch(self, original):
-        """A class's ``forward``, wrapped: a watched instance's top-level call in grad mode is kept
-        (arguments, keyword arguments, output; the CPU RNG state at the step's first one); any other
-        call (another instance, no grad, a nested call) goes straight through."""
-        watch = self
-
-        @functools.wraps(original)
-        def forward(this, *args, **kwargs):
-            if watch._inside or id(this) not in watch._wrapped or not _grad_enabled() or _compiling():
-                return original(this, *args, **kwargs)
-            cur = watch.step_calls
-            calls = cur["calls"]
-            if not calls:  # the step's first call (the common case: one a step)
-                cur["rng"] = _cpu_rng()  # the RNG state at the step's first forward
-                call = {"module": this, "args": args, "kwargs": kwargs}
-                calls.append(call)
-            else:  # (a first call on_forward already took, when the recorder's hooks ran before this lookup)
-                call = calls[-1] if calls[-1]["module"] is this and "out" not in calls[-1] else None
-                if call is None:
-                    if len(calls) >= MAX_PER_STEP:
-                        return original(this, *args, **kwargs)
-                    call = {"module": this, "args": args, "kwargs": kwargs}
-                    calls.append(call)
-                else:
-                    call.update(args=args, kwargs=kwargs)
-            watch._inside = True
-            try:
-                call["out"] = out = original(this, *args, **kwargs)
-            finally:
-                watch._inside = False
-            return out
-        return forward
-
-    def _model_pre(self, module, args, kwargs):
-        if not torch.is_grad_enabled():
-            return None
-        module = _unwrapped(module)   # a compiled model's call is kept as its model's (replayed eagerly)
-        cur = self.step_calls
-        calls = cur["calls"]
-        if not calls:
-            cur["rng"] = _cpu_rng()  # the RNG state at the step's first forward
-        elif calls[-1]["module"] is module and "out" not in calls[-1]:
-            calls[-1].update(args=args, kwargs=kwargs)  # the first call, seen twice
-            return None
-        if len(calls) < MAX_PER_STEP:
-            calls.append({"module": module, "args": args, "kwargs": kwargs})
-        return None
-
-    def _model_post(self, module, args, *rest):
-        module = _unwrapped(module)
-        output = rest[-1] if rest else None
-        calls = self.step_calls["calls"]
-        if calls and calls[-1]["module"] is module and "out" not in calls[-1]:
-            calls[-1]["out"] = output
-        return None
+        if not self._calls.keeps(module) and self._ours(module):
+            self._calls.keep(module, args)
 
     def on_loss_args(self, rec, call, args, kwargs, value) -> None:
         cur = self.step_calls
@@ -719,11 +584,11 @@ class Watch:
                                for l in step_data["losses"]], "backward": step_data["backward"],
                     "ring_steps": [r["step"] for r in ring]}
             started = time.monotonic()
-            hooks = self._unhook(keyed)  # our own hooks must not travel in the pickled model
+            hooks = self._calls.unhook(keyed.values())  # our own hooks must not travel in the pickled model
             try:
                 save_bundle(folder, meta, keyed, optimizer, names, grads, step_data, ring, rng)
             finally:
-                self._rehook(hooks)
+                self._calls.rehook(hooks)
             seconds = time.monotonic() - started
         except Exception as exc:  # noqa: BLE001 - watching must never break the run
             self._say(f"nnwizard watch: step {anomaly.step}: {anomaly.reason}; the bundle could not be saved "
@@ -733,20 +598,6 @@ class Watch:
         line["bundle_s"] = round(seconds, 3)
         self._say(f"nnwizard watch: {anomaly.kind} at step {anomaly.step} ({anomaly.reason}); replay bundle: {folder}")
         return folder
-
-    def _unhook(self, keyed: dict[str, nn.Module]) -> list[nn.Module]:
-        removed = []
-        for m in keyed.values():
-            handles = self._hooked.pop(id(m), None)
-            for h in handles or []:
-                h.remove()
-            if handles is not None:
-                removed.append(m)
-        return removed
-
-    def _rehook(self, modules: list[nn.Module]) -> None:
-        for m in modules:
-            self._hooked[id(m)] = self._hook(m) if "forward" in m.__dict__ else []
 
     # -- output -------------------------------------------------------------------------------------
     def _write(self, line: dict) -> None:

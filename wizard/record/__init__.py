@@ -1,7 +1,8 @@
 """``nnwizard.record``: the one place that intercepts torch. The recorder watches a real PyTorch program
 through torch's public hooks and a few patches and keeps a per-step trace of what the training loop actually
 did (a :class:`Recording`); the tracers probes run on their own forward/backward passes (``OpTracer``,
-``LossCalls``, ``trace_modules``, ``Reductions``) live here too. See docs/architecture.md for the layout.
+``LossCalls``, ``trace_modules``, ``Reductions``) and the keeper of a step's model calls watch bundles
+(``calls.CallKeeper``) live here too. See docs/architecture.md for the layout.
 
     from nnwizard.record import Recorder, StopRun
 """
