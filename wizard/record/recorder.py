@@ -37,6 +37,8 @@ from torch.nn.parameter import is_lazy
 from torch.utils.data import DataLoader
 
 from nnwizard.record.frames import UserCode, plain_text
+from nnwizard.record.full import FullPolicy
+from nnwizard.record.light import LightPolicy
 from nnwizard.record.listeners import Listeners, StopRun
 from nnwizard.record.models import NN_METHODS, mode_layers, not_a_model
 from nnwizard.record.reach import Reach
@@ -44,7 +46,8 @@ from nnwizard.record.records import (ForwardEvent, LoaderInfo, ModelInfo, Optimi
                                      SchedulerEvent, StepRecord, blank_step, inner_model, wrapped_optimizer)
 from nnwizard.record.tensors import values_in
 
-MODES = ("full", "light")
+POLICIES = {"full": FullPolicy, "light": LightPolicy}
+MODES = tuple(POLICIES)
 
 
 class Recorder:
@@ -99,12 +102,7 @@ class Recorder:
         self._scaled: set[int] = set()            # lr_scale: ids of the optimizers whose rates are scaled
         self._lr_written: dict[int, list] = {}    # lr_scale: id(optimizer) -> its groups' learning rates as last written
         self.norm_every_max = 0                   # light mode: the longest gradient-norm interval (watch sets its log interval)
-        if mode == "full":
-            from nnwizard.record.full import FullPolicy
-            self.policy = FullPolicy(self)
-        else:
-            from nnwizard.record.light import LightPolicy
-            self.policy = LightPolicy(self)
+        self.policy = POLICIES[mode](self)        # what is measured at each event, chosen once
 
     # -- install / remove -------------------------------------------------------------------------
     def __enter__(self) -> "Recorder":
