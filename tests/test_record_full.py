@@ -268,7 +268,7 @@ def test_a_loss_call_is_placed_at_the_users_line_through_torchs_loss_module_or_t
                 loss.backward()
                 opt.step()
         wheres = [c.where for c in rec.recording.loss_calls]
-        assert len(wheres) == 3 and all(w.startswith("test_recorder_full.py:") and w.endswith(f" in {place}")
+        assert len(wheres) == 3 and all(w.startswith("test_record_full.py:") and w.endswith(f" in {place}")
                                         for w in wheres), wheres
 
 
