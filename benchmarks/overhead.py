@@ -58,7 +58,7 @@ def _time(fn, steps: int) -> float:
 
 
 def measure(name: str, steps: int) -> dict:
-    from nnwizard.probes._optrace import OpTracer
+    from nnwizard.record.optrace import OpTracer
     from nnwizard.target import load_target
 
     target = load_target(str(ROOT / "examples" / f"{name}.py"), "cpu")

@@ -32,7 +32,7 @@ def _child(model: str, mode: str, steps: int) -> None:
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import recorder_overhead as bench
-    from nnwizard.recorder import Recorder, StopRun
+    from nnwizard.record import Recorder, StopRun
 
     torch.set_num_threads(1)
     name = next(n for n in bench.MODELS if n.startswith(SHORT[model]))

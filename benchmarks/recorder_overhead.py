@@ -37,8 +37,9 @@ from torch.utils.data import DataLoader, TensorDataset
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from nnwizard import recorder as recorder_mod  # noqa: E402
-from nnwizard.recorder import Recorder  # noqa: E402
+from nnwizard.record import Recorder  # noqa: E402
+from nnwizard.record.full import FullPolicy  # noqa: E402
+from nnwizard.record.patches.data import LoaderIter  # noqa: E402
 
 from scale_models import ResNet  # noqa: E402
 
@@ -91,24 +92,24 @@ CLOCK = time.perf_counter
 def records_emptied():
     """The full recorder's record-keeping replaced by nothing (see ``--floor``); its wrappers stay."""
     def model_called(self, module, args):
-        self._depth = 1
-        self._pause()   # (the wrapper's finally resumes)
+        self.recorder.depth = 1
+        self.graph.pause()   # (the wrapper's finally resumes)
         return None
 
-    empty = {"_model_called": model_called, "_loss_called": lambda self, *a, **k: None,
-             "_before_backward": lambda self, tensors: None, "_step_pre": lambda self, opt, args, kwargs: None,
-             "_step_post": lambda self, opt, args, kwargs: None}
-    saved = {name: Recorder.__dict__[name] for name in empty}
-    saved_next = recorder_mod._LoaderIter._next
+    empty = {"model_called": model_called, "loss_called": lambda self, *a, **k: None,
+             "before_backward": lambda self, tensors: None, "step_pre": lambda self, opt, args, kwargs: None,
+             "step_post": lambda self, opt, args, kwargs: None}
+    saved = {name: FullPolicy.__dict__[name] for name in empty}
+    saved_next = LoaderIter._next
     try:
         for name, fn in empty.items():
-            setattr(Recorder, name, fn)
-        recorder_mod._LoaderIter._next = lambda self: next(self.inner)
+            setattr(FullPolicy, name, fn)
+        LoaderIter._next = lambda self: next(self.inner)
         yield
     finally:
         for name, fn in saved.items():
-            setattr(Recorder, name, fn)
-        recorder_mod._LoaderIter._next = saved_next
+            setattr(FullPolicy, name, fn)
+        LoaderIter._next = saved_next
 
 
 def timed(build, loader, steps: int, mode: str | None) -> float:

@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from nnwizard.recorder import Recorder  # noqa: E402
+from nnwizard.record import Recorder  # noqa: E402
 
 MODES = ("plain", "light", "full")
 

@@ -85,7 +85,7 @@ def measure(name: str, steps: int, repeats: int, every: int | None) -> dict:
     """Step time plain, under the bare recorder (light mode) and under watch, in interleaved blocks of
     ``steps`` steps (``repeats`` rounds), each on its own copy of the model (see the module docstring)."""
     import nnwizard
-    from nnwizard.recorder import Recorder
+    from nnwizard.record import Recorder
 
     torch.manual_seed(0)
     base, features, batch = MODELS[name]()

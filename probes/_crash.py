@@ -1,7 +1,8 @@
 """Read an exception raised by the user's training code into a diagnosis: which hypothesis it is
 evidence for, the operation that raised, the shapes / dtypes / devices of the tensors it got, and the
 user's own file:line. Shared by the probes (``training-crash``) and by script mode, which calls it on
-the exception a crashed script raised.
+the exception a crashed script raised. Also the coarser kinds the probes name in their outcomes
+(:func:`error_kind`) and what a layer expects of its input (:func:`expected_input`).
 
     from nnwizard.probes._crash import classify_exception, shadowed_methods
 
@@ -30,15 +31,9 @@ from typing import Any
 import torch
 from torch import nn
 
-import nnwizard
-import nnwizard.probes
+from nnwizard.record import LOSS_FUNCTIONS
+from nnwizard.record.frames import UserCode, first_line, site, tb_frames
 
-LOSS_FUNCTIONS = {
-    "cross_entropy", "nll_loss", "binary_cross_entropy", "binary_cross_entropy_with_logits", "mse_loss", "l1_loss",
-    "smooth_l1_loss", "huber_loss", "kl_div", "poisson_nll_loss", "gaussian_nll_loss", "multilabel_soft_margin_loss",
-    "multi_margin_loss", "soft_margin_loss", "margin_ranking_loss", "hinge_embedding_loss", "cosine_embedding_loss",
-    "ctc_loss", "triplet_margin_loss",
-}
 CLASS_LOSSES = {"cross_entropy", "nll_loss", "CrossEntropyLoss", "NLLLoss"}
 
 # nn.Module methods a subclass may override only with a compatible signature (``forward`` and the
@@ -79,7 +74,8 @@ _PATTERNS: list[tuple[str, str]] = [
 ]
 
 
-def _kind(exc: BaseException) -> str:
+def crash_kind(exc: BaseException) -> str:
+    """The kind of failure ``exc`` is, read from its type and message (the finer reading of a crash)."""
     text = f"{type(exc).__name__}: {exc}"
     for kind, pattern in _PATTERNS:
         if re.search(pattern, text, re.IGNORECASE):
@@ -199,31 +195,6 @@ class Classification:
         out = asdict(self)
         out.update(shapes=self.shapes, dtypes=self.dtypes, devices=self.devices)
         return out
-
-
-def _first_line(exc: BaseException, limit: int = 240) -> str:
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {(lines[0] if lines else '')[:limit]}"
-
-
-def _ours(path: str) -> bool:
-    roots = tuple(str(Path(m.__file__).resolve().parent) for m in (nnwizard, nnwizard.probes))
-    return path.startswith(roots)
-
-
-def _is_user(path: str, wanted: set[str]) -> bool:
-    if wanted:
-        return path in wanted
-    return "site-packages" not in path and "/torch/" not in path and not _ours(path) and not path.startswith("<")
-
-
-def _frames(exc: BaseException):
-    tb = exc.__traceback__
-    out = []
-    while tb is not None:
-        out.append((tb.tb_frame, tb.tb_lineno))
-        tb = tb.tb_next
-    return out
 
 
 def _statement(filename: str, lineno: int) -> str | None:
@@ -390,24 +361,20 @@ def classify_exception(exc: BaseException, *, model: nn.Module | None = None, lo
     the targets' dtype and shape); ``files`` are the user's source files (else: anything outside
     torch, site-packages and nnwizard counts as the user's); ``phase`` overrides the phase read from
     the traceback."""
-    wanted = {str(Path(f).resolve()) for f in files or []}
-    frames = _frames(exc)
-    kind = _kind(exc)
-    message = _first_line(exc)
+    user = UserCode(files)
+    frames = tb_frames(exc)
+    kind = crash_kind(exc)
+    message = first_line(exc)
     # the user's innermost frame, and the torch layer / loss running below it
-    user_index = None
-    for i in range(len(frames) - 1, -1, -1):
-        if _is_user(str(Path(frames[i][0].f_code.co_filename).resolve()), wanted):
-            user_index = i
-            break
+    user_index = user.user_index(frames)
     if user_index is None:  # nnwizard's own reference loop called torch: the innermost non-torch frame
         for i in range(len(frames) - 1, -1, -1):
             if "site-packages" not in frames[i][0].f_code.co_filename and "/torch/" not in frames[i][0].f_code.co_filename:
                 user_index = i
                 break
     frame, lineno = frames[user_index] if user_index is not None else (None, None)
-    mine = frame is not None and _is_user(str(Path(frame.f_code.co_filename).resolve()), wanted)
-    where = f"{Path(frame.f_code.co_filename).name}:{lineno} in {frame.f_code.co_name}" if mine else None
+    mine = frame is not None and user.is_user(frame.f_code.co_filename)
+    where = site(frame.f_code.co_filename, lineno, frame.f_code.co_name) if mine else None
     code = _statement(frame.f_code.co_filename, lineno) if frame is not None else None
     operands, call = _operands(code, frame, str(exc).strip())
     paths = _module_paths(model)
@@ -543,3 +510,44 @@ def classify_exception(exc: BaseException, *, model: nn.Module | None = None, lo
     ops = f"; operands: {', '.join(o.describe() for o in operands[:4])}" if operands else ""
     sentence = f"{head} raised{at}{line}: {message}{ops}" + (f"; {detail}" if detail else "")
     return Classification(hypothesis, kind, op, phase_name, where, code, message, operands, sentence)
+
+
+# ------------------------------------------------------------------------------- coarse kinds
+_KINDS = [
+    ("no-grad", r"does not require grad|does not have a grad_fn"),
+    ("inplace", r"modified by an inplace operation"),
+    ("label-range", r"out of bounds|index .* is out of range|device-side assert|Assertion .t >= 0"),
+    ("dtype", r"expected scalar type|Expected .*Long|not implemented for '(Float|Int|Long|Half|Bool)'|"
+              r"expected .*dtype|Found dtype|must have the same dtype|expected both .* same dtype"),
+    ("shape", r"shapes cannot be multiplied|size mismatch|must match the size|Expected input batch_size|"
+              r"expected input\[|Given groups=|doesn't match the broadcast shape|invalid for input of size|"
+              r"Expected .* dimensions|expected .*D .* input|input.size\(-1\) must be equal|"
+              r"Target size .* must be the same as input size|Using a target size|shape .* is invalid|"
+              r"number of dims|Expected target size|dimension out of range|mismatch in shape|same number of dim"),
+    ("memory", r"out of memory|CUDA error: out of memory"),
+]
+
+
+def error_kind(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    for kind, pattern in _KINDS:
+        if re.search(pattern, text, re.IGNORECASE):
+            return kind
+    return "other"
+
+
+def expected_input(module: nn.Module) -> str | None:
+    """What a layer expects of its input, in words, for the layer shape mismatch evidence."""
+    if isinstance(module, nn.Linear):
+        return f"{module.in_features} input features in the last dimension"
+    if isinstance(module, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
+        return f"{module.in_channels} input channels in dimension 1"
+    if isinstance(module, (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)):
+        return f"{module.num_features} features/channels in dimension 1"
+    if isinstance(module, nn.LayerNorm):
+        return f"trailing dimensions {list(module.normalized_shape)}"
+    if isinstance(module, (nn.RNNBase,)):
+        return f"{module.input_size} features in the last dimension"
+    if isinstance(module, nn.Embedding):
+        return f"integer indices in [0, {module.num_embeddings})"
+    return None

@@ -1,4 +1,5 @@
-"""What a probe is: the decorator that registers it, the context it gets, the result it returns.
+"""What a probe is: the decorator that registers it, the context it gets, the result it returns; and the
+listeners a probe module declares for the observed run of a script (``run_listener``).
 
 Probes measure and never conclude: a probe returns a named *outcome* and the numbers behind it; the
 YAML trees decide what an outcome means. Artifacts (plots, tables, image grids) are plain data that
@@ -281,6 +282,40 @@ def load_all() -> dict[str, ProbeSpec]:
         for ep in entry_points(group="nnwizard.probes"):
             ep.load()
     return dict(_REGISTRY)
+
+
+# ------------------------------------------------------------------------------- run listeners
+@dataclass
+class RunListenerSpec:
+    """A listener a probe module declares for the observed run of a script: ``make()`` gives a fresh one per run
+    (a recorder listener, see ``nnwizard.record.listeners``); ``close()``, when it has one, runs after the run."""
+
+    name: str
+    make: Callable[[], Any]
+    module: str
+
+
+_RUN_LISTENERS: dict[str, RunListenerSpec] = {}
+
+
+def run_listener(name: str):
+    """Register a listener class for the observed run of a script (script mode). It follows the run through the
+    recorder's listener methods (``on_forward``, ``on_loss_args``, ``on_step_post``...) and stores what it measured
+    in ``recording.listened[name]``, where the probe that reads it finds it."""
+
+    def register(cls):
+        if name in _RUN_LISTENERS and _RUN_LISTENERS[name].make is not cls:
+            raise ValueError(f"run listener {name!r} is registered twice ({_RUN_LISTENERS[name].module}, {cls.__module__})")
+        _RUN_LISTENERS[name] = RunListenerSpec(name, cls, cls.__module__)
+        return cls
+
+    return register
+
+
+def run_listeners() -> list[RunListenerSpec]:
+    """The run listeners the probe modules declare, in the order they were registered."""
+    load_all()
+    return list(_RUN_LISTENERS.values())
 
 
 def registered(id: str) -> bool:

@@ -13,8 +13,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from nnwizard.probes._instrument import first_line, graph_nodes, shape_of
-from nnwizard.probes._optrace import OpTracer
+from nnwizard.record.autograd import graph_nodes
+from nnwizard.record.frames import first_line
+from nnwizard.record.tensors import shape_of
+from nnwizard.record.optrace import OpTracer
 from nnwizard.probes.api import ProbeContext, Table, cannot_run, failed, passed, probe, skipped
 from nnwizard.target import user_source_files
 
@@ -31,7 +33,7 @@ SEQUENCE_TYPES = (nn.RNNBase, nn.MultiheadAttention, nn.Transformer, nn.Transfor
                   nn.TransformerDecoder, nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)
 
 
-def _first_tensor(out, n: int):
+def first_tensor(out, n: int):
     """The model's main output: the tensor itself, or the first tensor with ``n`` rows inside a
     tuple, list or dict (models returning (logits, hidden) or {"logits": ...})."""
     if isinstance(out, torch.Tensor):
@@ -165,7 +167,7 @@ def batch_independence(ctx: ProbeContext):
     finally:
         for h in handles:
             h.remove()
-    out = _first_tensor(raw, n)
+    out = first_tensor(raw, n)
     if out is None or out.dim() == 0 or out.shape[0] != n or not out.requires_grad or not entries:
         shape = list(out.shape) if isinstance(out, torch.Tensor) else type(raw).__name__
         return skipped(f"the output ({shape}) has no batch dimension of {n} rows carrying gradient from the input")
@@ -327,7 +329,7 @@ def _locate(model: nn.Module, inputs: torch.Tensor, row: int, n: int, files, ctx
             h.remove()
     found: dict = {}
     for path, module, in_shape, output, given in done:
-        tensor = _first_tensor(output, n)
+        tensor = first_tensor(output, n)
         if tensor is None or not tensor.requires_grad or tensor.dim() == 0 or tensor.shape[0] != n:
             continue
         if ctx.time_left() < 2:

@@ -7,7 +7,7 @@ asked for, which matters exactly when gradients spike."""
 from __future__ import annotations
 
 from nnwizard.probes.api import ProbeContext, failed, passed, skipped, probe
-from nnwizard.probes.trace import _fmt, _on_recording
+from nnwizard.probes._recording import fmt, on_recording
 
 
 @probe(
@@ -17,7 +17,7 @@ from nnwizard.probes.trace import _fmt, _on_recording
               "clip-stale": "every clipping call ran where no step applies what it clipped (before backward or after step)"},
     timeout_s=10,
 )
-@_on_recording
+@on_recording
 def trace_clip(ctx: ProbeContext, rec):
     clips = rec.clips
     if not clips:
@@ -35,8 +35,8 @@ def trace_clip(ctx: ProbeContext, rec):
         if norms and limit is not None and fresh[0].fn == "clip_grad_norm_":
             over = sum(1 for n in norms if n > limit)
             data.update(over_limit=over, measured=len(norms))
-            extra = (f"; the gradient norm exceeded max_norm {_fmt(limit, '.3g')} at {over} of {len(norms)} calls "
-                     f"(median norm {_fmt(sorted(norms)[len(norms) // 2], '.3g')})")
+            extra = (f"; the gradient norm exceeded max_norm {fmt(limit, '.3g')} at {over} of {len(norms)} calls "
+                     f"(median norm {fmt(sorted(norms)[len(norms) // 2], '.3g')})")
         return passed(f"{fresh[0].fn} runs between backward() and optimizer.step() ({len(fresh)} of {len(clips)} "
                       f"calls, at {fresh[0].where or '?'}){extra}", **data)
     stale_norms = [c.norm for c in clips if c.norm is not None]
@@ -47,7 +47,7 @@ def trace_clip(ctx: ProbeContext, rec):
                "call, so there was nothing to clip")
     else:
         why = ("after optimizer.step() or zero_grad(), where no step applies what it clips"
-               + (f" (it measured norms up to {_fmt(max(stale_norms), '.3g')} that the step before had already applied)"
+               + (f" (it measured norms up to {fmt(max(stale_norms), '.3g')} that the step before had already applied)"
                   if stale_norms else ""))
     data.update(stale_norms_zero=empty)
     return failed("clip-stale", f"{clips[0].fn} ran {len(clips)} times at {where_text} over {len(rec.steps)} optimizer "

@@ -51,11 +51,11 @@ class Samples:
         return f"all {self.n} samples"
 
 
-def _indexable(ds) -> bool:
+def indexable(ds) -> bool:
     return ds is not None and not isinstance(ds, IterableDataset) and hasattr(ds, "__getitem__") and hasattr(ds, "__len__")
 
 
-def _first_two(item):
+def first_two(item):
     if isinstance(item, dict):
         values = list(item.values())
         return values[0], values[1]
@@ -108,7 +108,7 @@ def collect(target, split: str = "train", max_samples: int = 2048, budget_s: flo
     if ctx is not None and ctx.time_left() != float("inf"):
         deadline = min(deadline, time.monotonic() + max(0.2, ctx.time_left() * 0.5))
     ds = getattr(loader, "dataset", None)
-    if _indexable(ds):
+    if indexable(ds):
         total = len(ds)
         order = list(range(total))
         if total > max_samples:
@@ -119,7 +119,7 @@ def collect(target, split: str = "train", max_samples: int = 2048, budget_s: flo
                            time.monotonic() - started)
         items, read = [], []
         for i in order:
-            items.append(_first_two(ds[i]))
+            items.append(first_two(ds[i]))
             read.append(i)
             if len(read) % 64 == 0 and time.monotonic() > deadline:
                 break
@@ -130,7 +130,7 @@ def collect(target, split: str = "train", max_samples: int = 2048, budget_s: flo
         return Samples(torch.as_tensor(x), torch.as_tensor(y), read, total, len(read) < total, time.monotonic() - started)
     xs, ys, complete = [], [], True
     for batch in loader:
-        bx, by = _first_two(batch)
+        bx, by = first_two(batch)
         xs.append(torch.as_tensor(bx).cpu())
         ys.append(torch.as_tensor(by).cpu())
         if sum(len(b) for b in ys) >= max_samples or time.monotonic() > deadline:

@@ -29,9 +29,9 @@ import numpy as np
 import torch
 
 from nnwizard import reference
-from nnwizard.probes._instrument import first_line
+from nnwizard.record.frames import first_line
 from nnwizard.probes.api import Table, cannot_run, failed, passed, probe
-from nnwizard.target import DeviceLoader, _as_loader, user_source_files
+from nnwizard.target import DeviceLoader, as_loader, user_source_files
 
 SEEDS_GLOBALS = re.compile(r"\b(random\.seed|np\.random\.seed|numpy\.random\.seed|seed_everything|set_seed|set_random_seed)\s*\(\s*[^)\s]")
 UNSEEDED = [
@@ -127,7 +127,7 @@ def one_run(target, seed: int, steps: int, globals_too: bool, start: torch.nn.Mo
     with ``keep``, the built model's initial state is kept as ``start`` for such a pair."""
     _seed(seed, globals_too)
     train, _ = target.namespace.build_data()
-    loader = _as_loader(train, True)
+    loader = as_loader(train, True)
     model = copy.deepcopy(start) if start is not None else target.namespace.build_model().to(target.device)
     init = _fingerprint(model.parameters())  # not a copy: two runs' copies would cost two models
     kept = copy.deepcopy(model) if keep else None
@@ -179,7 +179,7 @@ def _random_attrs(obj, path: str, depth: int = 0, seen=None) -> list[tuple[str, 
     return found
 
 
-def _scan(files) -> tuple[list[str], list[str], bool]:
+def seeding_notes(files) -> tuple[list[str], list[str], bool]:
     """(unseeded constructors, global draws, seeds globals) in the user's files, as file:line notes."""
     unseeded, draws, seeds = [], [], False
     for path in files:
@@ -286,7 +286,7 @@ def determinism(ctx):
     steps = int(ctx.param("steps", 2 if target.sample_limit else 5))  # 2 when the session slices dear batches
     seed = ctx.seed
     files = user_source_files(target)
-    unseeded, draws, seeds_globals = _scan(files)
+    unseeded, draws, seeds_globals = seeding_notes(files)
     data = {"steps": steps, "seeds_globals": seeds_globals, "unseeded": unseeded[:6], "global_draws": draws[:6], "cost": COST}
     data.update(_cuda_report(target, seed))
     try:

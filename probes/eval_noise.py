@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import torch
 
-from nnwizard.probes._instrument import first_line
-from nnwizard.probes._optrace import OpTracer
-from nnwizard.probes.batch import _first_tensor
+from nnwizard.record.frames import first_line
+from nnwizard.record.optrace import OpTracer
+from nnwizard.probes.batch import first_tensor
 from nnwizard.probes.api import ProbeContext, Table, cannot_run, failed, passed, probe, skipped
 from nnwizard.target import user_source_files
 
@@ -42,7 +42,7 @@ def eval_stochastic(ctx: ProbeContext):
         with torch.random.fork_rng(devices=[]), torch.no_grad():
             for seed in (1, 2):
                 torch.manual_seed(seed)
-                outs.append(_first_tensor(model(x), x.shape[0]))
+                outs.append(first_tensor(model(x), x.shape[0]))
     except Exception as exc:  # the forward raising is forward-shape's finding
         return cannot_run(f"the forward pass raised: {first_line(exc)}", reason="raised", error=first_line(exc))
     a, b = outs

@@ -10,10 +10,10 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.overrides import TorchFunctionMode
 
 from nnwizard import reference
-from nnwizard.probes._instrument import first_line
+from nnwizard.record.frames import first_line
+from nnwizard.record.tracers import Reductions
 from nnwizard.probes.api import ProbeContext, cannot_run, failed, passed, probe, skipped
 
 BATCHES = 3
@@ -140,25 +140,6 @@ def no_grad_audit(ctx: ProbeContext):
 
 
 # ----------------------------------------------------------------------------------- metric-audit
-class _Reductions(TorchFunctionMode):
-    """Records argmax / max / topk calls and the size of the dimension they reduce."""
-
-    def __init__(self):
-        super().__init__()
-        self.single: list[tuple[str, list]] = []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        name = getattr(func, "__name__", "")
-        if name in ("argmax", "max", "topk") and args and isinstance(args[0], torch.Tensor):
-            x, dim = args[0], kwargs.get("dim", args[1] if len(args) > 1 and isinstance(args[1], int) else None)
-            if name == "topk":
-                dim = kwargs.get("dim", args[2] if len(args) > 2 else -1)
-            if isinstance(dim, int) and x.dim() and -x.dim() <= dim < x.dim() and x.shape[dim] == 1 and x.numel() > 1:
-                self.single.append((name, list(x.shape)))
-        return func(*args, **kwargs)
-
-
 def _accuracy_keys(metrics: dict) -> list[str]:
     return [k for k in metrics if "acc" in k.lower()]
 
@@ -223,7 +204,7 @@ def metric_audit(ctx: ProbeContext):
     other = target.fresh_model(ctx.seed + 1).eval()
     modes: list[bool] = []  # one entry per forward call of the first evaluate
     hook = model.register_forward_pre_hook(lambda m, a: modes.append(m.training))
-    tracer = _Reductions()
+    tracer = Reductions()
     try:
         with tracer:
             first = target.evaluate(model, full)

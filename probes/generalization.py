@@ -20,7 +20,8 @@ import torch
 from torch import nn
 
 from nnwizard import reference
-from nnwizard.probes._instrument import first_line, trace_modules
+from nnwizard.record.frames import first_line
+from nnwizard.record.tracers import trace_modules
 from nnwizard.probes.api import BarPlot, Table, cannot_run, failed, passed, probe, skipped
 
 AFFINE = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
@@ -118,7 +119,7 @@ def linear_stack(ctx):
 
 
 # -------------------------------------------------------------------------------------- capacity
-def _wide_mlp(inputs: torch.Tensor, out_shape: list[int], width: int) -> nn.Module:
+def wide_mlp(inputs: torch.Tensor, out_shape: list[int], width: int) -> nn.Module:
     d_in = int(inputs[0].numel())
     d_out = int(math.prod(out_shape[1:])) if len(out_shape) > 1 else 1
 
@@ -198,7 +199,7 @@ def capacity_check(ctx):
     model = target.fresh_model(ctx.seed)
     plain, c1 = _fit(target, model, torch.optim.Adam(model.parameters(), lr=1e-3), batches, steps, deadline)
     torch.manual_seed(ctx.seed)
-    mlp = _wide_mlp(batches[0][0], list(out.shape), int(ctx.param("width", 256))).to(target.device)
+    mlp = wide_mlp(batches[0][0], list(out.shape), int(ctx.param("width", 256))).to(target.device)
     wide, c2 = _fit(target, mlp, torch.optim.Adam(mlp.parameters(), lr=1e-3), batches, steps, deadline)
     model = target.fresh_model(ctx.seed)
     own_opt = target.make_optimizer(model)

@@ -9,8 +9,8 @@ import time
 
 import torch
 
-from nnwizard.probes._instrument import first_line
-from nnwizard.probes._optrace import OpTracer
+from nnwizard.record.frames import first_line
+from nnwizard.record.optrace import OpTracer
 from nnwizard.probes.api import BarPlot, ProbeContext, Table, cannot_run, failed, passed, probe
 
 # Thresholds (see the README): a gradient norm below 1e-9 is zero at float32 resolution for weights

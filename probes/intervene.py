@@ -31,11 +31,12 @@ from typing import Any, Callable
 import torch
 
 from nnwizard.probes._objectives import ADVERSARIAL, adversarial_reason, objectives, optimizer_label
-from nnwizard.probes._optrace import OpTracer
+from nnwizard.record.optrace import OpTracer
 from nnwizard.probes.api import LinePlot, ProbeContext, Table, cannot_run, failed, passed, probe, skipped
 from nnwizard.probes.lr import BETTER, MOVES, noise_margin, sweep_outcome
 from nnwizard.probes.sanity import overfit_outcome
-from nnwizard.probes.trace import _fmt
+from nnwizard.probes._recording import fmt
+from nnwizard.probes.modes import steady_train_mode
 
 MIN_OVERFIT = 20      # rerun steps below which memorising one batch cannot be told from slow learning
 JUDGED_STEPS = 60     # the observed steps whose progress can hold off "too low" (the default observed run's length)
@@ -44,7 +45,7 @@ STEP_SLACK = 3.0      # a rerun's time limit: this many times its planned cost (
 LIMIT_FLOOR_S = 5.0
 
 
-def _on_script(intervention: Callable[[ProbeContext, Any], Any]) -> Callable[[ProbeContext], Any]:
+def on_script(intervention: Callable[[ProbeContext, Any], Any]) -> Callable[[ProbeContext], Any]:
     """An intervention: called as ``intervention(ctx, script_target)``; skipped on a module target."""
     @functools.wraps(intervention)
     def run(ctx: ProbeContext):
@@ -72,14 +73,14 @@ class _Extend:
         self.ctx, self.planned, self.wanted, self.per = ctx, planned, wanted, per
 
     def on_step_post(self, rec, optimizer, step) -> None:
-        from nnwizard.recorder import StopRun
+        from nnwizard.record import StopRun
 
         done = int(rec.recording.total_steps / self.per)
         if done >= self.planned and not self.ctx.more_steps(done, self.planned, self.wanted):   # its own allowance only
             raise StopRun(f"{done} steps: no more fit the probe's allowance")
 
 
-def _curves(target):
+def observed_curves(target):
     """The observed run's objectives, or a skip when they are adversarial (no curve to judge)."""
     objs = objectives(target.recording)
     if objs.adversarial:
@@ -92,7 +93,7 @@ def _limit_s(target, steps: int) -> float:
     return STEP_SLACK * (target.startup_s + steps * step) + LIMIT_FLOOR_S
 
 
-def _rerun(ctx, target, steps: int, **how):
+def rerun_script(ctx, target, steps: int, **how):
     """The script rerun for ``steps`` points of each loss series (optimizer steps per point as in the
     observed run: a script stepping two optimizers per backward takes two, and so does one whose two
     optimizers each follow their own backward, a series each)."""
@@ -108,14 +109,14 @@ def _losses_only(run):
     not held through the sweep's later reruns (a script that loads its data in memory holds it once per rerun)."""
     from dataclasses import replace
 
-    from nnwizard.recorder import Recording
+    from nnwizard.record import Recording
 
     rec = run.recording
     error = replace(rec.error, exception=None) if rec.error is not None else None
     return replace(run, recording=Recording(steps=rec.steps, error=error, mode=rec.mode, total_steps=rec.total_steps))
 
 
-def _raised(run) -> str | None:
+def rerun_raised(run) -> str | None:
     err = run.recording.error
     if err is None:
         return None
@@ -136,15 +137,9 @@ def _accuracy(target, run) -> float | None:
     if info is None or call is None or not inputs or len(inputs) != 1 or not isinstance(call.targets, torch.Tensor):
         return None
     model = info.module
-    was = model.training
-    buffers = {k: v.detach().clone() for k, v in model.named_buffers()}
-    model.train()
-    for m in model.modules():
-        if isinstance(m, torch.nn.modules.dropout._DropoutNd):
-            m.eval()
     try:
-        device = next(iter(model.parameters())).device
-        with torch.no_grad():
+        with steady_train_mode(model), torch.no_grad():
+            device = next(iter(model.parameters())).device
             out = target.loss_fn.adapt(model(inputs[0].to(device)))
         if not isinstance(out, torch.Tensor) or out.dim() != 2 or len(out) != len(call.targets) \
                 or list(out.shape) != list(call.input_shape):   # (scores computed from the output, not the output: a
@@ -152,12 +147,6 @@ def _accuracy(target, run) -> float | None:
         return float((out.argmax(1).cpu() == call.targets.reshape(-1)).float().mean())
     except Exception:  # noqa: BLE001 - a model we cannot call again outside the script: no accuracy
         return None
-    finally:
-        with torch.no_grad():
-            for k, v in model.named_buffers():
-                if k in buffers:
-                    v.copy_(buffers[k])
-        model.train(was)
 
 
 def _broadcast(call) -> list | None:
@@ -188,12 +177,12 @@ OVERFIT_ROSE = 1.5
     timeout_s=120,
     share=0.3,
 )
-@_on_script
+@on_script
 def script_overfit(ctx: ProbeContext, target):
     rec = target.recording
     if not rec.steps:
         return skipped("the script took no optimizer step to repeat")
-    objs, skip = _curves(target)
+    objs, skip = observed_curves(target)
     if skip is not None:
         return skip
     one = target.feeds_one_batch
@@ -202,7 +191,7 @@ def script_overfit(ctx: ProbeContext, target):
         info = target.model_info
         if info is None:
             return cannot_run("the script feeds no recorded model whose inputs could be repeated", reason="precondition")
-        from nnwizard.recorder import LOSS_FUNCTIONS
+        from nnwizard.record import LOSS_FUNCTIONS
         from nnwizard.script_replace import RepeatFirstStep
         repeat = RepeatFirstStep(info.index, info.name, LOSS_FUNCTIONS)
     wanted = int(ctx.param("steps", 40))
@@ -216,7 +205,7 @@ def script_overfit(ctx: ProbeContext, target):
         if not any(c.target_shape is not None and not c.eval for c in rec.loss_calls):
             return cannot_run("the script feeds its model without a DataLoader and computes its loss by hand: the "
                               "target of its first step cannot be repeated", reason="precondition")
-        run = _rerun(ctx, target, wanted, listeners=[repeat, extend], patches=[repeat], what=how,
+        run = rerun_script(ctx, target, wanted, listeners=[repeat, extend], patches=[repeat], what=how,
                      limit_batches=max(2 * wanted, 20))
         if not repeat.repeated():
             return cannot_run(f"the script feeds its model without a DataLoader, and its later steps could not all be "
@@ -224,7 +213,7 @@ def script_overfit(ctx: ProbeContext, target):
                               f"repeated", reason="precondition", repeated=repeat.describe())
     else:
         how = "the same first batch every step" if rec.loaders else "its own full batch (it already repeats it)"
-        run = _rerun(ctx, target, wanted, same_batch=bool(rec.loaders), limit_batches=max(2 * wanted, 20),
+        run = rerun_script(ctx, target, wanted, same_batch=bool(rec.loaders), limit_batches=max(2 * wanted, 20),
                      listeners=[extend])
     keys = list(objs.series) if objs.several else [None]
     kept = repeat.kept_steps if repeat is not None else set()   # an epoch's last, shorter slice: another batch
@@ -232,7 +221,7 @@ def script_overfit(ctx: ProbeContext, target):
     losses = min(series.values(), key=len)
     data: dict[str, Any] = dict(steps=len(losses), planned_steps=steps, wanted_steps=wanted, how=how,
                                 rerun_seconds=run.seconds, rerun_exit=run.exit, first_step_repeated=repeat is not None)
-    error = _raised(run)
+    error = rerun_raised(run)
     if error is not None and len(losses) < MIN_OVERFIT:
         if not target.run.crashed:   # the script's own run did not raise: the rerun, not the script, failed
             return cannot_run(f"the script rerun with {how} raised after {len(losses)} steps, where its own run did "
@@ -266,7 +255,7 @@ def script_overfit(ctx: ProbeContext, target):
                 loss_target_shape=call.target_shape if call else None, broadcast=broadcast is not None,
                 broadcast_shape=broadcast, update_rel=step_share)
     acc = f", accuracy {accuracy:.0%}" if accuracy is not None else ""
-    text = f"{len(losses)} rerun steps of {how}: loss {_fmt(first)} -> {_fmt(last)}{acc}"
+    text = f"{len(losses)} rerun steps of {how}: loss {fmt(first)} -> {fmt(last)}{acc}"
     if step_share is not None and outcome != "learns":   # (how far each step went: too small, or jumping past)
         text += f"; a step changed the parameters by {step_share:.2g} of their size (median of {len(shares)} steps measured)"
     if kept:
@@ -319,12 +308,12 @@ def _removed(start: float, losses: list[float]) -> float:
     timeout_s=120,
     share=0.4,
 )
-@_on_script
+@on_script
 def script_lr_sweep(ctx: ProbeContext, target):
     manual = not target.recording.optimizers and any(s.manual for s in target.recording.steps)
     if not losses_of(target.run) or not (target.recording.optimizers or manual):
         return skipped("the script took no optimizer step")
-    objs, skip = _curves(target)
+    objs, skip = observed_curves(target)
     if skip is not None:
         return skip
     keys = list(objs.series) if objs.several else [None]   # several objectives: each optimizer's own series
@@ -340,7 +329,7 @@ def script_lr_sweep(ctx: ProbeContext, target):
         return ctx.unaffordable(MIN_SWEEP, "rerun steps each learning rate needs", wanted=wanted)
     reruns = {}
     for factor in (0.1, 10.0):
-        reruns[factor] = _losses_only(_rerun(ctx, target, steps, lr_scale=factor))
+        reruns[factor] = _losses_only(rerun_script(ctx, target, steps, lr_scale=factor))
     results = [_sweep_judged(ctx, target, reruns, steps, wanted, k) for k in keys]
     if manual:   # the script's own p -= lr * p.grad: each rerun scaled the gradients its update reads
         for r in results:
@@ -395,8 +384,8 @@ def _sweep_judged(ctx, target, reruns: dict, steps: int, wanted: int, objective:
     for factor in (0.1, 10.0):
         run = reruns[factor]
         runs[factor] = losses_of(run, objective)[:steps]
-        if _raised(run):
-            errors[factor] = _raised(run)
+        if rerun_raised(run):
+            errors[factor] = rerun_raised(run)
     # an arm that went non-finite, or whose rerun raised, diverged, however early it stopped
     diverged = {f for f, v in runs.items() if f in errors or not all(math.isfinite(x) for x in v)}
     n = min((len(v) for f, v in runs.items() if f not in diverged), default=0)
@@ -409,7 +398,7 @@ def _sweep_judged(ctx, target, reruns: dict, steps: int, wanted: int, objective:
 
     def extra_arm(factor: float) -> None:   # one more rate over the same n steps (a rerun kept for the other objectives)
         if factor not in reruns:
-            reruns[factor] = _losses_only(_rerun(ctx, target, n, lr_scale=factor))
+            reruns[factor] = _losses_only(rerun_script(ctx, target, n, lr_scale=factor))
         runs[factor] = losses_of(reruns[factor], objective)[:n]
         d[factor] = _removed(start, runs[factor]) if len(runs[factor]) >= n else -math.inf
 
@@ -465,7 +454,7 @@ def _sweep_judged(ctx, target, reruns: dict, steps: int, wanted: int, objective:
         return f"{d[f]:.0%}" if math.isfinite(d[f]) else "diverged"
 
     lr_text = (lambda f: f" ({lr * f:.3g})") if lr is not None else (lambda f: "")
-    text = (f"{n} steps from the same seed ({count} reruns; x1 is the observed run), share of the loss {_fmt(start)} "
+    text = (f"{n} steps from the same seed ({count} reruns; x1 is the observed run), share of the loss {fmt(start)} "
             f"removed: " + (f"lr/100{lr_text(0.01)} {pct(0.01)}, " if 0.01 in d else "")
             + f"lr/10{lr_text(0.1)} {pct(0.1)}, lr{lr_text(1.0)} {pct(1.0)}, lr*10{lr_text(10.0)} {pct(10.0)}"
             + (f", lr*100{lr_text(100.0)} {pct(100.0)}" if 100.0 in d else ""))
@@ -494,12 +483,12 @@ def _sweep_judged(ctx, target, reruns: dict, steps: int, wanted: int, objective:
         if outcome == "too-low" and lr is not None:
             data["best_lr"] = lr * 100.0
     series = {f"lr x{f:g}": v for f, v in sorted(runs.items())}
-    rows = [[f"x{f:g}{lr_text(f)}", f"{n}", _fmt(_tail(runs[f][:n])), pct(f)] for f in sorted(runs)]
+    rows = [[f"x{f:g}{lr_text(f)}", f"{n}", fmt(_tail(runs[f][:n])), pct(f)] for f in sorted(runs)]
     if longer is not None:   # the long arm against the observed run over the same steps, beside the window's arms
         f, k = longer["factor"], longer["steps"]
         series.update({f"lr x{f:g}, {k} steps": longer["losses"], f"lr x1 (observed), {k} steps": longer["observed"]})
-        rows += [[f"x{f:g}{lr_text(f)}", f"{k}", _fmt(_tail(longer["losses"])), f"{longer['drop']:.0%}"],
-                 [f"x1 (observed){lr_text(1.0)}", f"{k}", _fmt(_tail(longer["observed"])), f"{longer['observed_drop']:.0%}"]]
+        rows += [[f"x{f:g}{lr_text(f)}", f"{k}", fmt(_tail(longer["losses"])), f"{longer['drop']:.0%}"],
+                 [f"x1 (observed){lr_text(1.0)}", f"{k}", fmt(_tail(longer["observed"])), f"{longer['observed_drop']:.0%}"]]
     longest = max(len(v) for v in series.values())
     shown = [x for v in series.values() for x in v if math.isfinite(x)]
     plot = LinePlot("script-lr-sweep", "The script's training loss at lr/10, lr (observed) and lr*10",
@@ -548,9 +537,9 @@ def _longer_arm(ctx, target, reruns: dict, observed: list[float], objective: int
             fits = allowed and ctx.time_left() >= need + 2
         if not fits:
             return None
-        run = reruns[key] = _losses_only(_rerun(ctx, target, steps, lr_scale=factor))
+        run = reruns[key] = _losses_only(rerun_script(ctx, target, steps, lr_scale=factor))
     losses = losses_of(run, objective)[:steps]
-    if len(losses) < steps or _raised(run):
+    if len(losses) < steps or rerun_raised(run):
         return None
     start, tail, mine = observed[0], _tail(losses), _tail(observed)
     if not (start > 0 and math.isfinite(tail) and math.isfinite(mine)):
@@ -570,9 +559,9 @@ def _longer_arm(ctx, target, reruns: dict, observed: list[float], objective: int
     timeout_s=90,
     share=0.2,
 )
-@_on_script
+@on_script
 def script_determinism(ctx: ProbeContext, target):
-    from nnwizard.probes.determinism import _scan
+    from nnwizard.probes.determinism import seeding_notes
 
     observed = losses_of(target.run)
     if len(observed) < 2:
@@ -581,34 +570,34 @@ def script_determinism(ctx: ProbeContext, target):
     steps = ctx.plan_steps(wanted, minimum=2, runs=2, fixed=2 * target.rerun_cost(0))
     if not steps:
         return ctx.unaffordable(2, "rerun steps a comparison needs", wanted=wanted)
-    unseeded, draws, seeds_globals = _scan(target.script.files)
+    unseeded, draws, seeds_globals = seeding_notes(target.script.files)
     data: dict[str, Any] = dict(steps=steps, seed=ctx.seed, seeds_globals=seeds_globals, unseeded=unseeded[:6],
                                 global_draws=draws[:6], observed=observed[:steps])
-    plain = _rerun(ctx, target, steps, seed=None)
-    if _raised(plain):
-        return cannot_run(f"the rerun without a seed raised: {_raised(plain)}", "crashed", reason="raised",
-                          error=_raised(plain))
+    plain = rerun_script(ctx, target, steps, seed=None)
+    if rerun_raised(plain):
+        return cannot_run(f"the rerun without a seed raised: {rerun_raised(plain)}", "crashed", reason="raised",
+                          error=rerun_raised(plain))
     a = losses_of(plain)[:steps]
     data["unseeded_run"] = a
     if a == observed[:steps]:
         return passed(f"the script rerun without nnwizard's seed repeats the observed {steps} losses bitwise: it seeds "
                       f"itself (1 rerun of {steps} steps)", **data)
-    seeded = _rerun(ctx, target, steps, seed=ctx.seed)
-    if _raised(seeded):
-        return cannot_run(f"the seeded rerun raised: {_raised(seeded)}", "crashed", reason="raised", error=_raised(seeded))
+    seeded = rerun_script(ctx, target, steps, seed=ctx.seed)
+    if rerun_raised(seeded):
+        return cannot_run(f"the seeded rerun raised: {rerun_raised(seeded)}", "crashed", reason="raised", error=rerun_raised(seeded))
     b = losses_of(seeded)[:steps]
     data["seeded_run"] = b
     diff = next((i + 1 for i, (x, y) in enumerate(zip(a, observed)) if x != y), None)
     data["first_loss_diff"] = diff
-    rows = [["none (as the user runs it)", "no" if a != observed[:steps] else "yes", ", ".join(_fmt(x) for x in a[:4])],
-            [f"torch, random, numpy: {ctx.seed}", "yes" if b == observed[:steps] else "no", ", ".join(_fmt(x) for x in b[:4])]]
-    table = Table("script-determinism", f"The script's first losses against the observed run ({', '.join(_fmt(x) for x in observed[:4])})",
+    rows = [["none (as the user runs it)", "no" if a != observed[:steps] else "yes", ", ".join(fmt(x) for x in a[:4])],
+            [f"torch, random, numpy: {ctx.seed}", "yes" if b == observed[:steps] else "no", ", ".join(fmt(x) for x in b[:4])]]
+    table = Table("script-determinism", f"The script's first losses against the observed run ({', '.join(fmt(x) for x in observed[:4])})",
                   ["seeded by nnwizard", "identical", "losses"], rows)
     where = "; ".join(unseeded[:3] + draws[:2])
     data["where"] = where or "the script draws from torch / random / numpy without a seed of its own"
     if b == observed[:steps]:
         return failed("unseeded", f"2 reruns of {steps} steps: without a seed the losses differ from step {diff} "
-                      f"({_fmt(a[diff - 1]) if diff and diff <= len(a) else '?'} vs {_fmt(observed[diff - 1]) if diff else '?'}); "
+                      f"({fmt(a[diff - 1]) if diff and diff <= len(a) else '?'} vs {fmt(observed[diff - 1]) if diff else '?'}); "
                       f"seeded as the observed run, they repeat it bitwise: the script never seeds its generators"
                       + (f" ({where})" if where else ""), [table], **data)
     bdiff = next((i + 1 for i, (x, y) in enumerate(zip(b, observed)) if x != y), None)
@@ -658,7 +647,7 @@ class _StepTracer:
     timeout_s=120,
     share=0.2,
 )
-@_on_script
+@on_script
 def script_nan_bisect(ctx: ProbeContext, target):
     import warnings
 
@@ -684,17 +673,12 @@ def script_nan_bisect(ctx: ProbeContext, target):
             run = target.rerun(max_steps=bad, time_limit_s=_limit_s(target, bad), listeners=[_StepTracer(tracer, bad)],
                                seed=ctx.seed)
     data.update(rerun_seconds=run.seconds, rerun_steps=len(run.recording.steps), ops_traced=trace.count)
-    rec2, phase = trace.first_nonfinite, None
-    if rec2 is not None and rec2.phase in ("forward", "loss", "other"):
-        phase = "forward" if rec2.phase == "forward" else "loss"
-    elif trace.first_nonfinite_backward is not None:
-        rec2, phase = trace.first_nonfinite_backward, "backward"
+    rec2, phase = trace.first_nonfinite_phase()
+    if phase == "backward":
         data["backward_node"] = trace.backward_node
-    elif rec2 is not None and rec2.phase == "update":
-        phase = "update"
-    if phase is None and _raised(run) and len(run.recording.steps) < bad - 1:
-        return cannot_run(f"the rerun raised before step {bad}: {_raised(run)}", "crashed", reason="raised",
-                          error=_raised(run), **data)
+    if phase is None and rerun_raised(run) and len(run.recording.steps) < bad - 1:
+        return cannot_run(f"the rerun raised before step {bad}: {rerun_raised(run)}", "crashed", reason="raised",
+                          error=rerun_raised(run), **data)
     data["phase"] = phase or "unlocated"
     if rec2 is not None:
         data.update(op=rec2.op, layer=rec2.module or "(outside the model)", where=rec2.where or "?", min_abs=rec2.min_abs,

@@ -28,9 +28,9 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from nnwizard import reference
-from nnwizard.probes._instrument import first_line
+from nnwizard.record.frames import first_line
 from nnwizard.probes.api import Table, cannot_run, failed, passed, probe, skipped
-from nnwizard.probes.generalization import _wide_mlp
+from nnwizard.probes.generalization import wide_mlp
 
 # A rung "learns" when its eval-mode training accuracy ends 30 points above the majority class
 # (capped at 90%) with its loss at least 20% down, or, without an accuracy (regression), when its
@@ -52,7 +52,7 @@ def _mse_for(task: str, num_classes: int | None):
     return loss
 
 
-def _synthetic(batches, task: str, seed: int):
+def synthetic_batches(batches, task: str, seed: int):
     g = torch.Generator().manual_seed(seed)
     out = []
     for x, y in batches:
@@ -112,7 +112,7 @@ def _as_loader(batches) -> DataLoader:
     return DataLoader(TensorDataset(xs, ys), batch_size=len(batches[0][1]), shuffle=False)
 
 
-def _majority(batches) -> float | None:
+def majority_share(batches) -> float | None:
     ys = torch.cat([y.reshape(-1).float() for _, y in batches])
     if ys.numel() == 0:
         return None
@@ -170,7 +170,7 @@ def simplify_ladder(ctx):
             rows.append([name, replaced, "raised", first_line(exc)[:80], ""])
             results[name] = False
             return
-        major = _majority(data) if task != "regression" else None
+        major = majority_share(data) if task != "regression" else None
         learned = rung_learns(before, after, acc, major, ratio)
         results[name] = learned
         acc_text = f", accuracy {acc:.0%}" if acc is not None else ""
@@ -178,7 +178,7 @@ def simplify_ladder(ctx):
                      rules_out if learned else ""])
 
     user_model = lambda: target.fresh_model(ctx.seed)  # noqa: E731
-    mlp = lambda: _wide_mlp(batches[0][0], out_shape, 128).to(target.device)  # noqa: E731
+    mlp = lambda: wide_mlp(batches[0][0], out_shape, 128).to(target.device)  # noqa: E731
     rung("your setup", "nothing", "nothing is broken at this scale", user_model, batches, target.loss_fn, target.make_optimizer)
     if results.get("your setup"):  # the user's own setup learns: there is nothing to simplify
         rows[0][4] = "nothing to simplify at this scale"
@@ -187,7 +187,7 @@ def simplify_ladder(ctx):
                       f"nothing to simplify", "ok", [table], rungs={rows[0][0]: rows[0][2]}, steps=steps)
     if float_inputs:
         rung("one-hidden-layer MLP", "the model", "the data and the loop", mlp, batches, target.loss_fn, target.make_optimizer)
-        rung("synthetic y = x[0] > 0", "the data", "the model and the loop", user_model, _synthetic(batches, task, ctx.seed),
+        rung("synthetic y = x[0] > 0", "the data", "the model and the loop", user_model, synthetic_batches(batches, task, ctx.seed),
              target.loss_fn, target.make_optimizer)
     if task != "regression" or not isinstance(target.loss_fn, nn.MSELoss):
         rung("MSE loss", "the loss", "the loss choice", user_model, batches, _mse_for(task, target.num_classes), target.make_optimizer)

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch.utils.data import RandomSampler, SequentialSampler, TensorDataset
 
 from nnwizard.probes.api import ImageGrid, ProbeContext, Table, failed, passed, probe, skipped
-from nnwizard.probes.data import Samples, _first_two, _indexable, collect, degenerate, loss_kind, reads_samples
+from nnwizard.probes.data import Samples, first_two, indexable, collect, degenerate, loss_kind, reads_samples
 
 
 def _flat(x: torch.Tensor, max_dim: int = 1024) -> torch.Tensor:
@@ -361,9 +361,9 @@ def _read_twice(ds, indices: list[int]):
     differ, biggest, pairs = 0, 0.0, []
     for i in indices:
         _seed_all(1)
-        a = _first_two(ds[i])[0]
+        a = first_two(ds[i])[0]
         _seed_all(2)
-        b = _first_two(ds[i])[0]
+        b = first_two(ds[i])[0]
         a, b = torch.as_tensor(a).float(), torch.as_tensor(b).float()
         if a.shape != b.shape or not torch.equal(a, b):
             differ += 1
@@ -391,7 +391,7 @@ def _batch_targets(loader, max_batches: int, deadline: float) -> list[torch.Tens
     """Targets of batches spread over a sequential loader: read from the dataset by index where possible."""
     ds = getattr(loader, "dataset", None)
     bs = getattr(loader, "batch_size", None)
-    if _indexable(ds) and bs and isinstance(getattr(loader, "sampler", None), SequentialSampler):
+    if indexable(ds) and bs and isinstance(getattr(loader, "sampler", None), SequentialSampler):
         n = len(ds)
         nb = math.ceil(n / bs)
         picks = sorted(set(np.linspace(0, nb - 1, min(nb, max_batches)).round().astype(int).tolist()))
@@ -401,13 +401,13 @@ def _batch_targets(loader, max_batches: int, deadline: float) -> list[torch.Tens
             if isinstance(ds, TensorDataset):
                 out.append(ds.tensors[1][idx])
             else:
-                out.append(torch.stack([torch.as_tensor(_first_two(ds[i])[1]) for i in idx]))
+                out.append(torch.stack([torch.as_tensor(first_two(ds[i])[1]) for i in idx]))
             if time.monotonic() > deadline:
                 break
         return out
     out = []
     for batch in loader:
-        out.append(torch.as_tensor(_first_two(batch)[1]).cpu())
+        out.append(torch.as_tensor(first_two(batch)[1]).cpu())
         if len(out) >= max_batches or time.monotonic() > deadline:
             break
     return out
@@ -481,7 +481,7 @@ def pipeline_audit(ctx: ProbeContext):
     val = target.val_loader
     if val is not None:
         ds = getattr(val, "dataset", None)
-        if _indexable(ds) and len(ds):
+        if indexable(ds) and len(ds):
             n = len(ds)
             idx = sorted(set(np.linspace(0, n - 1, min(n, 8)).round().astype(int).tolist()))
             differ, biggest, pairs = _read_twice(ds, idx)
@@ -517,7 +517,7 @@ def pipeline_audit(ctx: ProbeContext):
                              f"depend on the order; per-batch curves and order-aligned outputs change from run to run")
     train = target.train_loader
     tds = getattr(train, "dataset", None)
-    if _indexable(tds) and len(tds):
+    if indexable(tds) and len(tds):
         differ, biggest, _ = _read_twice(tds, sorted(set(np.linspace(0, len(tds) - 1, min(len(tds), 4)).round().astype(int).tolist())))
         data["train_augmented"] = bool(differ)
     train_shuffles = _sampler_shuffles(train)

@@ -29,7 +29,9 @@ import torch
 from nnwizard import reference
 from torch import nn
 
-from nnwizard.probes._instrument import error_kind, first_line, trace_modules, user_frame
+from nnwizard.probes._crash import error_kind
+from nnwizard.record.frames import first_line, user_frame
+from nnwizard.record.tracers import trace_modules
 from nnwizard.probes.api import ProbeContext, Table, cannot_run, failed, passed, probe, skipped
 from nnwizard.target import user_source_files
 

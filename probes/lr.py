@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from nnwizard.probes._instrument import first_line
+from nnwizard.record.frames import first_line
 from nnwizard.probes.api import LinePlot, ProbeContext, Table, cannot_run, failed, passed, probe, skipped
 
 # A run "moves" the loss when it removes at least 10% of it; one setting is "clearly better" than

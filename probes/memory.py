@@ -16,7 +16,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from nnwizard.probes._instrument import first_line, graph_nodes, user_frame
+from nnwizard.record.autograd import graph_nodes
+from nnwizard.record.frames import first_line, user_frame
 from nnwizard.probes.api import LinePlot, ProbeContext, Table, cannot_run, failed, passed, probe, skipped
 from nnwizard.target import user_source_files
 

@@ -21,7 +21,7 @@ for the whole loss input. A row *mixes samples* when
   multiple-choice head) splits nothing and stays quiet, as do (B, T, V) -> (B*T, V) flattening and a
   time-first (T, B, V) output flattened with time-first targets (each row reads one sample).
 
-The ``trace-sample-mixing`` probe reports what the listener measured (``recording.sample_mixing``);
+The ``trace-sample-mixing`` probe reports what the listener measured (``recording.listened["sample-mixing"]``);
 nothing is rerun. BatchNorm and attention inside the model are not judged: only the ops between
 the model's output and the loss input are.
 """
@@ -33,17 +33,19 @@ from typing import Any
 
 import torch
 
-from nnwizard.probes.api import ProbeContext, failed, passed, probe, skipped
-from nnwizard.probes.trace import _on_recording
+from nnwizard.probes.api import ProbeContext, failed, passed, probe, run_listener, skipped
+from nnwizard.record.tensors import tensors_in
+from nnwizard.probes._recording import on_recording
 
 ROWS = 8             # loss-input rows whose dependence is measured
 MAX_NUMEL = 20_000_000  # larger outputs are not judged (each gradient is the output's size)
 TRIES = 3            # training loss calls tried before giving up (e.g. a loss on something else first), within the first step
 
 
+@run_listener("sample-mixing")
 class SampleMixing:
     """Recorder listener (see the module docstring): ``result`` is None until judged, then a dict
-    (also set as ``recording.sample_mixing``)."""
+    (also set as ``recording.listened["sample-mixing"]``)."""
 
     def __init__(self):
         self.result: dict[str, Any] | None = None
@@ -66,7 +68,7 @@ class SampleMixing:
     def _seen(self, name: str, output) -> None:
         if self.result is not None or not torch.is_grad_enabled():
             return
-        tensors = [output] if isinstance(output, torch.Tensor) else _tensors(output)
+        tensors = [output] if isinstance(output, torch.Tensor) else list(tensors_in(output, depth=2))
         self._outs = [t for t in tensors[:4] if t.requires_grad and t.is_floating_point()]
         self._model = name
 
@@ -106,7 +108,7 @@ class SampleMixing:
 
     def _finish(self, rec, result: dict) -> None:
         self.result = result
-        rec.recording.sample_mixing = result
+        rec.recording.listened["sample-mixing"] = result
         self._outs = []
         self.close()
 
@@ -114,18 +116,6 @@ class SampleMixing:
         """Remove the forward hooks from the script's model(s)."""
         while self._handles:
             self._handles.popitem()[1].remove()
-
-
-def _tensors(obj, depth: int = 0) -> list[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if depth > 2:
-        return []
-    if isinstance(obj, dict):
-        obj = list(obj.values())
-    if isinstance(obj, (tuple, list)):
-        return [t for o in obj for t in _tensors(o, depth + 1)]
-    return []
 
 
 def target_layout(y: Any, rows: int) -> list[int] | None:
@@ -223,9 +213,9 @@ def judge(x: torch.Tensor, out: torch.Tensor, rows: int = ROWS) -> dict[str, Any
                        "reshape between the model and the loss mixes the batch's samples"},
     timeout_s=10,
 )
-@_on_recording
+@on_recording
 def trace_sample_mixing(ctx: ProbeContext, rec):
-    found = getattr(rec, "sample_mixing", None)
+    found = rec.listened.get("sample-mixing")
     if not found:
         return skipped("no training loss call on a tensor computed from the model's output was recorded")
     if not found.get("judged"):

@@ -5,15 +5,39 @@ layers in eval mode for every epoch after the first: dropout silently off, Batch
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
+import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.dropout import _DropoutNd
 
-from nnwizard.probes._instrument import first_line, user_frame
+from nnwizard.record.frames import first_line, user_frame
 from nnwizard.probes.api import ProbeContext, Table, cannot_run, failed, passed, probe, skipped
 from nnwizard.target import user_source_files
 
 MODE_TYPES = (_DropoutNd, nn.AlphaDropout, nn.FeatureAlphaDropout, _BatchNorm)
+
+
+@contextmanager
+def steady_train_mode(model: nn.Module):
+    """``model`` in train mode with its Dropout layers off: a step's forward as it computes its loss (BatchNorm
+    normalises by the batch's own statistics) without Dropout's noise; its buffers (running statistics) and its
+    mode are restored afterwards, so the model is as it was."""
+    was = model.training
+    buffers = {k: v.detach().clone() for k, v in model.named_buffers()}
+    model.train()
+    for m in model.modules():
+        if isinstance(m, _DropoutNd):
+            m.eval()
+    try:
+        yield model
+    finally:
+        with torch.no_grad():
+            for k, v in model.named_buffers():
+                if k in buffers:
+                    v.copy_(buffers[k])
+        model.train(was)
 
 
 def _mode_layers(model: nn.Module) -> dict[str, nn.Module]:

@@ -42,8 +42,8 @@ from typing import Any
 
 import torch
 
-from nnwizard.probes.api import ProbeContext, cannot_run, failed, passed, probe, skipped
-from nnwizard.probes.trace import _on_recording
+from nnwizard.probes.api import ProbeContext, cannot_run, failed, passed, probe, run_listener, skipped
+from nnwizard.probes._recording import on_recording
 
 MIN_SHARE = 0.9      # positions where y[t] == x[t + 1], for the next-token relation
 MIN_LENGTH = 4       # sequence positions needed to judge
@@ -51,8 +51,9 @@ REL_TOL = 1e-4       # a first-half output change above this share of the output
 
 
 # ------------------------------------------------------------------------------------ listener
+@run_listener("first-forwards")
 class FirstForwards:
-    """Recorder listener: ``recording.first_forwards`` = {model index: (args, kwargs)}, CPU copies of
+    """Run listener: ``recording.listened["first-forwards"]`` = {model index: (args, kwargs)}, CPU copies of
     each model's first training forward (grad mode on, model in training mode)."""
 
     def __init__(self):
@@ -65,11 +66,11 @@ class FirstForwards:
             return
         if not torch.is_grad_enabled() or not info.module.training:
             return
-        from nnwizard.recorder import cpu_copy
+        from nnwizard.record import cpu_copy
 
         def keep(module, a, kw, index=index):
             self.calls[index] = (cpu_copy(tuple(a)), cpu_copy(dict(kw)))
-            rec.recording.first_forwards = self.calls
+            rec.recording.listened["first-forwards"] = self.calls
             handle = self._handles.pop(index, None)
             if handle is not None:
                 handle.remove()
@@ -153,7 +154,7 @@ def _first_pair(rec) -> tuple | None:
 
     info = main_model(rec)
     call = first_training_call(rec)
-    calls = getattr(rec, "first_forwards", None) or {}
+    calls = rec.listened.get("first-forwards") or {}
     if info is None or call is None or info.index not in calls or not isinstance(call.targets, torch.Tensor):
         return None
     return (info, call, *calls[info.index])
@@ -311,7 +312,7 @@ def _relation_text(pair: dict) -> str:
               "copies-input": "the class-index targets are exactly one of the model's token inputs: not shifted"},
     timeout_s=20,
 )
-@_on_recording
+@on_recording
 def trace_future_leak(ctx: ProbeContext, rec):
     pair = next_token_pair(rec)
     if pair is None:
@@ -390,9 +391,9 @@ def misaligned_rows(mixing: dict, x_shape: list, perm: tuple) -> dict | None:
                             "targets are flattened in different orders"},
     timeout_s=10,
 )
-@_on_recording
+@on_recording
 def trace_target_alignment(ctx: ProbeContext, rec):
-    mixing = getattr(rec, "sample_mixing", None) or {}
+    mixing = rec.listened.get("sample-mixing") or {}
     if not mixing.get("judged") or mixing.get("identity") or mixing.get("mixed"):
         why = ("the loss receives the model's output itself" if mixing.get("identity") else
                "rows mix samples (trace-sample-mixing)" if mixing.get("mixed") else

@@ -23,8 +23,9 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from nnwizard.probes._instrument import error_kind, first_line, user_frame
-from nnwizard.probes._optrace import OpTracer
+from nnwizard.probes._crash import error_kind
+from nnwizard.record.frames import first_line, user_frame
+from nnwizard.record.optrace import OpTracer
 from nnwizard.probes.api import LinePlot, ProbeContext, Table, cannot_run, failed, passed, probe, skipped
 from nnwizard.target import user_source_files
 
@@ -288,15 +289,10 @@ def nan_bisect(ctx: ProbeContext):
             data["replay_error"] = first_line(exc)
     replays = 1
     data["replay_loss"] = replay_loss
-    rec, phase = trace.first_nonfinite, None
-    if rec is not None and rec.phase in ("forward", "loss", "other"):
-        phase = "forward" if rec.phase == "forward" else "loss"
-    elif trace.first_nonfinite_backward is not None:
-        rec, phase = trace.first_nonfinite_backward, "backward"
+    rec, phase = trace.first_nonfinite_phase()
+    if phase == "backward":
         data["backward_node"] = trace.backward_node
-    elif rec is not None and rec.phase == "update":
-        phase = "update"
-    elif why == "parameters" or (math.isfinite(replay_loss) and not math.isfinite(_param_norm(model))):
+    elif phase is None and (why == "parameters" or (math.isfinite(replay_loss) and not math.isfinite(_param_norm(model)))):
         phase = "update"
     if phase is None and why in ("gradient", "loss"):
         # the hooks missed it: one more replay with autograd anomaly mode on this single step

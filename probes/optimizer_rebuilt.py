@@ -6,7 +6,7 @@ about lr x sign(gradient) whatever the gradient's size, and momentum never build
 from __future__ import annotations
 
 from nnwizard.probes.api import ProbeContext, failed, passed, probe, skipped
-from nnwizard.probes.trace import _on_recording
+from nnwizard.probes._recording import on_recording
 
 STATELESS = {"SGD"}   # plain SGD keeps no state unless momentum is set
 
@@ -25,7 +25,7 @@ def _stateful(info) -> bool:
               "rebuilt-stateless": "a new plain SGD every step: it keeps no state, so nothing is lost"},
     timeout_s=10,
 )
-@_on_recording
+@on_recording
 def trace_optimizer_rebuilt(ctx: ProbeContext, rec):
     opts = rec.optimizers
     if not opts or not rec.steps:

@@ -18,8 +18,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nnwizard.probes._losscall import LossCalls
-from nnwizard.probes._instrument import error_kind, expected_input, first_line, trace_modules, user_frame
+from nnwizard.record.losscalls import LossCalls
+from nnwizard.probes._crash import error_kind, expected_input
+from nnwizard.record.frames import first_line, user_frame
+from nnwizard.record.tracers import trace_modules
 from nnwizard.probes.api import ProbeContext, Table, cannot_run, failed, passed, probe, skipped
 from nnwizard.target import user_source_files
 

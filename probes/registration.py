@@ -12,7 +12,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from nnwizard.probes._instrument import first_line, graph_nodes
+from nnwizard.record.autograd import graph_nodes
+from nnwizard.record.frames import first_line
 from nnwizard.probes.api import ProbeContext, Table, cannot_run, failed, passed, probe
 from nnwizard.target import LossNotReplayable
 
@@ -35,7 +36,7 @@ def _walk(value, label: str, depth: int, seen: set[int]):
             yield from _walk(item, f"{label}[{index}]", depth + 1, seen)
 
 
-def _attribute_findings(model: nn.Module, registered: set[int]) -> list[dict]:
+def attribute_findings(model: nn.Module, registered: set[int]) -> list[dict]:
     """Modules holding unregistered parameters, and leaf tensors requiring grad, that live in a
     module's ``__dict__`` (plain attributes, lists, dicts, tuples) rather than in its registries."""
     findings: list[dict] = []
@@ -97,7 +98,7 @@ def parameter_registration(ctx: ProbeContext):
     target = ctx.target
     model = target.fresh_model(ctx.seed).train()
     registered = {id(p) for p in model.parameters()}
-    findings = _attribute_findings(model, registered)
+    findings = attribute_findings(model, registered)
     inputs, targets = target.batch()
     data: dict = {"registered": sum(p.numel() for p in model.parameters()), "model": type(model).__name__}
     leaves: dict[int, torch.Tensor] = {}
@@ -114,10 +115,10 @@ def parameter_registration(ctx: ProbeContext):
                 data["loss_not_replayed"] = True
         leaves = _loss_leaves(loss) if isinstance(loss, torch.Tensor) else {}
     except Exception as exc:  # e.g. unregistered layers left on the CPU: a device mismatch
-        from nnwizard.probes._crash import _kind
+        from nnwizard.probes._crash import crash_kind
 
         error = first_line(exc)
-        data.update(error=error, device_error=_kind(exc) == "device")
+        data.update(error=error, device_error=crash_kind(exc) == "device")
     extra = {k: v for k, v in leaves.items() if k not in registered and k != id(inputs)}
     for f in findings:
         f["used"] = sum(1 for t in f["tensors"] if t in extra)

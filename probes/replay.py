@@ -28,8 +28,8 @@ import statistics
 
 import torch
 
-from nnwizard.probes._instrument import first_line
-from nnwizard.probes._optrace import OpTracer
+from nnwizard.record.frames import first_line
+from nnwizard.record.optrace import OpTracer
 from nnwizard.probes.api import LinePlot, ProbeContext, Table, failed, passed, probe, skipped
 from nnwizard.target import user_source_files
 

@@ -10,9 +10,11 @@ import time
 import torch
 
 from nnwizard.budget import SMALL_SLICE
-from nnwizard.probes._crash import classify_exception
-from nnwizard.probes._instrument import anomaly_origin, error_kind, expected_input, first_line, trace_modules, user_frame
-from nnwizard.probes.registration import _attribute_findings
+from nnwizard.probes._crash import classify_exception, error_kind, expected_input
+from nnwizard.record.frames import first_line, user_frame
+from nnwizard.record.tracers import anomaly_origin, trace_modules
+from nnwizard.probes.modes import steady_train_mode
+from nnwizard.probes.registration import attribute_findings
 from nnwizard.probes.api import LinePlot, ProbeContext, Table, cannot_run, failed, passed, probe, skipped
 from nnwizard.target import LossNotReplayable, user_source_files
 
@@ -55,7 +57,7 @@ def model_summary(ctx: ProbeContext):
                 modules=modules, modules_s="" if modules == 1 else "s",
                 frozen_fraction=round(1 - trainable / total, 4) if total else 0.0)
     if total == 0:  # layers or tensors the model holds outside nn.Module's registries
-        held = _attribute_findings(model, set())
+        held = attribute_findings(model, set())
         data.update(held_outside=len(held), held_names=", ".join(h["attribute"] for h in held[:4]) or "none")
     head = f"{type(model).__name__}: {total:,} parameters, {trainable:,} trainable"
     if total == 0:
@@ -196,24 +198,12 @@ def _as_stepped(target, model, batch) -> tuple[float, float | None]:
     the batch's own statistics) but without Dropout's noise, and without touching the running
     statistics: what a correct step drives down. (Eval mode would read BatchNorm running statistics
     that lag far behind the weights after a few dozen steps of a large network.)"""
-    was_training = model.training
-    buffers = {k: v.detach().clone() for k, v in model.named_buffers()}
-    model.train()
-    for m in model.modules():
-        if isinstance(m, torch.nn.modules.dropout._DropoutNd):
-            m.eval()
     try:
-        with torch.no_grad():
+        with steady_train_mode(model), torch.no_grad():
             outputs = model(batch[0])
             return float(target.loss_fn(outputs, batch[1]).float().mean()), target.accuracy(outputs, batch[1])
     except Exception:  # the step's own crash is reported by the caller
         return math.nan, None
-    finally:
-        with torch.no_grad():
-            for k, v in model.named_buffers():
-                if k in buffers:
-                    v.copy_(buffers[k])
-        model.train(was_training)
 
 
 def _clear(target, model, batch, losses: list[float], every: int = CHECK_EVERY) -> bool:

@@ -18,7 +18,7 @@ from typing import Any
 
 from torch.optim import lr_scheduler as S
 
-from nnwizard.probes._instrument import first_line
+from nnwizard.record.frames import first_line
 from nnwizard.probes.api import LinePlot, ProbeContext, failed, passed, probe, skipped
 from nnwizard.probes.loop import FixedLoader
 

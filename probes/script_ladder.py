@@ -36,9 +36,9 @@ from torch import nn
 
 from nnwizard.probes._objectives import ADVERSARIAL
 from nnwizard.probes.api import ProbeContext, Table, cannot_run, failed, passed, probe, skipped
-from nnwizard.probes.intervene import _curves, _on_script, _raised, _rerun
-from nnwizard.probes.ladder import MIN_RUNG_STEPS, _majority, ladder_outcome, rung_learns
-from nnwizard.probes.trace import _fmt
+from nnwizard.probes.intervene import observed_curves, on_script, rerun_raised, rerun_script
+from nnwizard.probes.ladder import MIN_RUNG_STEPS, majority_share, ladder_outcome, rung_learns
+from nnwizard.probes._recording import fmt
 
 SUBSET = 4          # DataLoader batches every rung cycles over
 SGD_LR, SGD_MOMENTUM = 0.01, 0.9   # the known-good optimizer (module mode uses plain SGD(lr=0.01) over more steps)
@@ -60,7 +60,7 @@ def _judge(meter) -> dict[str, Any] | None:
     last = meter.accuracies[-w:]
     acc = sum(last) / w if all(a is not None for a in last) else None
     labels = meter.labels[-w:]
-    major = _majority([(None, y) for y in labels]) if acc is not None and labels else None
+    major = majority_share([(None, y) for y in labels]) if acc is not None and labels else None
     return dict(before=before, after=after, accuracy=acc, majority=major, steps=len(losses),
                 learns=rung_learns(before, after, acc, major))
 
@@ -68,7 +68,7 @@ def _judge(meter) -> dict[str, Any] | None:
 def _mlp_for(target, info, seed: int):
     """A one-hidden-layer MLP for the model's recorded input and output, with the script's optimizer
     class and settings over it (built before the rerun: the recorder never sees it), or a reason."""
-    from nnwizard.probes.generalization import _wide_mlp
+    from nnwizard.probes.generalization import wide_mlp
 
     rec = target.recording
     inputs = [a for i, a in rec.model_inputs if i == info.index]
@@ -85,7 +85,7 @@ def _mlp_for(target, info, seed: int):
             out = model.eval()(x)
             if not isinstance(out, torch.Tensor):
                 return None, f"the model returns {type(out).__name__}, not one tensor"
-            mlp = _OutputKind(_wide_mlp(x, list(out.shape), 128), _kind(out)).to(target.device)
+            mlp = _OutputKind(wide_mlp(x, list(out.shape), 128), _kind(out)).to(target.device)
     except Exception as exc:  # noqa: BLE001 - a model that cannot be called outside the script
         return None, f"the captured model could not be called on its recorded input ({type(exc).__name__})"
     first = opt.optimizer.param_groups[0]
@@ -155,7 +155,7 @@ def _already_standard(target) -> bool:
     timeout_s=180,
     share=0.4,
 )
-@_on_script
+@on_script
 def script_ladder(ctx: ProbeContext, target):
     from nnwizard.script_replace import Meter, Subset, SwapLoss, SwapModel, SwapOptimizer
 
@@ -163,7 +163,7 @@ def script_ladder(ctx: ProbeContext, target):
     info = target.model_info
     if not rec.steps or info is None:
         return skipped("the script trained no model to simplify")
-    objs, skip = _curves(target)   # a rung judges whether the loss falls: an adversarial objective's need not
+    objs, skip = observed_curves(target)   # a rung judges whether the loss falls: an adversarial objective's need not
     if skip is not None:
         return skip
     if objs.several:       # a rung swaps one model, loss or optimizer and reads one loss curve
@@ -203,7 +203,7 @@ def script_ladder(ctx: ProbeContext, target):
             return
         meter = meter or Meter(info.index, info.name, task, labels_fed=fed)
         subset = Subset(SUBSET, task, seed, synthetic=synthetic) if rec.loaders else None
-        run = _rerun(ctx, target, steps, replace_batch=subset, listeners=[*listeners, meter],
+        run = rerun_script(ctx, target, steps, replace_batch=subset, listeners=[*listeners, meter],
                      patches=[*patches, meter], limit_batches=max(2 * steps, 20), what=f"simplify-ladder: {name}")
         reruns[0] += 1
         why = problem() or (subset.problem if subset is not None else None)
@@ -212,7 +212,7 @@ def script_ladder(ctx: ProbeContext, target):
             rows.append([name, replaces, "not run", why, ""])
             return
         if judged is None:
-            error = _raised(run)
+            error = rerun_raised(run)
             rows.append([name, replaces, "not run", (f"the rerun raised: {error}" if error else
                          f"the rerun took {len(meter.losses)} backward passes, fewer than {MIN_RUNG_STEPS}")[:160], ""])
             return
@@ -220,7 +220,7 @@ def script_ladder(ctx: ProbeContext, target):
         results[piece], measured[piece] = learned, judged
         acc = f", accuracy {judged['accuracy']:.0%}" if judged["accuracy"] is not None else ""
         rows.append([name, replaces, "learns" if learned else "does not learn",
-                     f"{_fmt(judged['before'])} -> {_fmt(judged['after'])}{acc}", points if learned else ""])
+                     f"{fmt(judged['before'])} -> {fmt(judged['after'])}{acc}", points if learned else ""])
 
     columns = ["rung", "replaces", "result", "loss (accuracy)", "what that rules out"]
     rung("setup", "your setup", "nothing", "nothing is broken at this scale")

@@ -1,93 +1,35 @@
-"""Audits of a recorded run of the user's script (script mode, CONTRACT §6).
+"""Audits of a recorded run of the user's script (script mode, CONTRACT §6): the run itself and the shape of its
+curves, gradients cleared between steps, backward and step called, the optimizers over the trained parameters,
+models cut off from the loss, evaluation in eval mode and without a graph and train mode restored after it,
+scheduler cadence, the loss's scale under accumulation, its sign, its target, graphs kept across steps, fresh
+batches, the tensor the loss gets, the first non-finite step and the exception the script raised.
 
-Each probe reads the :class:`~nnwizard.recorder.Recording` of the real program, wherever the user
-wrote the loop (inline in ``main()``, a ``train()``/``test()`` pair, a trainer class, a notebook
-export), and measures one thing the module-mode loop audits measure on a ``train_step``: gradients
-cleared between steps, backward and step called, the optimizer over the trained parameters,
-evaluation in eval mode and without a graph, train mode restored, scheduler cadence, loss scale
-under accumulation, graphs kept across steps, the loss against the right tensor, the first
-non-finite step, the exception the script raised, and the curves of the run itself. On a module
-target (no recording) every one of them is skipped.
+Each probe reads the :class:`~nnwizard.record.Recording` of the real program, wherever the user wrote the loop
+(inline in ``main()``, a ``train()``/``test()`` pair, a trainer class, a notebook export), and judges one thing
+the module-mode loop audits measure on a ``train_step``; what it reads of the recording (the readings several
+audits or other modules share) is ``_recording.py``. On a module target (no recording) every one is skipped.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 import statistics
-from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from nnwizard.curves import UNBOUNDED_MIN, Curves, classify, falls_unbounded
-from nnwizard.probes._instrument import error_kind
-from nnwizard.probes.loop import Coverage
-from nnwizard.probes.outputs import clamped
-from nnwizard.probes.triage import CURVE_OUTCOMES
+from nnwizard.curves import Curves, UNBOUNDED_MIN, classify, falls_unbounded
 from nnwizard.probes._objectives import ADVERSARIAL, adversarial_reason, idle_models_text, objectives, optimizer_label
-from nnwizard.probes.api import LinePlot, ProbeContext, Table, cannot_run, failed, passed, probe, skipped
-from nnwizard.recorder import inner_model
-
-
-def _on_recording(audit: Callable[[ProbeContext, Any], Any]) -> Callable[[ProbeContext], Any]:
-    """An audit of the recording: called as ``audit(ctx, recording)``; skipped on a module target."""
-    @functools.wraps(audit)
-    def run(ctx: ProbeContext):
-        rec = getattr(ctx.target, "recording", None)
-        if rec is None:
-            return skipped("script mode only: this audit reads the recording of a script run")
-        return audit(ctx, rec)
-    return run
-
-
-def _fmt(v, spec=".4g") -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float) and not math.isfinite(v):
-        return str(v)
-    return format(v, spec)
-
-
-def _train_calls(rec):
-    return [c for c in rec.loss_calls if not c.eval]
-
-
-def _terms(call) -> int:
-    """How many terms a ``reduction='sum'`` loss call added up: what ``reduction='mean'`` divides by."""
-    if call.target_shape is not None and "int" in (call.target_dtype or ""):
-        return max(math.prod(call.target_shape), 1)    # class ids: one term per id
-    shape = call.input_shape or []
-    if call.fn in ("cross_entropy", "nll_loss") and len(shape) >= 2:
-        return max(math.prod(shape) // max(shape[1], 1), 1)   # class probabilities along dim 1
-    return max(math.prod(shape), 1)
-
-
-def eval_curve(rec) -> tuple[list[float], list[int]]:
-    """Mean loss of each evaluation phase (loss calls no backward reached), at the step it ran. An
-    evaluation that sums its loss (``reduction='sum'``, pytorch/examples' ``test()``) while training
-    averages it is brought to the training loss's scale, one term's mean: a per-batch sum is
-    batch-size times a mean, and the curve shapes compare the two curves' levels."""
-    summed_training = any(c.reduction == "sum" for c in _train_calls(rec))
-    by_step: dict[int, list[float]] = {}
-    for c in rec.loss_calls:
-        if c.eval and c.value is not None and math.isfinite(c.value):
-            scale = _terms(c) if c.reduction == "sum" and not summed_training else 1
-            by_step.setdefault(c.step, []).append(c.value / scale)
-    steps = sorted(by_step)
-    return [sum(by_step[s]) / len(by_step[s]) for s in steps], steps
+from nnwizard.probes._recording import (arg_text, averaged_models, built_optimizer, cleared_every_time,
+                                        eval_curve, eval_phases, fmt, gradless, idle_optimizers, loss_input, mode_models,
+                                        mode_parts, moved, no_grad_cause, on_recording, project_files, raised_in_layer,
+                                        scheduler_steps_written, starved_optimizer, step_losses, train_calls,
+                                        unstepped_optimizers)
+from nnwizard.probes.api import LinePlot, ProbeContext, cannot_run, failed, passed, probe, skipped
+from nnwizard.probes.loop import Coverage
+from nnwizard.probes.triage import CURVE_OUTCOMES
+from nnwizard.record import inner_model
 
 
 # ------------------------------------------------------------------------------------ the run
-def _step_losses(rec) -> list[float]:
-    """One loss a recorded step (NaN where a step with a backward has none). A step with no loss and no backward of
-    its own (a second optimizer stepped after the same backward: a decoder's beside its encoder's) repeats the loss
-    of the step before it: it is not a non-finite loss, and the curve keeps one point per optimizer step."""
-    out: list[float] = []
-    for s in rec.steps:
-        value = s.loss if s.loss is not None else s.loss_call_mean
-        if value is None and not s.backwards:
-            value = out[-1] if out else next((t.loss for t in rec.steps if t.loss is not None), math.nan)
-        out.append(math.nan if value is None else value)
-    return out
 
 
 @probe(
@@ -97,10 +39,10 @@ def _step_losses(rec) -> list[float]:
               "too-short": "too few optimizer steps were recorded to read a curve", **ADVERSARIAL},
     timeout_s=30,
 )
-@_on_recording
+@on_recording
 def trace_run(ctx: ProbeContext, rec):
     target = ctx.target
-    train = _step_losses(rec)
+    train = step_losses(rec)
     val, val_steps = eval_curve(rec)
     reference = None
     how = None
@@ -181,7 +123,7 @@ def trace_run(ctx: ProbeContext, rec):
               "too-short": "fewer than two optimizer steps were recorded"},
     timeout_s=10,
 )
-@_on_recording
+@on_recording
 def trace_zero_grad(ctx: ProbeContext, rec):
     later = rec.steps[1:]
     measured = [s.carried for s in later if s.carried is not None]
@@ -234,7 +176,7 @@ def trace_zero_grad(ctx: ProbeContext, rec):
               "no-training": "no model and no loss in grad mode: nothing to audit"},
     timeout_s=10,
 )
-@_on_recording
+@on_recording
 def trace_backward_step(ctx: ProbeContext, rec):
     train_calls = [c for c in rec.loss_calls if c.grad_enabled]
     trainable = sum(m.trainable for m in rec.models)
@@ -242,8 +184,8 @@ def trace_backward_step(ctx: ProbeContext, rec):
                                 optimizers=len(rec.optimizers), trainable=trainable)
     if not rec.models:
         return skipped("the script never called a model", "no-training", **data)
-    moved = _moved(rec)
-    data["moved"] = moved
+    changed = moved(rec)
+    data["moved"] = changed
     if rec.backwards == 0:
         if not train_calls and not rec.steps:
             return skipped("no loss was computed in grad mode and no optimizer stepped", "no-training", **data)
@@ -254,10 +196,10 @@ def trace_backward_step(ctx: ProbeContext, rec):
                       f"optimizer.step() {len(rec.steps)} times, but never called backward(): every .grad stayed empty",
                       **data)
     if not rec.steps:
-        if moved:
+        if changed:
             return passed(f"backward() ran {rec.backwards} times and the parameters changed without optimizer.step() "
                           f"(a hand-written update)", "manual-update", **data)
-        if not rec.optimizers and not _built_optimizer(ctx):
+        if not rec.optimizers and not built_optimizer(ctx):
             return failed("no-optimizer", f"backward() ran {rec.backwards} times but no optimizer ever stepped and no "
                           f"parameter changed", **data)
         return failed("no-step", f"backward() ran {rec.backwards} times but optimizer.step() was never called: every "
@@ -276,22 +218,22 @@ def trace_backward_step(ctx: ProbeContext, rec):
     if gradless(rec):
         opt = rec.optimizers[rec.steps[0].optimizer] if rec.steps[0].optimizer >= 0 else None
         data["foreign"] = opt.foreign if opt else 0
-        cleared, cut = _no_grad_cause(rec, opt, rec.steps)
-        data.update(zero_after_backward=_cleared_every_time(cleared, rec.steps), zero_after_backward_steps=cleared, graph_cut=cut)
+        cleared, cut = no_grad_cause(rec, opt, rec.steps)
+        data.update(zero_after_backward=cleared_every_time(cleared, rec.steps), zero_after_backward_steps=cleared, graph_cut=cut)
         why = (f"; zero_grad() ran after the backward and before optimizer.step() in {cleared} of them" if cleared else
                f"; the optimizer holds {', '.join(rec.models[i].name for i in opt.models)}'s own parameters, and no "
                f"backward reached any of its forwards: the graph between the model and the loss is cut" if cut else "")
         return failed("no-grad-at-step", f"optimizer.step() ran {len(rec.steps)} times but none of the optimizer's "
                       f"{rec.steps[0].grads_total} parameter tensors ever had a gradient, although backward() ran "
                       f"{rec.backwards} times{why}", **data)
-    starved = _starved_optimizer(rec)
+    starved = starved_optimizer(rec)
     if starved is not None:
         opt, own = starved, [s for s in rec.steps if s.optimizer == starved.index]
         others = ", ".join(sorted({rec.optimizers[s.optimizer].name for s in rec.steps
                                    if s.optimizer >= 0 and s.optimizer != opt.index}))
-        cleared, cut = _no_grad_cause(rec, opt, own)
+        cleared, cut = no_grad_cause(rec, opt, own)
         names = ", ".join(rec.models[i].name for i in opt.models) or "?"
-        data.update(foreign=opt.foreign, zero_after_backward=_cleared_every_time(cleared, own), zero_after_backward_steps=cleared,
+        data.update(foreign=opt.foreign, zero_after_backward=cleared_every_time(cleared, own), zero_after_backward_steps=cleared,
                     graph_cut=cut, starved=opt.name, starved_index=opt.index, starved_models=names)
         why = (f"; zero_grad() ran after the backward and before its step() in {cleared} of them" if cleared else
                f"; it holds {names}'s own parameters, and no backward reached any of {names}'s forwards: the graph "
@@ -320,89 +262,6 @@ def trace_backward_step(ctx: ProbeContext, rec):
                   f"{norms[0]:.3g} at the first step; largest parameter change {max(updates, default=0.0):.3g}", **data)
 
 
-def gradless(rec) -> bool:
-    """Optimizer steps ran, and not one of them found a gradient on any of its parameters."""
-    return bool(rec.steps) and all((s.grad_norm or 0.0) == 0 and s.grads_none == s.grads_total for s in rec.steps)
-
-
-def _no_grad_cause(rec, opt, steps) -> tuple[int, bool]:
-    """Why an optimizer's steps found no gradient: in how many zero_grad() ran between the backward and the step,
-    and whether the graph was cut (it holds a model's own parameters and no backward ever reached that model's
-    forwards: a detach, .data, torch.tensor(out), .item() between the model and the loss)."""
-    cleared = sum(s.zero_grad_after_backward for s in steps)
-    cut = bool(opt and opt.models and not opt.foreign and not cleared and set(opt.models) <= _cut_models(rec))
-    return cleared, cut
-
-
-def _cleared_every_time(cleared: int, steps) -> bool:
-    """zero_grad() ran between the backward and the step at every step that had a backward before it (a loop
-    that calls step() before backward() has none before its first step)."""
-    return cleared > 0 and cleared == sum(s.backwards > 0 for s in steps)
-
-
-def _starved_optimizer(rec):
-    """With several optimizers stepping: the first whose every measured step found all of its
-    parameters without a gradient, while another optimizer's steps had gradients (a GAN's generator
-    whose output reaches the loss only through ``.detach()``); None otherwise."""
-    by_opt: dict[int, list] = {}
-    for s in rec.steps:
-        if s.optimizer >= 0 and s.grads_total:
-            by_opt.setdefault(s.optimizer, []).append(s)
-    if len(by_opt) < 2:
-        return None
-    empty = [i for i, own in by_opt.items() if all((s.grad_norm or 0.0) == 0 and s.grads_none == s.grads_total for s in own)]
-    if not empty or len(empty) == len(by_opt):
-        return None
-    return rec.optimizers[min(empty)]
-
-
-def unstepped_optimizers(rec) -> str:
-    """The optimizers the script built and never stepped, as text ("SGD"); "" if none."""
-    return " and ".join(o.name for o in rec.optimizers if not o.steps)
-
-
-def idle_optimizers(rec) -> list:
-    """Optimizers built over trainable parameters that never stepped while others did; a wrapper
-    (its parameters all held by an optimizer that steps: accelerate, Lightning) does not count, nor, in a run
-    nnwizard cut short, one whose parameters no backward has reached yet: training in stages (layer by layer,
-    a second phase) had not come to it."""
-    stepped = [o for o in rec.optimizers if o.steps]
-    if not stepped:
-        return []
-    held = {id(p) for o in stepped for g in o.optimizer.param_groups for p in g["params"]}
-    idle = []
-    for o in rec.optimizers:
-        if o.steps:
-            continue
-        params = [p for g in o.optimizer.param_groups for p in g["params"] if p.requires_grad]
-        if not params or all(id(p) in held for p in params):
-            continue
-        # (reached: a backward ran through one of its models' forwards in a recorded step; its .grad alone would not
-        # say, a zero_grad() just before the cut sets it to None)
-        reached = any(m in s.forwards for s in rec.steps for m in o.models)
-        if rec.stopped and not reached and all(p.grad is None for p in params):
-            continue
-        idle.append(o)
-    return idle
-
-
-def _built_optimizer(ctx) -> bool:
-    return bool(getattr(ctx.target, "recording", None) and ctx.target.recording.optimizers)
-
-
-def _moved(rec) -> bool:
-    """Did any model's parameters change from their initial copy?"""
-    import torch
-
-    for m in rec.models:
-        if m.initial is None:
-            continue
-        for p, q in zip(m.module.parameters(), m.initial.parameters()):
-            if p.shape == q.shape and not torch.equal(p.detach().cpu(), q.detach().cpu()):
-                return True
-    return False
-
-
 @probe(
     "trace-optimizer",
     title="Does the script's optimizer hold the parameters of the model it trains?",
@@ -412,7 +271,7 @@ def _moved(rec) -> bool:
               "no-optimizer": "no optimizer was used"},
     timeout_s=10,
 )
-@_on_recording
+@on_recording
 def trace_optimizer(ctx: ProbeContext, rec):
     manual = [s for s in rec.steps if s.manual]
     if not rec.optimizers and not manual:
@@ -455,7 +314,7 @@ def trace_optimizer(ctx: ProbeContext, rec):
               "disconnected": "some trainable parameters had .grad None at every recorded step"},
     timeout_s=10,
 )
-@_on_recording
+@on_recording
 def trace_disconnected(ctx: ProbeContext, rec):
     # each optimizer's own first steps: with several (a GAN's two), one's tensors are not the other's
     by_opt: dict[int, list] = {}
@@ -490,62 +349,6 @@ def trace_disconnected(ctx: ProbeContext, rec):
 
 
 # ------------------------------------------------------------------------------------ evaluation
-def _cut_models(rec) -> set[int]:
-    """Models whose parameters a stepped optimizer holds while backward() ran and reached none of their
-    forwards: the script cut the graph between model and loss (detach, .data), so its training forwards
-    look like evaluation ones (unreached by a backward, scored by a loss) and cannot be told apart."""
-    if not rec.backwards:
-        return set()
-    stepped = {m for o in rec.optimizers if o.steps for m in o.models}
-    return stepped - {f.model for f in rec.forwards if f.trained}
-
-
-def _phases(rec) -> list[list]:
-    """Runs of consecutive model forwards that no backward reached and that look like evaluation:
-    the script scored them (a loss, or a prediction: argmax, max, a threshold), ran them over a
-    DataLoader iteration with no backward (a test loop, a validation loader), or put them in eval
-    mode / no_grad itself. An unscored forward in the middle of training (a GAN generator sampling a
-    picture from fixed noise, a logging forward) is not an evaluation phase."""
-    def in_training(f) -> bool:
-        if f.loader is None or f.loader >= len(rec.loaders):
-            return True  # no DataLoader: only scoring or the mode tells
-        backwards = rec.loaders[f.loader].backwards
-        return 0 <= f.iteration < len(backwards) and backwards[f.iteration] > 0
-
-    def evaluates(run) -> bool:
-        return any(f.scored or not f.training or not f.grad_enabled or not in_training(f) for f in run)
-
-    phases, current, cut = [], [], _cut_models(rec)
-    for f in rec.forwards:
-        if f.model in cut:
-            continue  # its training forwards reach no backward (see trace-backward-step): not evaluation
-        if f.trained:
-            if current and evaluates(current):
-                phases.append(current)
-            current = []
-        else:
-            current.append(f)
-    if current and evaluates(current):
-        if not (rec.error is not None or rec.stopped):
-            phases.append(current)  # a trailing run cut by the script's exception or the budget is not an evaluation
-        elif all(not f.grad_enabled for f in current):
-            phases.append(current)
-    return phases
-
-
-def _mode_models(rec) -> dict[int, Any]:
-    """The models whose behaviour depends on train/eval mode: Dropout/BatchNorm modules, or a forward of the
-    user's that branches on self.training (a functional dropout with training=self.training)."""
-    return {m.index: m for m in rec.models if m.mode_layers or getattr(m, "reads_training", None)}
-
-
-def _mode_parts(models) -> str:
-    """What makes these models mode-dependent, in words."""
-    layers = sum(m.mode_layers for m in models)
-    reads = sorted({r for m in models for r in getattr(m, "reads_training", [])})
-    parts = ([f"{layers} Dropout/BatchNorm layers"] if layers else []) + \
-        ([f"the self.training branches of {', '.join(reads)}"] if reads else [])
-    return " and ".join(parts)
 
 
 @probe(
@@ -557,17 +360,17 @@ def _mode_parts(models) -> str:
               "no-eval": "the script never evaluated (no forward without a backward)"},
     timeout_s=10,
 )
-@_on_recording
+@on_recording
 def trace_eval_mode(ctx: ProbeContext, rec):
-    phases = _phases(rec)
+    phases = eval_phases(rec)
     if not phases:
         return passed("the script never ran a forward without a backward: no evaluation to audit", "no-eval")
     evals = [f for p in phases for f in p]
-    layered = _mode_models(rec)
+    layered = mode_models(rec)
     if not any(f.model in layered for f in evals):
         return passed("the evaluated model has no Dropout or BatchNorm module: eval mode changes only code that reads self.training (eval-stochastic checks a functional dropout)", "no-mode-layers",
                       phases=len(phases), forwards=len(evals))
-    averaged = _averaged_models(rec)
+    averaged = averaged_models(rec)
     bad = [f for f in evals if f.model in layered and f.training and f.model not in averaged]
     if not bad and any(f.model in averaged and f.training for f in evals):
         names = ", ".join(sorted({rec.models[i].name for i in averaged}))
@@ -580,31 +383,9 @@ def trace_eval_mode(ctx: ProbeContext, rec):
                 layers=sum(layered[i].mode_layers for i in {f.model for f in bad}))
     if bad:
         return failed("train-mode-in-eval", f"{len(bad)} of {len(evals)} evaluation forwards ({len(phases)} phases) ran "
-                      f"{', '.join(names)} with training=True: its {_mode_parts([layered[i] for i in {f.model for f in bad}])} "
+                      f"{', '.join(names)} with training=True: its {mode_parts([layered[i] for i in {f.model for f in bad}])} "
                       f"behaved as in training (model.eval() missing)", **data)
     return passed(f"all {len(evals)} evaluation forwards ({len(phases)} phases) ran in eval mode", **data)
-
-
-def _averaged_models(rec) -> set[int]:
-    """Models no optimizer holds whose parameters still changed during the run (set by hand from another model's:
-    an EMA teacher, Mean Teacher style), judged against the copy taken before their first forward."""
-    import torch
-
-    if not rec.steps:
-        return set()
-    held = {id(p) for o in rec.optimizers for g in o.optimizer.param_groups for p in g["params"]}
-    out = set()
-    for m in rec.models:
-        if m.initial is None:
-            continue
-        now = list(inner_model(m.owner or m.module).parameters())
-        if not now or any(id(p) in held for p in now):
-            continue
-        before = list(m.initial.parameters())
-        if len(before) == len(now) and any(a.shape == b.shape and not torch.equal(a.detach().cpu(), b.detach().cpu())
-                                           for a, b in zip(now, before)):
-            out.add(m.index)
-    return out
 
 
 @probe(
@@ -617,7 +398,7 @@ def _averaged_models(rec) -> set[int]:
               "no-eval": "the script never evaluated"},
     timeout_s=10,
 )
-@_on_recording
+@on_recording
 def trace_eval_grad(ctx: ProbeContext, rec):
     objs = objectives(rec)
     if objs.idle_through:   # a fixed model (a distillation's teacher) run with grad on inside another's training
@@ -625,7 +406,7 @@ def trace_eval_grad(ctx: ProbeContext, rec):
         return failed("grad-into-fixed-model", f"{text}: that forward ran with grad mode on, and the backward computed "
                       f"gradients for parameters nothing updates (torch.no_grad() around it, or requires_grad_(False), "
                       f"is missing)", models=sorted({m for ms in objs.idle_through.values() for m in ms}))
-    phases = _phases(rec)
+    phases = eval_phases(rec)
     evals = [f for p in phases for f in p if rec.models[f.model].trainable]
     if not evals:
         return passed("the script never ran a forward without a backward: no evaluation to audit", "no-eval")
@@ -655,13 +436,13 @@ def trace_eval_grad(ctx: ProbeContext, rec):
               "no-mode-layers": "the model has no Dropout or BatchNorm module, so the mode changes only code that reads self.training"},
     timeout_s=10,
 )
-@_on_recording
+@on_recording
 def trace_train_mode(ctx: ProbeContext, rec):
-    layered = _mode_models(rec)
+    layered = mode_models(rec)
     trained = [(i, f) for i, f in enumerate(rec.forwards) if f.trained and f.model in layered]
     if not trained:
         return passed("the trained model has no Dropout or BatchNorm module: train/eval mode changes only code that reads self.training", "no-mode-layers")
-    phases = _phases(rec)
+    phases = eval_phases(rec)
     first = phases[0][0] if phases else None
     first_eval = next((i for i, f in enumerate(rec.forwards) if f is first), None)
     before = [f for i, f in trained if first_eval is None or i < first_eval]
@@ -672,7 +453,7 @@ def trace_train_mode(ctx: ProbeContext, rec):
         return failed("eval-in-training", f"all {len(before)} training forwards ran with training=False from the start",
                       **data)
     if after and data["eval_after"] > len(after) / 2:
-        parts = _mode_parts([layered[i] for i in {f.model for f in after}])
+        parts = mode_parts([layered[i] for i in {f.model for f in after}])
         return failed("stays-eval", f"after the first evaluation, {data['eval_after']} of {len(after)} training forwards "
                       f"ran with training=False (model.train() is not called again after model.eval()), so {parts} "
                       f"trained as in evaluation", **data)
@@ -691,7 +472,7 @@ def trace_train_mode(ctx: ProbeContext, rec):
               "no-scheduler": "the script builds no scheduler"},
     timeout_s=10,
 )
-@_on_recording
+@on_recording
 def trace_scheduler(ctx: ProbeContext, rec):
     from torch.optim import lr_scheduler as S
 
@@ -726,9 +507,9 @@ def trace_scheduler(ctx: ProbeContext, rec):
     plot = [LinePlot("lr", f"{name}: learning rate at each optimizer.step() of the script", {"traced": lrs},
                      xlabel="optimizer step", ylabel="learning rate")] if lrs else []
     head = (f"the script stepped {name} {sched_steps} times over {opt_steps} optimizer steps in {epochs} epochs of "
-            f"its training loader ({loader_len} batches each); LR {_fmt(data['lr_first'], '.3g')} -> {_fmt(data['lr_last'], '.3g')}")
+            f"its training loader ({loader_len} batches each); LR {fmt(data['lr_first'], '.3g')} -> {fmt(data['lr_last'], '.3g')}")
     if observed == "none":
-        written = _scheduler_steps_written(ctx.target, type(obj).__name__)
+        written = scheduler_steps_written(ctx.target, type(obj).__name__)
         if completed >= 1 and written:   # a call the run did not reach is not a missing call
             data["step_written_at"] = written
             return passed(f"{head}; scheduler.step() is written at {', '.join(written[:3])} but did not run within the "
@@ -744,36 +525,6 @@ def trace_scheduler(ctx: ProbeContext, rec):
     return passed(f"{head}; {why}", artifacts=plot, **data)
 
 
-def _scheduler_steps_written(target, cls: str) -> list[str]:
-    """``file:line`` of each ``X.step(...)`` call in the script and its own modules whose receiver ``X`` is a
-    scheduler: assigned from a call of its class ``cls`` (``self.scheduler = CosineAnnealingLR(...)``), or named
-    like one (``sched``, ``lr_scheduler``: the factories that return a LambdaLR have other names)."""
-    import ast
-
-    script = getattr(target, "script", None)
-    run = getattr(target, "run", None)
-    files = (list(script.files) if script is not None else []) + list(getattr(run, "own_files", []) or [])
-    found = []
-    for path in dict.fromkeys(files):
-        try:
-            tree = ast.parse(Path(path).read_text(encoding="utf-8", errors="replace"))
-        except (OSError, SyntaxError, ValueError):
-            continue
-        held = set()
-        for node in ast.walk(tree):
-            value = getattr(node, "value", None)
-            if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(value, ast.Call):
-                fn = value.func
-                if (fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", None)) == cls:
-                    held.update(ast.unparse(t) for t in (node.targets if isinstance(node, ast.Assign) else [node.target]))
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "step":
-                receiver = ast.unparse(node.func.value)
-                if receiver in held or "sched" in receiver.lower():
-                    found.append(f"{Path(path).name}:{node.lineno}")
-    return found
-
-
 # ------------------------------------------------------------------------------------ loss
 @probe(
     "trace-loss-scale",
@@ -783,7 +534,7 @@ def _scheduler_steps_written(target, cls: str) -> list[str]:
               "sum-reduction": "the loss sums over the samples (reduction='sum') and is not divided"},
     timeout_s=10,
 )
-@_on_recording
+@on_recording
 def trace_loss_scale(ctx: ProbeContext, rec):
     calls = [c for c in rec.loss_calls if not c.eval and c.value is not None and math.isfinite(c.value)]
     if not rec.steps or not calls:
@@ -838,7 +589,7 @@ OWN_VALUE = 0.1      # backward values within this of 1x their loss call's value
                              "what the other wants"},
     timeout_s=10,
 )
-@_on_recording
+@on_recording
 def trace_loss_sign(ctx: ProbeContext, rec):
     if not rec.steps:
         return skipped("no optimizer step was recorded")
@@ -922,9 +673,9 @@ def trace_loss_sign(ctx: ProbeContext, rec):
                                      "moves the target (a TD target, a stop-gradient branch, not detached)"},
     timeout_s=10,
 )
-@_on_recording
+@on_recording
 def trace_loss_target(ctx: ProbeContext, rec):
-    calls = _train_calls(rec)
+    calls = train_calls(rec)
     if not calls:
         return skipped("no loss call reached by a backward was recorded")
     watched = [c for c in calls if c.watched]   # (the target's provenance is followed on the graph mode's steps)
@@ -963,7 +714,7 @@ def trace_loss_target(ctx: ProbeContext, rec):
               "stored": "backpropagated loss tensors pile up (appended to a list instead of .item())"},
     timeout_s=10,
 )
-@_on_recording
+@on_recording
 def trace_graph(ctx: ProbeContext, rec):
     if rec.mode != "full" or not rec.steps:
         return skipped("needs a full recording with optimizer steps")
@@ -999,11 +750,6 @@ def trace_graph(ctx: ProbeContext, rec):
 STALE_MIN = 8   # training forwards (and optimizer steps) recorded before one repeated input counts
 
 
-def _arg_text(fp: tuple) -> str:
-    shape, dtype, _ = fp[0]
-    return f"argument 0, shape {list(shape)} {dtype.replace('torch.', '')}"
-
-
 @probe(
     "trace-stale-batch",
     title="Does each training step get new data, or the same batch again?",
@@ -1012,9 +758,9 @@ def _arg_text(fp: tuple) -> str:
               "same-batch": "every training step took the same input while the data source yields other batches"},
     timeout_s=10,
 )
-@_on_recording
+@on_recording
 def trace_stale_batch(ctx: ProbeContext, rec):
-    from nnwizard.recorder import _tensors, fingerprint
+    from nnwizard.record import fingerprint, tensors_in
 
     if rec.mode != "full" or len(rec.steps) < STALE_MIN:
         return skipped(f"needs a full recording of at least {STALE_MIN} optimizer steps")
@@ -1022,7 +768,7 @@ def trace_stale_batch(ctx: ProbeContext, rec):
     loader = {fp for fp in map(fingerprint, rec.batches) if fp is not None}
     # DataLoaders of two batches or more that served one batch in the whole run, and that batch's first tensor
     once = [info for info in rec.loaders if sum(info.batches) == 1 and (info.length is None or info.length >= 2)]
-    drawn = {fingerprint(next(_tensors(b), None)) for b in rec.batches} if once else set()
+    drawn = {fingerprint(next(tensors_in(b), None)) for b in rec.batches} if once else set()
     judged = []
     for info in rec.models:
         if info.index not in trained:
@@ -1037,9 +783,9 @@ def trace_stale_batch(ctx: ProbeContext, rec):
         shape = first[0][0]
         other = {fp for i, fp in rec.eval_inputs if i == info.index and fp is not None and fp[0][0] == shape and fp != first}
         data = dict(model=info.name, forwards=len(seen), steps=len(rec.steps), eval_batches=len(other),
-                    loader_batches=len(loader), argument=_arg_text(first))
+                    loader_batches=len(loader), argument=arg_text(first))
         inputs = next((a for i, a in rec.model_inputs if i == info.index), ())
-        from_once = bool(drawn) and fingerprint(next(_tensors(inputs), None)) in drawn
+        from_once = bool(drawn) and fingerprint(next(tensors_in(inputs), None)) in drawn
         if len(other) >= 2 or len(loader) >= 2 or from_once:
             if len(other) >= 2:
                 recorded = sum(1 for i, _ in rec.eval_inputs if i == info.index)
@@ -1076,7 +822,7 @@ def trace_stale_batch(ctx: ProbeContext, rec):
               "spike-carry-over": "the loss jumped over 100x while gradients were never cleared between steps"},
     timeout_s=10,
 )
-@_on_recording
+@on_recording
 def trace_nan(ctx: ProbeContext, rec):
     if not rec.steps:
         return skipped("no optimizer step was recorded")
@@ -1104,7 +850,7 @@ def trace_nan(ctx: ProbeContext, rec):
                               first=losses[0], peak=losses[peak], last=losses[-1])
             return failed("spike", f"{whose} jumped from {losses[0]:.4g} at step {at[0]} to {losses[peak]:.4g} at step "
                           f"{at[peak]} ({losses[peak] / losses[0]:.3g}x) and ended at {losses[-1]:.4g}: updates far too "
-                          f"large for this model (lr {_fmt(first_lr, '.3g')})",
+                          f"large for this model (lr {fmt(first_lr, '.3g')})",
                           step=at[peak], first=losses[0], peak=losses[peak], last=losses[-1])
         return passed(f"all {len(rec.steps)} recorded losses and gradient norms are finite")
     k = bad.step
@@ -1120,13 +866,13 @@ def trace_nan(ctx: ProbeContext, rec):
         return failed("nan-input", f"at {where} the model's input already held NaN/Inf values", **data)
     if k == 1:
         return failed("nan-at-start", f"the loss/gradient was non-finite at the first step, before any update "
-                      f"(loss {_fmt(bad.loss)})", **data)
+                      f"(loss {fmt(bad.loss)})", **data)
     if growth is not None and growth > 10:
         rose = (f"grew {growth:.3g}x over the {len(before)} steps before" if peak is before[-1] else
-                f"grew {growth:.3g}x by step {peak.step} (then {_fmt(before[-1].grad_norm, '.3g')} at step {before[-1].step})")
+                f"grew {growth:.3g}x by step {peak.step} (then {fmt(before[-1].grad_norm, '.3g')} at step {before[-1].step})")
         return failed("nan-after-growth", f"the loss turned non-finite at {where} after the gradient norm {rose} "
-                      f"(lr {_fmt(data['lr'], '.3g')})", **data)
-    return failed("nan", f"the loss turned non-finite at {where} (gradient norm before it {_fmt(before[-1].grad_norm if before else None, '.3g')})",
+                      f"(lr {fmt(data['lr'], '.3g')})", **data)
+    return failed("nan", f"the loss turned non-finite at {where} (gradient norm before it {fmt(before[-1].grad_norm if before else None, '.3g')})",
                   **data)
 
 
@@ -1142,7 +888,7 @@ CRASH_IDS = ("target-shape-mismatch", "no-parameters", "module-method-shadowed",
               **{h: f"the exception is evidence for {h}" for h in CRASH_IDS}},
     timeout_s=10,
 )
-@_on_recording
+@on_recording
 def trace_crash(ctx: ProbeContext, rec):
     from nnwizard.probes._crash import classify_exception
 
@@ -1151,7 +897,7 @@ def trace_crash(ctx: ProbeContext, rec):
         return passed("the script ran without raising")
     target = ctx.target
     info = getattr(target, "model_info", None)
-    files = _project_files(target, err.exception)
+    files = project_files(target, err.exception)
     data: dict[str, Any] = dict(error=f"{err.type}: {err.message}", step=err.step)
     hypothesis, sentence = None, ""
     if err.exception is not None:
@@ -1164,9 +910,9 @@ def trace_crash(ctx: ProbeContext, rec):
             data["classifier_error"] = f"{type(exc).__name__}: {exc}"
     data["where"] = data.get("where") or err.where or "?"   # (the innermost frame in the project's files)
     text = f"the script raised at {data['where']} after {err.step} optimizer steps: {data['error']}"
-    if hypothesis is None and err.exception is not None and _raised_in_layer(err.exception):
+    if hypothesis is None and err.exception is not None and raised_in_layer(err.exception):
         hypothesis = "layer-shape-mismatch"
-        sentence = f"it raised inside the forward of a torch layer ({_raised_in_layer(err.exception)})"
+        sentence = f"it raised inside the forward of a torch layer ({raised_in_layer(err.exception)})"
     if hypothesis in CRASH_IDS:
         data["crash_hypothesis"] = hypothesis
         return failed(hypothesis, f"{text}; {sentence}" if sentence and sentence not in text else text, **data)
@@ -1176,27 +922,6 @@ def trace_crash(ctx: ProbeContext, rec):
                  for o in data.get("operands") or [] if isinstance(o, dict) and o.get("name")]
         text += f"; the statement `{data['code']}`" + (f" was given {', '.join(shown)}" if shown else "")
     return failed("other", text, **data)
-
-
-def _project_files(target, exc) -> list | None:
-    """The user's files a crash is read in: the script, and the files of its traceback that lie in the script's
-    folder outside installed packages (the project's own modules: a script's ``from utils.dice import dice_loss``
-    raising there is read there, not at the script's call of it). None (anything outside torch, site-packages
-    and nnwizard) without a script."""
-    script = getattr(target, "script", None)
-    if script is None or script.path is None:
-        return None
-    files = list(script.files)   # (a notebook: its cells' files)
-    folder = Path(script.folder).resolve()
-    tb = getattr(exc, "__traceback__", None)
-    while tb is not None:
-        name = tb.tb_frame.f_code.co_filename
-        path = Path(name).resolve() if not name.startswith("<") else None
-        if path is not None and path.suffix == ".py" and folder in path.parents and "site-packages" not in path.parts \
-                and not any(part.startswith(".venv") or part == "venv" for part in path.relative_to(folder).parts):
-            files.append(path)
-        tb = tb.tb_next
-    return files
 
 
 @probe(
@@ -1212,7 +937,7 @@ def _project_files(target, exc) -> list | None:
               "squashed-logits": "cross_entropy gets values bounded in [0, 1] that are not probabilities (a sigmoid on the logits)"},
     timeout_s=10,
 )
-@_on_recording
+@on_recording
 def trace_loss_input(ctx: ProbeContext, rec):
     import torch
 
@@ -1231,105 +956,7 @@ def trace_loss_input(ctx: ProbeContext, rec):
             return ""
         return (f" at {where}" if where else "") + (f" on {names[model]}'s output" if len(models) > 1 and model in names else "")
 
-    results = [_loss_input(group, label(where, model)) for (_, where, model), group in sites.items()]
+    results = [loss_input(group, label(where, model)) for (_, where, model), group in sites.items()]
     return next((r for r in results if r.status == "failed"), results[0])
 
 
-def _loss_input(calls: list, at: str):
-    """trace-loss-input's reading of the calls of one loss call site and model (``at`` names them when there are
-    several)."""
-    import torch
-
-    call = calls[0]
-    x = torch.cat([_class_rows(c.inputs.float()) for c in calls
-                   if c.fn == call.fn and c.inputs.dim() == call.inputs.dim() and c.inputs.shape[1:] == call.inputs.shape[1:]])
-    data: dict[str, Any] = dict(fn=call.fn, rows=len(x), min=float(x.min()), max=float(x.max()))
-    if at:
-        data["call_site"] = at.strip()
-    if call.fn in ("cross_entropy", "nll_loss") and x.dim() == 2 and x.shape[1] >= 2:
-        sums = x.sum(1)
-        probs = bool((x >= 0).all() and (x <= 1).all() and ((sums - 1).abs() < 1e-3).all())
-        lse = torch.logsumexp(x, 1)
-        data.update(row_sum_mean=float(sums.mean()), logsumexp_mean=float(lse.mean()))
-        if probs and call.fn == "cross_entropy":
-            return failed("double-softmax", f"all {len(x)} rows {call.fn} received{at} are probabilities (in [0, 1], summing "
-                          f"to 1): the model already applies softmax and cross_entropy applies log_softmax again, "
-                          f"which flattens the gradient", **data)
-        if call.fn == "nll_loss" and probs:
-            return failed("probs-to-nll", f"nll_loss received{at} probabilities (rows sum to 1, values in [0, 1]) where it "
-                          f"needs log-probabilities (log_softmax)", **data)
-        if call.fn == "nll_loss" and data["max"] <= 0 and bool((lse < -0.1).all()) and len(x) >= 8:
-            # log-probabilities (none above 0) whose rows hold less than all the probability: the log_softmax
-            # ran over another dimension (the samples), each column summing to one over the whole batch
-            return failed("other-dim", f"nll_loss received{at} log-probabilities (none above 0) whose rows' probabilities sum "
-                          f"to {math.exp(float(lse.mean())):.3g} on average, not 1: the log_softmax normalised another "
-                          f"dimension (the samples), not the classes", **data)
-        if call.fn == "nll_loss" and (lse - 0).abs().mean() > 0.1:
-            return failed("logits-to-nll", f"nll_loss received{at} rows whose logsumexp is {float(lse.mean()):.3g}, not 0: raw "
-                          f"logits where it needs log_softmax outputs", **data)
-        if call.fn == "cross_entropy" and not probs and x.numel() >= MIN_LOGITS:
-            clamped = _clamped(x, call.fn, data)
-            if clamped is not None:
-                return clamped
-            if data["min"] >= 0 and data["max"] <= 1:
-                c = x.shape[1]
-                floor = math.log(1 + (c - 1) / math.e)
-                data.update(classes=c, loss_floor=round(floor, 4))
-                return failed("squashed-logits", f"all {len(x)} rows cross_entropy received{at} lie in [{data['min']:.3g}, "
-                              f"{data['max']:.3g}] without summing to 1: the logits are squashed (a sigmoid on them, or a "
-                              f"scale that shrinks them, such as a temperature far too large) before a loss "
-                              f"that applies its own softmax, so it cannot fall below ln(1 + {c - 1}/e) = {floor:.3f} even "
-                              f"when every prediction is right", **data)
-    if call.fn == "binary_cross_entropy_with_logits" and x.numel() >= MIN_LOGITS:
-        clamped = _clamped(x, call.fn, data)
-        if clamped is not None:
-            return clamped
-    if call.fn == "binary_cross_entropy_with_logits" and bool((x >= 0).all() and (x <= 1).all()) and len(x) >= 8:
-        return failed("double-sigmoid", f"binary_cross_entropy_with_logits received{at} only values in [0, 1] (min "
-                      f"{data['min']:.3g}, max {data['max']:.3g}): a sigmoid was applied before a loss that applies its own",
-                      **data)
-    return passed(f"{call.fn}{at} receives inputs of the form it expects ({len(x)} rows, range {data['min']:.3g} .. {data['max']:.3g})",
-                  **data)
-
-
-MIN_LOGITS = 64        # values a loss must have received before their range says what produced them
-
-
-def _class_rows(t):
-    """A loss input as one row per prediction, the classes along the row: (N, C) as it is, (N, C, d1, ...)
-    (a segmentation map, a sequence's logits kept channel-first) with its class dimension 1 moved last."""
-    if t.dim() > 2:
-        return t.movedim(1, -1).reshape(-1, t.shape[1])
-    return t.reshape(-1, t.shape[1] if t.dim() > 1 else 1)
-
-
-def _clamped(x, fn: str, data: dict):
-    """Logits with no value below 0 and many exactly 0: a ReLU (or a clamp) after the last layer, so a
-    score can never go negative and every clamped one passes no gradient (None: not so)."""
-    zeros = float((x == 0).float().mean())
-    data["zero_share"] = round(zeros, 4)
-    if not clamped(x, zeros):
-        return None
-    cost = ("a class score can never fall below 0, so the model can only raise the right class, never lower the "
-            "others" if fn == "cross_entropy" else "no prediction can fall below probability 0.5")
-    return failed("clamped-logits", f"{fn} received {x.numel()} values, none below 0 and {zeros:.0%} exactly 0: the "
-                  f"logits pass through a ReLU (or a clamp) before a loss that wants them unbounded; {cost}, and the "
-                  f"scores held at 0 pass no gradient back", **data)
-
-
-_LAYER_FILES = ("conv.py", "linear.py", "pooling.py", "batchnorm.py", "normalization.py", "rnn.py", "sparse.py",
-                "transformer.py", "activation.py", "flatten.py")
-
-
-def _raised_in_layer(exc: BaseException) -> str | None:
-    """The torch layer file whose forward raised a size complaint (a classifier fallback)."""
-    import traceback
-
-    text = str(exc).lower()
-    if not isinstance(exc, RuntimeError) or not any(w in text for w in ("size", "shape", "dimension", "channels")):
-        return None
-    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
-        if "/torch/nn/modules/" in frame.filename:
-            name = frame.filename.rsplit("/", 1)[-1]
-            return name.removesuffix(".py") if name in _LAYER_FILES else None
-    return None

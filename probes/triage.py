@@ -18,7 +18,8 @@ import traceback
 import torch
 
 from nnwizard.curves import Curves, classify
-from nnwizard.probes._instrument import error_kind, first_line, user_frame
+from nnwizard.probes._crash import error_kind
+from nnwizard.record.frames import first_line, user_frame
 from nnwizard.probes.api import LinePlot, ProbeContext, failed, passed, probe
 from nnwizard.reference import as_float
 from nnwizard import reference

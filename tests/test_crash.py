@@ -222,7 +222,7 @@ def test_a_loss_that_does_not_move_with_no_hypothesis_explaining_it_is_never_hea
     report = build(quiet)
     assert report.verdict == "inconclusive"
     assert [(n.probe, n.why) for n in report.not_run] == [("trace-run", "loss-unmoved")]
-    text = render_markdown(report, quiet, tmp_path / "r.md").read_text()
+    text = render_markdown(report, tmp_path / "r.md").read_text()
     assert "**Inconclusive**: over 127 steps the loss does not move" in text
     found = Diagnosis(target, 0, ["flat"], ["auto"], results=[flat], ranked=[Ranked("lr-too-low", "LR too low", "optimization", 0.78)])
     assert verdict(found) == "problems-found" and build(found).not_run == []

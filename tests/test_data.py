@@ -139,7 +139,7 @@ def test_image_report_shows_sample_grid(tmp_path):
     from nnwizard.markdown import render_markdown
 
     diagnosis, report = diagnose_example("healthy_cnn")
-    out = render_markdown(report, diagnosis, tmp_path / "report.md")
+    out = render_markdown(report, tmp_path / "report.md")
     text = out.read_text()
     assert "sample-dump-samples.png" in text
     assert (tmp_path / "report_files" / "sample-dump-samples.png").stat().st_size > 1000

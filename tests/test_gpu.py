@@ -163,7 +163,7 @@ def test_script_mode_on_a_cuda_script(tmp_path, name, edit, args, symptom, want)
 
 # ---------------------------------------------------------------------------------- recorder
 def test_recorder_reads_loss_and_gradients_of_a_cuda_loop_and_restores_everything():
-    from nnwizard.recorder import Recorder
+    from nnwizard.record import Recorder
 
     device = torch.device("cuda")
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3)).to(device)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from nnwizard.recorder import Recorder
+from nnwizard.record import Recorder
 
 
 def _absolute(opt, sched, it):   # a warm-up written in the loop: the rate from the script's own formula

@@ -16,7 +16,7 @@ def healthy():
 
 
 def test_optracer_finds_first_nonfinite_op_and_backward():
-    from nnwizard.probes._optrace import OpTracer
+    from nnwizard.record.optrace import OpTracer
 
     torch.manual_seed(0)  # the weights and inputs decide whether sigmoid saturates to exactly 1
     model = nn.Sequential(nn.Linear(4, 3), nn.Sigmoid())

@@ -114,7 +114,7 @@ def test_shape_crash_report_marks_faulty_row(tmp_path):
     from nnwizard.markdown import render_markdown
 
     diagnosis, report = diagnose_example("broken_shape_mismatch", ["crash"])
-    text = render_markdown(report, diagnosis, tmp_path / "crash.md").read_text()
+    text = render_markdown(report, tmp_path / "crash.md").read_text()
     section = text.split("(`shape-audit`)", 1)[1]
     assert "⟶ **4** | **Linear** | **[32, 200]**" in section
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import multiprocessing.process
 from pathlib import Path
 
-from nnwizard.script_replace import ChildProcesses
 from nnwizard.script_run import RunOptions, load_script, run_script
 from nnwizard.script_target import ScriptTarget
 from nnwizard.script_view import script_problem
@@ -31,10 +30,8 @@ def _problem(tmp_path: Path, run: str) -> str | None:
     path = tmp_path / "train.py"
     path.write_text(SCRIPT.replace("{RUN}", run), encoding="utf-8")
     before = multiprocessing.process.BaseProcess.start
-    children = ChildProcesses()
-    result = run_script(load_script(str(path)), [], RunOptions(max_steps=10, patches=[children]))
+    result = run_script(load_script(str(path)), [], RunOptions(max_steps=10))
     assert multiprocessing.process.BaseProcess.start is before
-    result.recording.child_processes = children.started
     return script_problem(ScriptTarget(result))
 
 

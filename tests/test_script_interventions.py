@@ -358,7 +358,7 @@ def test_lr_sweep_makes_no_long_rerun_when_the_rate_moves_the_loss(tmp_path):
 def _fake_run(losses):
     from types import SimpleNamespace
 
-    from nnwizard.recorder import Recording
+    from nnwizard.record import Recording
     from nnwizard.script_run import RunResult
 
     steps = [SimpleNamespace(loss=v, optimizer=0, step=i + 1, lrs=[1e-3]) for i, v in enumerate(losses)]

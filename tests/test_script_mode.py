@@ -16,7 +16,7 @@ from torch import nn
 
 from nnwizard.errors import UsageError
 from nnwizard.probes.api import ProbeContext, get
-from nnwizard.recorder import Recorder
+from nnwizard.record import Recorder
 from nnwizard.script_run import RunOptions, load_script, run_script
 from nnwizard.script_target import ScriptTarget
 
@@ -905,7 +905,7 @@ def test_trace_epochs_count_the_training_passes_of_the_loader_not_its_evaluation
 def test_probes_get_the_eager_module_behind_a_torch_compile_wrapper():
     """A compiled model's backward refuses retain_graph (batch-independence errored on a healthy compiled
     script); the probes get the module it wraps, whose parameters are the same tensors in the same order."""
-    from nnwizard.recorder import inner_model
+    from nnwizard.record import inner_model
     inner = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
     compiled = torch.compile(inner)   # compiles lazily: nothing is compiled until it is called
     assert inner_model(compiled) is inner and inner_model(inner) is inner
@@ -934,7 +934,8 @@ def test_per_step_trace_marks_left_out_steps_and_unmeasured_norms(tmp_path):
 
 @pytest.mark.parametrize("train_sum", [False, True])
 def test_an_evaluation_that_sums_its_loss_is_read_on_the_training_losss_scale(tmp_path, train_sum):
-    from nnwizard.probes.trace import eval_curve, trace_run
+    from nnwizard.probes._recording import eval_curve
+    from nnwizard.probes.trace import trace_run
 
     summed = ("total += crit(model(x), y).item()", "total += nn.functional.cross_entropy(model(x), y, reduction='sum').item()")
     edits = [summed] + ([("crit = nn.CrossEntropyLoss()", "crit = nn.CrossEntropyLoss(reduction='sum')")] if train_sum else [])

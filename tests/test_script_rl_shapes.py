@@ -167,7 +167,7 @@ def test_an_idle_optimizer_is_found_in_a_run_cut_short_just_after_zero_grad():
 
     import torch
 
-    from nnwizard.probes.trace import idle_optimizers
+    from nnwizard.probes._recording import idle_optimizers
 
     enc, dec = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
 

@@ -205,12 +205,12 @@ def test_a_parameter_without_gradient_in_a_hand_written_update_is_disconnected(t
 def test_a_nan_hidden_state_fed_back_is_not_nan_input_data():
     import torch
 
-    from nnwizard.recorder import _nonfinite
+    from nnwizard.record import nonfinite_inputs
 
     data = torch.zeros(1, 8)
     hidden = torch.full((1, 16), float("nan"), requires_grad=True) * 1.0   # computed by the graph
-    assert not _nonfinite([(data, hidden)])
-    assert _nonfinite([(torch.full((1, 8), float("nan")), torch.zeros(1, 16))])
+    assert not nonfinite_inputs([(data, hidden)])
+    assert nonfinite_inputs([(torch.full((1, 8), float("nan")), torch.zeros(1, 16))])
 
 
 VAE = '''

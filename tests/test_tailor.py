@@ -8,13 +8,15 @@ from types import SimpleNamespace
 
 from nnwizard.probes.api import ProbeResult
 from nnwizard.ranking import Ranked
-from nnwizard.recorder import LossCall, OptimizerInfo
+from nnwizard.record import LossCall, OptimizerInfo
 from nnwizard.session import Options, diagnose
 from nnwizard.tailor import tailor
 
 
 def _call(where, *, eval_, grad, training):
-    call = LossCall("cross_entropy", [8, 3], "float32", [8], "int64", 1.0, "mean", grad, training, 0, where, True, [8, 3])
+    call = LossCall(fn="cross_entropy", input_shape=[8, 3], input_dtype="float32", target_shape=[8], target_dtype="int64",
+                    value=1.0, reduction="mean", grad_enabled=grad, training=training, step=0, where=where, from_model=True,
+                    model_output_shape=[8, 3])
     call.eval = eval_
     return call
 
@@ -126,7 +128,7 @@ def test_loop_fixes_name_the_optimizer_and_the_training_loss_and_stay_silent_wit
 
 
 def test_scheduler_graph_and_clipping_fixes_name_the_recorded_line_and_nothing_without_it():
-    from nnwizard.recorder import ClipCall
+    from nnwizard.record import ClipCall
 
     per_batch = ProbeResult("failed", "per-step-for-per-epoch", "s", {}, id="trace-scheduler")
     d = _diagnosis("scheduler-misplaced", [per_batch])

@@ -6,7 +6,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from nnwizard.probes.api import ProbeContext, get
-from nnwizard.recorder import Recording, StepRecord
+from nnwizard.record import Recording, StepRecord
 
 
 def _run(norms: list[float | None], losses: list[float]) -> Recording:

@@ -310,7 +310,7 @@ def test_watched_model_can_be_copied_and_pickled_and_its_class_is_left_as_it_was
         twin = copy.deepcopy(model)
         torch.save(model, io.BytesIO())
         twin(torch.randn(2, 8))  # another instance of the class: not a watched call
-        seen.append(len(w._current["calls"]))
+        seen.append(len(w.step_calls["calls"]))
 
     w = _watched_steps(_KwNet(), tmp_path / "w", 4, copies=copies)
     assert w.anomalies == [] and seen == [0, 0, 0, 0]  # (the step's calls were rotated out; the twin added none)

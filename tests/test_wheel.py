@@ -30,6 +30,7 @@ def test_wheel_contents(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     assert "nnwizard/trees/catalog.yaml" in names and "nnwizard/trees/sanity.yaml" in names
     assert "nnwizard/probes/sanity.py" in names and "nnwizard/cli.py" in names
+    assert "nnwizard/record/recorder.py" in names and "nnwizard/record/patches/losses.py" in names
     assert not any(n.startswith(("wizard/", "probes/", "trees/")) for n in names), "no top-level wizard/probes/trees"
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     assert "nnwizard = nnwizard.launch:main" in zipfile.ZipFile(wheel).read(entry_points).decode()

@@ -25,13 +25,12 @@ from __future__ import annotations
 import ast
 import io
 import json
-import math
 import platform
 import random
 import sys
 import types
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,38 +39,14 @@ import torch
 from torch import nn
 
 import nnwizard
+from nnwizard.jsonsafe import jsonable as _jsonsafe
 
 SCRIPT_MODULE = "__nnwizard_script__"
 
 
-def _jsonable(v: Any) -> Any:
-    if isinstance(v, float):
-        return v if math.isfinite(v) else str(v)
-    if isinstance(v, dict):
-        return {str(k): _jsonable(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_jsonable(x) for x in v]
-    if isinstance(v, torch.Tensor):
-        return _jsonable(v.tolist()) if v.numel() <= 16 else f"tensor{list(v.shape)}"
-    if isinstance(v, (str, int, bool)) or v is None:
-        return v
-    return str(v)
-
-
-def to_cpu(obj: Any) -> Any:
-    """A detached CPU copy of the tensors inside ``obj`` (other values kept as they are)."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-        return type(obj)(*(to_cpu(o) for o in obj))
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(to_cpu(o) for o in obj)
-    if isinstance(obj, dict):
-        try:
-            return type(obj)({k: to_cpu(v) for k, v in obj.items()})
-        except TypeError:
-            return {k: to_cpu(v) for k, v in obj.items()}
-    return obj
+def jsonable(v: Any) -> Any:
+    """JSON-safe meta data: a tensor of more than 16 values is described by its shape."""
+    return _jsonsafe(v, limit=16)
 
 
 def rng_state(cuda: bool = False) -> dict:
@@ -130,7 +105,7 @@ def save_bundle(folder: Path, meta: dict, models: dict[str, nn.Module], optimize
         cells = current_cells()   # a notebook's or a kernel's cells: replay rebuilds the classes they define
         if cells:
             meta["cells"] = cells
-    (folder / "meta.json").write_text(json.dumps(_jsonable(meta), indent=1) + "\n", encoding="utf-8")
+    (folder / "meta.json").write_text(json.dumps(jsonable(meta), indent=1) + "\n", encoding="utf-8")
     return folder
 
 

@@ -55,7 +55,7 @@ def sticky(error: object) -> bool:
 
 def remember(error: BaseException, where: str) -> bool:
     """Note ``error`` when it is sticky (the first one is kept); True if it was."""
-    from nnwizard.probes._instrument import first_line
+    from nnwizard.record.frames import first_line
 
     if not sticky(error):
         return False

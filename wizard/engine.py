@@ -224,35 +224,56 @@ class Engine:
         return ordered
 
     def _walk(self, tree: Tree, diagnosis: Diagnosis) -> list[str]:
-        """Walk one tree; returns symptoms measured by ``follow: symptoms`` probe nodes."""
+        """Walk one tree for real (probes run, questions asked, evidence added); returns the symptoms measured by
+        ``follow: symptoms`` probe nodes."""
         self.listener(Event("tree-start", tree.id, data={"title": tree.title}))
+
+        def conclude(name: str, c, source: ProbeResult | None) -> None:
+            evidence = Evidence(c.hypothesis, c.weight, quote(c.evidence, source), tree.id, name, source.id if source else None)
+            diagnosis.evidence.append(evidence)
+            self.listener(Event("conclusion", tree.id, name, {"evidence": evidence}))
+
+        measured = self._through(tree, diagnosis, self._latest, lambda name, node: self._probe(tree, name, node, diagnosis),
+                                 lambda name, node: self._ask(tree, name, node, diagnosis), conclude)
+        self.listener(Event("tree-end", tree.id))
+        return measured
+
+    def _through(self, tree: Tree, diagnosis: Diagnosis, latest: dict[str, ProbeResult],
+                 probe: Callable[[str, Node], ProbeResult | None], ask: Callable[[str, Node], str | None],
+                 conclude: Callable[[str, Any, ProbeResult | None], None]) -> list[str]:
+        """The one tree walker: from the tree's start to its end, a probe node's result from ``probe`` (None: the
+        walk stops there), an ask node's answer from ``ask`` (None: it stops), a branch routed on ``latest``, each
+        conclusion of a conclude node handed to ``conclude`` (not when its probe could not measure: a probe that
+        could not measure adds no evidence, for or against). Returns the symptoms ``follow: symptoms`` nodes
+        measured."""
         measured: list[str] = []
         last: ProbeResult | None = None
         name = tree.start
-        while name != END:
+        for _ in range(len(tree.nodes) + 1):  # a tree is acyclic; the bound only guards a malformed one
+            if name == END:
+                break
             node = tree.nodes[name]
-            kind = node.kind
-            if kind == "probe":
-                last = self._probe(tree, name, node, diagnosis)
+            if node.kind == "probe":
+                last = probe(name, node)
+                if last is None:
+                    break
+                latest[node.probe] = last
                 if node.follow == "symptoms":
                     measured += [s for s in last.data.get("symptoms", []) if s in SYMPTOMS and s != "auto"]
-                name = self._route(node, last.outcome, node.on, diagnosis)
-            elif kind == "ask":
-                answer = self._ask(tree, name, node, diagnosis)
-                name = self._route(node, answer, node.on, diagnosis)
-            elif kind == "branch":
-                name = self._route(node, self._value_of(node.branch, diagnosis), node.cases, diagnosis)
+                name = self._route(node, last.outcome, node.on, diagnosis, latest)
+            elif node.kind == "ask":
+                answer = ask(name, node)
+                if answer is None:
+                    break
+                name = self._route(node, answer, node.on, diagnosis, latest)
+            elif node.kind == "branch":
+                name = self._route(node, self._value_of(node.branch, diagnosis, latest), node.cases, diagnosis, latest)
             else:
                 for c in node.conclude or []:
-                    source = self._latest.get(c.source) if c.source else last
-                    if any(r is not None and could_not_run(r) for r in (source, last)):
-                        continue  # a probe that could not measure adds no evidence, for or against (CONTRACT §4)
-                    evidence = Evidence(c.hypothesis, c.weight, quote(c.evidence, source), tree.id, name,
-                                        source.id if source else None)
-                    diagnosis.evidence.append(evidence)
-                    self.listener(Event("conclusion", tree.id, name, {"evidence": evidence}))
+                    source = latest.get(c.source) if c.source else last
+                    if not any(r is not None and could_not_run(r) for r in (source, last)):
+                        conclude(name, c, source)
                 name = node.next
-        self.listener(Event("tree-end", tree.id))
         return measured
 
     def _route(self, node: Node, value: str | None, table: dict[str, str], diagnosis: Diagnosis,
@@ -302,7 +323,6 @@ class Engine:
         if key not in self._reported:
             self._reported.add(key)
             diagnosis.results.append(result)
-        self._latest[node.probe] = result
         return result
 
     def _confirmed(self, diagnosis: Diagnosis) -> Ranked | None:
@@ -319,29 +339,10 @@ class Engine:
         for tree in self._queue:
             if tree.id in diagnosis.trees:
                 continue
-            latest, last, name = dict(self._latest), None, tree.start
-            for _ in range(len(tree.nodes) + 1):  # a tree is acyclic; the bound only guards a malformed one
-                if name == END:
-                    break
-                node = tree.nodes[name]
-                if node.kind == "probe":
-                    last = self._cache.get(self._key(node))
-                    if last is None:
-                        break
-                    latest[node.probe] = last
-                    name = self._route(node, last.outcome, node.on, diagnosis, latest)
-                elif node.kind == "ask":
-                    if node.key not in diagnosis.answers:
-                        break
-                    name = self._route(node, diagnosis.answers[node.key], node.on, diagnosis, latest)
-                elif node.kind == "branch":
-                    name = self._route(node, self._value_of(node.branch, diagnosis, latest), node.cases, diagnosis, latest)
-                else:
-                    for c in node.conclude or []:
-                        source = latest.get(c.source) if c.source else last
-                        if not any(r is not None and could_not_run(r) for r in (source, last)):
-                            evidence.append(Evidence(c.hypothesis, c.weight, "", tree.id, name, source.id if source else None))
-                    name = node.next
+            self._through(tree, diagnosis, dict(self._latest), lambda name, node: self._cache.get(self._key(node)),
+                          lambda name, node: diagnosis.answers.get(node.key),
+                          lambda name, c, source, tree=tree: evidence.append(
+                              Evidence(c.hypothesis, c.weight, "", tree.id, name, source.id if source else None)))
         return evidence
 
     def _not_needed(self, tree: Tree, name: str, node: Node, diagnosis: Diagnosis) -> ProbeResult | None:

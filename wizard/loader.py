@@ -40,7 +40,7 @@ def _package_root(file: Path) -> tuple[Path, str]:
     return folder, ".".join(parts)
 
 
-def _raised_at(exc: BaseException) -> str:
+def raised_at(exc: BaseException) -> str:
     """The innermost frame outside site-packages: where the user's code raised (for a syntax error: the
     line that does not parse, not the import machinery that read it)."""
     if isinstance(exc, SyntaxError) and exc.filename:
@@ -81,12 +81,12 @@ def import_module(spec: str) -> ModuleType:
                 "path (path/to/train.py)."
             ) from None
         raise TargetError(
-            f"Module {spec!r} was found but importing it failed{_raised_at(exc)}: "
+            f"Module {spec!r} was found but importing it failed{raised_at(exc)}: "
             f"{type(exc).__name__}: {exc}. Install what it imports, or fix the import."
         ) from exc
     except Exception as exc:  # anything the user's module raises at import time
         raise TargetError(
-            f"Module {spec!r} was found but raised while being imported{_raised_at(exc)}: "
+            f"Module {spec!r} was found but raised while being imported{raised_at(exc)}: "
             f"{type(exc).__name__}: {exc}"
         ) from exc
 
@@ -122,6 +122,6 @@ def load_namespace(spec: str) -> tuple[Any, ModuleType]:
         return factory(), module
     except Exception as exc:
         raise TargetError(
-            f"{spec}: calling {attr}() raised{_raised_at(exc)}: {type(exc).__name__}: {exc}. It must "
+            f"{spec}: calling {attr}() raised{raised_at(exc)}: {type(exc).__name__}: {exc}. It must "
             "return an object with build_model, build_data and loss_fn/build_loss."
         ) from exc

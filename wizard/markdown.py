@@ -1,15 +1,17 @@
-"""The markdown report: environment, symptoms, ranked hypotheses with evidence and fixes, the probe
-table, and the probes' plots and tables (PNG files in a folder next to the .md)."""
+"""The markdown report, rendered from the Report alone: environment, symptoms, ranked hypotheses with evidence
+and fixes, the probe table, and the probes' plots and tables (PNG files in a folder next to the .md); a
+replay's report opens with the replayed step and the op it localised."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from nnwizard.engine import Diagnosis
 from nnwizard.plots import render
-from nnwizard.probes.api import Table
+from nnwizard.probes.api import BarPlot, ImageGrid, LinePlot, Table
 from nnwizard.ranking import FINDING
 from nnwizard.report import Report
+
+ARTIFACTS = {"line": LinePlot, "bar": BarPlot, "images": ImageGrid, "table": Table}
 
 STATUS_MARK = {"passed": "✅ passed", "failed": "❌ failed", "errored": "⚠️ errored", "skipped": "⏭ skipped"}
 
@@ -18,7 +20,7 @@ def _cell(value) -> str:
     return str(value).replace("|", "\\|").replace("\n", " ")
 
 
-def _table(columns: list[str], rows: list[list], marked: list[int] = ()) -> list[str]:
+def markdown_table(columns: list[str], rows: list[list], marked: list[int] = ()) -> list[str]:
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for i, row in enumerate(rows):
         cells = [_cell(c) for c in row]
@@ -37,10 +39,23 @@ def _took(report) -> str:
     return f"{report.duration_s:.1f} s"
 
 
-def render_markdown(report: Report, diagnosis: Diagnosis, path: str | Path) -> Path:
+def _replay_head(report: Report) -> list[str]:
+    """A replay's opening lines: the step, what triggered its bundle, the op it localised."""
+    head = [f"**Replay of step {report.step}** (bundle `{report.bundle}`, trigger `{report.trigger}`): {report.reason}.", ""]
+    if report.localised:
+        loc = report.localised
+        head += [f"**Localised:** {loc['text']} ({loc['phase']}; found by {loc['probe']}).", ""]
+    if not report.replayable:
+        head += [f"The step could not be re-executed: {report.why_not}.", ""]
+    return head
+
+
+def render_markdown(report: Report, path: str | Path) -> Path:
     path = Path(path)
     assets = path.parent / f"{path.stem}_files"
     out: list[str] = [f"# nnwizard diagnosis: `{report.module}`", ""]
+    if report.mode == "replay":
+        out += _replay_head(report)
     if report.interrupted:
         out += ["> **Interrupted**: this is a partial report of what was measured before Ctrl-C.", ""]
     findings = [h for h in report.hypotheses if h.confidence >= FINDING]
@@ -64,7 +79,7 @@ def render_markdown(report: Report, diagnosis: Diagnosis, path: str | Path) -> P
         "",
         "## Environment",
         "",
-        *_table(["", ""], [[k, v] for k, v in report.environment.items()]),
+        *markdown_table(["", ""], [[k, v] for k, v in report.environment.items()]),
         "",
         "## Ranked hypotheses",
         "",
@@ -72,7 +87,7 @@ def render_markdown(report: Report, diagnosis: Diagnosis, path: str | Path) -> P
     if not report.hypotheses:
         out += ["No hypothesis gathered supporting evidence.", ""]
     else:
-        out += _table(
+        out += markdown_table(
             ["#", "hypothesis", "category", "confidence", "strongest evidence"],
             [[i + 1, f"`{h.id}` {h.title}", h.category, f"{h.confidence:.2f}", (h.evidence or ["-"])[0]]
              for i, h in enumerate(report.hypotheses)],
@@ -90,25 +105,25 @@ def render_markdown(report: Report, diagnosis: Diagnosis, path: str | Path) -> P
         out += ["## Not run", "", "These probes could not measure (they add no evidence for or against anything), or "
                 "training raised in a way no hypothesis explains (why: training-raised), or the loss did not move and no "
                 "hypothesis explains it (why: loss-unmoved).", "",
-                *_table(["probe", "status", "why", "reason"], [[f"`{n.probe}`", n.status, n.why, n.reason] for n in report.not_run]), ""]
+                *markdown_table(["probe", "status", "why", "reason"], [[f"`{n.probe}`", n.status, n.why, n.reason] for n in report.not_run]), ""]
     if report.script:
         from nnwizard.script_view import markdown_lines
 
         out += markdown_lines(report.script)
     if report.answers:
-        out += ["## Answers", "", *_table(["question", "answer"], [[k, v] for k, v in report.answers.items()]), ""]
+        out += ["## Answers", "", *markdown_table(["question", "answer"], [[k, v] for k, v in report.answers.items()]), ""]
     out += ["## Probes", ""]
-    out += _table(
+    out += markdown_table(
         ["probe", "status", "outcome", "summary", "seconds"],
         [[f"`{p.id}`", STATUS_MARK[p.status], p.outcome, p.summary, f"{p.duration_s:.2f}"] for p in report.probes],
     ) + [""]
-    for result in diagnosis.results:
-        for artifact in result.artifacts:
-            if isinstance(artifact, Table):
-                out += [f"### {artifact.title} (`{result.id}`)", "", *_table(artifact.columns, artifact.rows, artifact.marked), ""]
-                continue
-            png = render(artifact, assets, result.id)
-            if png is not None:
-                out += [f"### {artifact.title} (`{result.id}`)", "", f"![{artifact.title}]({assets.name}/{png.name})", ""]
+    for item in report.artifacts:
+        artifact = ARTIFACTS[item.kind](**item.spec)
+        if isinstance(artifact, Table):
+            out += [f"### {artifact.title} (`{item.probe}`)", "", *markdown_table(artifact.columns, artifact.rows, artifact.marked), ""]
+            continue
+        png = render(artifact, assets, item.probe)
+        if png is not None:
+            out += [f"### {artifact.title} (`{item.probe}`)", "", f"![{artifact.title}]({assets.name}/{png.name})", ""]
     path.write_text("\n".join(out) + "\n", encoding="utf-8")
     return path

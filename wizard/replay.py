@@ -275,23 +275,30 @@ def replay(folder: str | Path, device: str = "cpu", seed: int = 0, listener=None
     return diagnosis, target
 
 
-def report_dict(diagnosis, target: ReplayTarget) -> dict:
+def replay_report(diagnosis, target: ReplayTarget):
+    """The Report of a replay: the diagnosis's, with ``"mode": "replay"``, the step, what triggered the bundle,
+    whether the step could be re-executed and the op the replay localised."""
     from nnwizard.report import build
 
-    data = json.loads(build(diagnosis).model_dump_json())
+    report = build(diagnosis)
     meta = target.bundle.meta
-    data.update(mode="replay", step=target.bundle.step, bundle=str(target.bundle.folder), trigger=meta.get("trigger"),
-                reason=meta.get("reason"), recorded={"loss": meta.get("loss"), "grad_norm": meta.get("grad_norm"),
-                                                     "lrs": meta.get("lrs")},
-                replayable=bool(target.recipe.get("replayable")), why_not=target.recipe.get("why_not"),
-                localised=localised(diagnosis))
+    report.mode, report.step, report.bundle = "replay", target.bundle.step, str(target.bundle.folder)
+    report.trigger, report.reason = meta.get("trigger"), meta.get("reason")
+    report.recorded = {"loss": meta.get("loss"), "grad_norm": meta.get("grad_norm"), "lrs": meta.get("lrs")}
+    report.replayable, report.why_not = bool(target.recipe.get("replayable")), target.recipe.get("why_not")
+    report.localised = localised(diagnosis)
     swap = next((r for r in diagnosis.results if r.id == "replay-swap"), None)
-    if data["verdict"] == "healthy" and swap is not None and swap.outcome in ("batch", "state", "no-ring"):
+    if report.verdict == "healthy" and swap is not None and swap.outcome in ("batch", "state", "no-ring"):
         # the anomaly was measured in the run and reproduced here: no named cause is not "healthy"
-        data["verdict"] = "inconclusive"
-        data["verdict_note"] = (f"the anomaly of step {data['step']} reproduced on replay ({swap.summary}), but no "
-                                f"hypothesis reached 0.5")
-    return data
+        report.verdict = "inconclusive"
+        report.verdict_note = (f"the anomaly of step {report.step} reproduced on replay ({swap.summary}), but no "
+                               f"hypothesis reached 0.5")
+    return report
+
+
+def report_dict(diagnosis, target: ReplayTarget) -> dict:
+    """The replay's §4 JSON report as a dict."""
+    return replay_report(diagnosis, target).to_dict()
 
 
 def run(folder: Path, json_path: Path | None = None, report_path: Path | None = None, device: str = "cpu",
@@ -299,35 +306,14 @@ def run(folder: Path, json_path: Path | None = None, report_path: Path | None = 
     from nnwizard.console import make_console as Console
 
     from nnwizard.errors import ExitCode
-    from nnwizard.markdown import render_markdown
-    from nnwizard.report import build
+    from nnwizard.report import write_reports
     from nnwizard.view import TerminalView
 
     for flag, path in (("--json", json_path), ("--report", report_path)):
         if path is not None and not Path(path).resolve().parent.is_dir():
             raise UsageError(f"{flag} {path}: the folder {Path(path).resolve().parent} does not exist")
-    console = Console()
-    view = TerminalView(console=console, quiet=quiet)
+    view = TerminalView(console=Console(), quiet=quiet)
     diagnosis, target = replay(folder, device, seed, listener=view)
-    data = report_dict(diagnosis, target)
-    written = []
-    if json_path:
-        Path(json_path).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-        written.append(str(json_path))
-    if report_path:
-        render_markdown(build(diagnosis), diagnosis, report_path)
-        text = Path(report_path).read_text(encoding="utf-8").split("\n")
-        head = [f"**Replay of step {data['step']}** (bundle `{data['bundle']}`, trigger `{data['trigger']}`): "
-                f"{data['reason']}.", ""]
-        if data["localised"]:
-            loc = data["localised"]
-            head += [f"**Localised:** {loc['text']} ({loc['phase']}; found by {loc['probe']}).", ""]
-        if not data["replayable"]:
-            head += [f"The step could not be re-executed: {data['why_not']}.", ""]
-        Path(report_path).write_text("\n".join(text[:2] + head + text[2:]), encoding="utf-8")
-        written.append(str(report_path))
-    view.summary(build(diagnosis), written)
-    loc = data["localised"]
-    console.print(f"replay of step {data['step']} ({data['trigger']}: {data['reason']})"
-                  + (f"\n  localised: {loc['text']} ({loc['phase']})" if loc else "\n  localised: no op named"), highlight=False)
+    report = replay_report(diagnosis, target)
+    view.summary(report, write_reports(report, json_path, report_path))
     return int(ExitCode.INTERRUPTED if diagnosis.interrupted else ExitCode.OK)

@@ -1,9 +1,12 @@
-"""The JSON report (CONTRACT §4): a pydantic model built from a Diagnosis."""
+"""The report model (CONTRACT §4): one pydantic :class:`Report` built from a Diagnosis (``build``; a replay's adds
+its step, ``nnwizard.replay.replay_report``). It is rendered as the §4 JSON file here (``write_json``), as markdown
+(``nnwizard.markdown``) and on the terminal (``nnwizard.view``), each from the Report alone: it carries the probes'
+plots and tables too (``artifacts``), so a process that receives it as JSON renders the same reports."""
 
 from __future__ import annotations
 
-import math
-from dataclasses import asdict
+import json
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any, Literal
 
@@ -12,6 +15,7 @@ from pydantic import BaseModel, PrivateAttr
 import nnwizard
 from nnwizard.engine import Diagnosis
 from nnwizard.environment import collect
+from nnwizard.jsonsafe import jsonable, plain_data
 from nnwizard.probes.api import could_not_run
 from nnwizard.ranking import FINDING
 
@@ -62,6 +66,18 @@ class NotRun(BaseModel):
     reason: str
 
 
+class ArtifactOut(BaseModel):
+    """A probe's plot or table (``nnwizard.probes.api``'s artifacts) as plain data: what the markdown report draws.
+    Not part of the §4 JSON file (see :meth:`Report.json_file`); sent with the rest of the report otherwise."""
+
+    probe: str
+    kind: str                  # line | bar | images | table
+    spec: dict[str, Any]       # the artifact's own fields (name, title, series, rows...)
+
+
+REPLAY_FIELDS = ("step", "bundle", "trigger", "reason", "recorded", "replayable", "why_not", "localised", "verdict_note")
+
+
 class Report(BaseModel):
     nnwizard_version: str
     module: str
@@ -84,10 +100,29 @@ class Report(BaseModel):
     script: dict[str, Any] | None = None  # script mode: what the run did (models, optimizers, trace, output)
     budget: dict[str, Any] = {}  # the cost model: step time measured, budget, plain steps used
     _written: list[str] = PrivateAttr(default_factory=list)
+    # a replay's report (``"mode": "replay"``, nnwizard.replay) adds what it replayed and what it found:
+    step: int | None = None               # the optimizer step the bundle saved
+    bundle: str | None = None             # its folder
+    trigger: str | None = None            # the watch trigger that saved it, and why
+    reason: str | None = None
+    recorded: dict[str, Any] | None = None  # the loss, gradient norm and LRs the run recorded at that step
+    replayable: bool | None = None        # whether the step could be re-executed from the saved calls (else why_not)
+    why_not: str | None = None
+    localised: dict[str, Any] | None = None  # the op and line the replay names (probe, phase, op, where, text)
+    verdict_note: str | None = None       # why the verdict is not healthy when no hypothesis reached 0.5
+    artifacts: list[ArtifactOut] = []
+
+    def json_file(self) -> str:
+        """The §4 JSON report as written to ``--json``: the replay fields only in a replay's report (and
+        ``verdict_note`` only when there is one), the artifacts left to the markdown report."""
+        exclude = {"artifacts"} | (set() if self.mode == "replay" else set(REPLAY_FIELDS))
+        if self.verdict_note is None:
+            exclude.add("verdict_note")
+        return self.model_dump_json(indent=2, exclude=exclude)
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON report (CONTRACT §4) as Python objects."""
-        return self.model_dump(mode="json")
+        """The JSON report (CONTRACT §4) as Python objects: what ``json_file`` holds."""
+        return json.loads(self.json_file())
 
     @property
     def written(self) -> list[str]:
@@ -138,21 +173,6 @@ def verdict(diagnosis: Diagnosis, missing: list[NotRun] | None = None) -> Verdic
     return "healthy"
 
 
-def _jsonable(value: Any) -> Any:
-    """Probe data made JSON-safe: NaN/Inf as strings, tensors and numpy values as Python numbers."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else str(value)
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, (str, int, bool)) or value is None:
-        return value
-    if hasattr(value, "tolist"):
-        return _jsonable(value.tolist())
-    return str(value)
-
-
 def build(diagnosis: Diagnosis) -> Report:
     report = _build(diagnosis)
     notebook = getattr(getattr(diagnosis.target, "script", None), "notebook", None)
@@ -185,7 +205,7 @@ def _build(diagnosis: Diagnosis) -> Report:
         probes=[
             ProbeOut(
                 id=r.id, status=r.status, outcome=r.outcome, summary=r.summary, duration_s=r.duration_s,
-                params=_jsonable(r.params), data=_jsonable(r.data), artifacts=[a.name for a in r.artifacts],
+                params=jsonable(r.params), data=jsonable(r.data), artifacts=[a.name for a in r.artifacts],
             )
             for r in diagnosis.results
         ],
@@ -197,10 +217,27 @@ def _build(diagnosis: Diagnosis) -> Report:
         duration_s=diagnosis.duration_s,
         environment=collect(diagnosis.target.device),
         mode=getattr(diagnosis.target, "mode", "module"),
-        script=_jsonable(diagnosis.target.observed()) if getattr(diagnosis.target, "mode", "") == "script" else None,
-        budget=_jsonable(diagnosis.budget.as_dict()) if diagnosis.budget is not None else {},
+        script=jsonable(diagnosis.target.observed()) if getattr(diagnosis.target, "mode", "") == "script" else None,
+        budget=jsonable(diagnosis.budget.as_dict()) if diagnosis.budget is not None else {},
+        artifacts=[ArtifactOut(probe=r.id, kind=a.kind, spec=plain_data({f.name: getattr(a, f.name) for f in fields(a)
+                                                                            if f.name != "kind"}))
+                   for r in diagnosis.results for a in r.artifacts],
     )
 
 
 def write_json(report: Report, path: str | Path) -> None:
-    Path(path).write_text(report.model_dump_json(indent=2) + "\n", encoding="utf-8")
+    Path(path).write_text(report.json_file() + "\n", encoding="utf-8")
+
+
+def write_reports(report: Report, json_path: str | Path | None, report_path: str | Path | None) -> list[str]:
+    """The §4 JSON report and the markdown report (with its plots), where asked; the paths written."""
+    written = []
+    if json_path:
+        write_json(report, json_path)
+        written.append(str(json_path))
+    if report_path:
+        from nnwizard.markdown import render_markdown
+
+        render_markdown(report, report_path)
+        written.append(str(report_path))
+    return written

@@ -135,14 +135,14 @@ class _Loop:
             self.max_s = max(self.max_s, steps - self.last_s)
             if forwards > self.last_f:
                 self.max_f = max(self.max_f, forwards - self.last_f)
-                event = rec._last_event
+                event = rec.last_event
                 if event is not None and event.grad_enabled:   # (an RL episode in eval mode keeps its graph for
                     self.with_grad = True                          # the backward after it: not an evaluation)
         self.last_s, self.last_f = steps, forwards
-        if self.epoch is None and not rec._loader_stack:
+        if self.epoch is None and not rec.in_loader_pass:
             self._number(rec, steps)
-        if self.epoch is not None and not rec._loader_stack:   # the steps of the next iteration: epoch.batch
-            rec._epochs, rec._batch_index = self.epoch, self.n
+        if self.epoch is not None and not rec.in_loader_pass:   # the steps of the next iteration: epoch.batch
+            rec.set_position(self.epoch, self.n)
         cap = rec.limit_batches
         if cap is not None and self.n >= cap and self._batch_loop(steps, forwards, recording.backwards):
             if steps > self.s0:

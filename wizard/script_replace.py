@@ -87,7 +87,7 @@ class Subset:
     def _made(self, batch, i: int):
         if not self.synthetic:
             return batch
-        from nnwizard.probes.ladder import _synthetic
+        from nnwizard.probes.ladder import synthetic_batches
 
         pair = pair_of(batch)
         if pair is None or not pair[0].is_floating_point():
@@ -95,7 +95,7 @@ class Subset:
             return batch
         x, y = pair
         task = "classification" if not y.is_floating_point() and self.task != "regression" else self.task
-        xs, ys = _synthetic([(x, y)], task, self.seed + i)[0]
+        xs, ys = synthetic_batches([(x, y)], task, self.seed + i)[0]
         made = (xs, ys.to(y.dtype))
         return list(made) if isinstance(batch, list) else made
 
@@ -533,36 +533,3 @@ class RepeatFirstStep(_Hooks):
         return (f"{self.replaced_forwards} of {self.replaced_forwards + self.kept_forwards} later training calls of the "
                 f"model got the first call's tensors, {self.replaced_targets} of "
                 f"{self.replaced_targets + self.kept_targets} later loss calls its target")
-
-
-# ------------------------------------------------------------------------------------ child processes
-class ChildProcesses:
-    """Patch for the observed run: counts the processes the script starts (``multiprocessing`` /
-    ``torch.multiprocessing`` Process.start, which ``spawn`` and pools use too). The recorder watches
-    only the script's own process, so a script that trains in children (Hogwild) records no step;
-    ``started`` lets the report say why. Nothing about the processes changes."""
-
-    def __init__(self):
-        self.started = 0
-        self._undo = None
-
-    def __enter__(self):
-        import multiprocessing.process as mp_process
-
-        base = mp_process.BaseProcess
-        original = base.start
-        counter = self
-
-        def start(process, *args, **kwargs):
-            counter.started += 1
-            return original(process, *args, **kwargs)
-
-        base.start = start
-        self._undo = (base, original)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self._undo is not None:
-            base, original = self._undo
-            base.start = original
-            self._undo = None

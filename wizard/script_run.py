@@ -7,7 +7,7 @@ Usage::
 
     script = load_script("train.py")                  # UsageError (exit 2): missing file, syntax error
     result = run_script(script, ["--epochs", "1"], RunOptions(max_steps=40))
-    result.recording      # the Recording (nnwizard.recorder)
+    result.recording      # the Recording (nnwizard.record)
     result.exit           # "finished" | "stopped" (budget) | "raised" | "exited" (sys.exit != 0) | "interrupted"
     result.output         # the script's last printed lines (stdout and stderr, interleaved)
     result.written        # files the script wrote, as [(the path it asked for, where it went)]
@@ -15,7 +15,7 @@ Usage::
 The script runs with ``__name__ == "__main__"``, ``sys.argv = [path, *args]``, its folder first on
 ``sys.path`` and the current directory unchanged (a dotted name runs like ``python -m``). The budget
 (``max_steps`` optimizer steps, ``limit_batches`` per DataLoader pass, ``time_limit_s``) ends the run
-by raising :class:`~nnwizard.recorder.StopRun` (a BaseException) inside the script. ``sandbox=True``
+by raising :class:`~nnwizard.record.StopRun` (a BaseException) inside the script. ``sandbox=True``
 (diagnosis) sends every write to a scratch folder and redirects later reads of those files there, so
 existing files stay byte-identical; watch mode runs with ``sandbox=False``. sys.argv, sys.path,
 sys.modules (the script's own modules), stdout/stderr, the RNG states and grad mode are restored.
@@ -43,7 +43,7 @@ from typing import Any, Callable
 
 import torch
 
-from nnwizard.recorder import Recorder, Recording, StopRun, plain_text
+from nnwizard.record import Recorder, Recording, StopRun, plain_text
 from nnwizard.script_ranges import capped_range, install as install_range
 from nnwizard.script_spec import Script, load_script  # noqa: F401 - (load_script: re-exported for its callers)
 

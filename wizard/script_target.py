@@ -32,7 +32,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from nnwizard.recorder import LossCall, ModelInfo, Recording
+from nnwizard.record import LossCall, ModelInfo, Recording
 from nnwizard.script_run import DEFAULT_LIMIT_BATCHES, RunOptions, RunResult, Script, run_script
 from nnwizard.target import LossNotReplayable, Target
 
@@ -271,7 +271,7 @@ class ScriptTarget(Target):
     def untrained(self) -> bool:
         """No torch.optim step was taken (the loop audits had nothing to read), or every step found no
         gradient (nothing trained): never healthy."""
-        from nnwizard.probes.trace import gradless
+        from nnwizard.probes._recording import gradless
 
         return not self.recording.steps or gradless(self.recording)
 

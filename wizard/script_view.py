@@ -50,6 +50,7 @@ def observed(target) -> dict[str, Any]:
         "loss": (f"{target.loss_call.fn} (input {target.loss_call.input_shape} {target.loss_call.input_dtype}, target "
                  f"{target.loss_call.target_shape} {target.loss_call.target_dtype})") if target.loss_call else None,
         "eval_loss_calls": evals, "measured_step_s": target.measured_step_s,
+        "seeds": [{"seed": s.seed, "where": s.where, "step": s.step} for s in rec.seeds],
         "manual_steps": sum(1 for s in steps if s.manual), "recording_notes": _counted(rec.notes),
         "error": ({"type": rec.error.type, "message": rec.error.message, "where": rec.error.where, "step": rec.error.step}
                   if rec.error else None),
@@ -91,7 +92,7 @@ def script_problem(target) -> str | None:
     if run.exit == "interrupted" and not rec.steps:
         what = "calling a torch.nn.Module" if not rec.models else "its first optimizer step"
         return f"The script was interrupted (Ctrl-C) after {run.seconds:.1f} s, before {what}: nothing to diagnose yet."
-    children = getattr(rec, "child_processes", 0)
+    children = rec.child_processes
     if not rec.steps and children:
         return (f"The script started {children} child process(es) and took no optimizer step in its own process: it "
                 f"trains in the children (multiprocessing, e.g. Hogwild), which nnwizard does not record. To diagnose it, "
@@ -112,14 +113,14 @@ def untrained_note(target) -> str | None:
     rec = target.recording
     if rec.error is not None:
         return None
-    from nnwizard.probes.trace import _moved, gradless
+    from nnwizard.probes._recording import gradless, moved
 
     if gradless(rec):
         return (f"None of the script's {len(rec.steps)} optimizer steps found a gradient on any parameter, so nothing "
                 f"trained: the verdict cannot be healthy.")
     if rec.steps:
         return None
-    how = ("its parameters changed, so it updates them by hand" if _moved(rec)
+    how = ("its parameters changed, so it updates them by hand" if moved(rec)
            else "its parameters never changed")
     return (f"The script never took a torch.optim optimizer step ({rec.backwards} backward passes; {how}), so the "
             f"per-step audits had nothing to read: the verdict cannot be healthy.")
@@ -275,7 +276,7 @@ def _short(v, spec: str = ".4g") -> str:
 
 
 def markdown_lines(obs: dict) -> list[str]:
-    from nnwizard.markdown import _table
+    from nnwizard.markdown import markdown_table
 
     out = ["## What the script did (observed)", ""]
     if obs["note"]:
@@ -292,18 +293,18 @@ def markdown_lines(obs: dict) -> list[str]:
             f"{_short(obs['measured_step_s'])} s", ""]
     if obs["trace"]:
         out += ["### Per-step trace", ""]
-        out += _table(TRACE_COLUMNS, _trace_rows(obs["trace"]))
+        out += markdown_table(TRACE_COLUMNS, _trace_rows(obs["trace"]))
         out.append("")
         for note in _notes(obs["trace"]):
             out += [note, ""]
     if obs.get("reruns"):
         out += ["### Reruns of the script (interventions)", ""]
-        out += _table(["intervention", "optimizer steps (planned)", "seconds", "ended"],
+        out += markdown_table(["intervention", "optimizer steps (planned)", "seconds", "ended"],
                       [[r["what"], f"{r['steps']} ({r['max_steps']})", f"{r['seconds']:.2f}", r["exit"]]
                        for r in obs["reruns"]]) + [""]
     if obs["written"]:
         out += ["### Files the script wrote (kept out of your folders)", ""]
-        out += _table(["path the script used", "saved as"], [[w["path"], w["saved_as"]] for w in obs["written"]]) + [""]
+        out += markdown_table(["path the script used", "saved as"], [[w["path"], w["saved_as"]] for w in obs["written"]]) + [""]
     if obs["output_tail"]:
         out += ["### The script's last printed lines", "", "```", *obs["output_tail"], "```", ""]
     return out

@@ -14,7 +14,8 @@ from nnwizard.errors import ExitCode
 from nnwizard.isolation import preserved_state, seed_everything
 from nnwizard.prompts import SYMPTOMS_KEY, QuestionaryPrompter, ScriptedPrompter, load_answers, save_answers
 from nnwizard.options import Options, check, exit_code, failure_reasons  # noqa: F401 - (Options: re-exported)
-from nnwizard.report import Report, build, write_json
+from nnwizard.report import Report, build
+from nnwizard.report import write_reports as write_reports_of
 from nnwizard.target import load_target
 from nnwizard.tree import load_trees, question_keys
 
@@ -42,9 +43,7 @@ def _one_pass_rerun(rec, steps: int, exit_kind: str) -> int:
 def _load_script_target(opts: Options, listener):
     from nnwizard.engine import Event
     from nnwizard.live import Progress
-    from nnwizard.probes.mixing import SampleMixing
-    from nnwizard.probes.next_token import FirstForwards
-    from nnwizard.script_replace import ChildProcesses
+    from nnwizard.probes.api import run_listeners
     from nnwizard.script_run import (DEFAULT_LIMIT_BATCHES, DEFAULT_MAX_STEPS, BatchCap, RunOptions, RunResult,
                                      ScriptInterrupted, StepFit, load_script, run_script)
     from nnwizard.script_target import ScriptTarget
@@ -55,22 +54,16 @@ def _load_script_target(opts: Options, listener):
         listener(Event("script-start", data={"script": str(script.path), "args": opts.script_args, "max_steps": steps}))
 
     def observe(limit_batches: int, passes: float = BatchCap.PASSES) -> "RunResult":
-        mixing = SampleMixing()  # the reshape between model and loss, judged on the live graph (probes/mixing.py)
-        firsts = FirstForwards()  # each model's first training call, keyword arguments too (probes/next_token.py)
-        children = ChildProcesses()
+        declared = [spec.make() for spec in run_listeners()]  # what the probes follow on the live run (probes/api.py)
         try:
-            run = run_script(script, opts.script_args, RunOptions(
-                max_steps=steps, seed=opts.seed, limit_batches=limit_batches, cap_passes=passes, patches=[children],
-                listeners=[StepFit(extend=not opts.max_steps), mixing, firsts]
+            return run_script(script, opts.script_args, RunOptions(
+                max_steps=steps, seed=opts.seed, limit_batches=limit_batches, cap_passes=passes,
+                listeners=[StepFit(extend=not opts.max_steps), *declared]
                 + ([Progress(listener)] if listener is not None else [])))
-        except ScriptInterrupted as stop:
-            stop.result.recording.child_processes = children.started
-            raise
         finally:
-            mixing.close()
-            firsts.close()
-        run.recording.child_processes = children.started
-        return run
+            for each in declared:
+                if hasattr(each, "close"):
+                    each.close()
 
     try:
         run = observe(DEFAULT_LIMIT_BATCHES)
@@ -134,16 +127,8 @@ def diagnose(opts: Options, listener=None) -> Diagnosis:
 
 
 def write_reports(diagnosis: Diagnosis, opts: Options) -> tuple[object, list[str]]:
-    from nnwizard.markdown import render_markdown
-
     report = build(diagnosis)
-    written = []
-    if opts.json_path:
-        write_json(report, opts.json_path)
-        written.append(str(opts.json_path))
-    if opts.report_path:
-        render_markdown(report, diagnosis, opts.report_path)
-        written.append(str(opts.report_path))
+    written = write_reports_of(report, opts.json_path, opts.report_path)
     if opts.interactive and (diagnosis.answers or diagnosis.given_symptoms):
         path = opts.save_answers or Path("nnwizard-answers.yaml")
         save_answers(path, diagnosis.given_symptoms, diagnosis.answers)

@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from nnwizard import reference
 from nnwizard.errors import TargetError, UsageError
-from nnwizard.loader import _raised_at, load_namespace
+from nnwizard.loader import raised_at, load_namespace
 
 TASKS = ("classification", "binary", "regression")
 CLASSIFICATION_LOSSES = (nn.CrossEntropyLoss, nn.NLLLoss)
@@ -92,7 +92,7 @@ class DeviceLoader:
         return getattr(self.loader, name)
 
 
-def _as_loader(data: Any, shuffle: bool) -> DataLoader | None:
+def as_loader(data: Any, shuffle: bool) -> DataLoader | None:
     if data is None or isinstance(data, DataLoader):
         return data
     if isinstance(data, Dataset) or hasattr(data, "__getitem__"):
@@ -280,7 +280,7 @@ def _call(spec: str, name: str, fn: Callable, *args):
         return fn(*args)
     except Exception as exc:
         raise TargetError(
-            f"{spec}: {name}() raised while being built{_raised_at(exc)}: {type(exc).__name__}: {exc}. "
+            f"{spec}: {name}() raised while being built{raised_at(exc)}: {type(exc).__name__}: {exc}. "
             f"Expected {REQUIRED.get(name, name)}."
         ) from exc
 
@@ -290,7 +290,7 @@ def _called_loss(loss_fn: Callable, outputs: torch.Tensor | None, targets: Any):
     wrapping F.cross_entropy, a loss module), or None."""
     if outputs is None or not isinstance(targets, torch.Tensor):
         return None
-    from nnwizard.probes._losscall import LossCalls
+    from nnwizard.record.losscalls import LossCalls
 
     import warnings
 
@@ -350,7 +350,7 @@ def load_target(spec: str, device: str = "auto") -> Target:
         if not isinstance(data, (tuple, list)) or len(data) != 2:
             raise TargetError(f"{spec}: build_data() must return (train, val); it returned {type(data).__name__}.")
         try:
-            train, val = _as_loader(data[0], True), _as_loader(data[1], False)
+            train, val = as_loader(data[0], True), as_loader(data[1], False)
         except TypeError as exc:
             raise TargetError(f"{spec}: build_data(): {exc}.") from None
         if train is None:
@@ -364,7 +364,7 @@ def load_target(spec: str, device: str = "auto") -> Target:
         try:
             first = next(iter(train))
         except Exception as exc:
-            raise TargetError(f"{spec}: reading the first training batch raised{_raised_at(exc)}: {type(exc).__name__}: {exc}") from exc
+            raise TargetError(f"{spec}: reading the first training batch raised{raised_at(exc)}: {type(exc).__name__}: {exc}") from exc
         if not isinstance(first, (tuple, list)) or len(first) < 2:
             raise TargetError(f"{spec}: the training data must yield (inputs, targets); it yielded {type(first).__name__}.")
         outputs = None

@@ -114,6 +114,10 @@ class TerminalView:
                 c.print(f"  [dim]... and {len(report.not_run) - 8} more, listed in the reports[/]")
         for f in files:
             c.print(f"[dim]wrote {f}[/]")
+        if report.mode == "replay":
+            loc = report.localised
+            c.print(f"replay of step {report.step} ({report.trigger}: {report.reason})"
+                    + (f"\n  localised: {loc['text']} ({loc['phase']})" if loc else "\n  localised: no op named"), highlight=False)
 
     def failed(self, reasons: list[str]) -> None:
         """Why the exit code is 1 (--fail-on, --strict): the last lines a CI log shows."""

@@ -2,7 +2,7 @@
 
 ``with nnwizard.watch(model, optimizer):`` around the user's own loop, or ``nnwizard watch --script
 train.py`` (``watch_cmd``), both feed one :class:`Watch`, a listener of the shared recorder
-(``nnwizard.recorder``, light mode). Per optimizer step it reads the loss (the tensor ``backward()``
+(``nnwizard.record``, light mode). Per optimizer step it reads the loss (the tensor ``backward()``
 ran on) and the global gradient norm the recorder measured (on the steps its interval picks, always
 on the logged ones), and runs the anomaly triggers (``nnwizard.anomaly``); every ``every`` steps (and at each anomaly) it also measures the largest
 per-layer gradient norms and the update/weight ratio, and writes one JSON line to
@@ -10,16 +10,11 @@ per-layer gradient norms and the update/weight ratio, and writes one JSON line t
 installed). At an anomaly it saves ``DIR/anomaly-step<N>/`` (``nnwizard.bundle``) *inside* the
 step, before the optimizer changed anything, prints its path in one line and goes on or stops.
 
-What the recorder does not give, watch takes itself, on the models the recorder found: each
-model call's arguments, keyword arguments and output (the batch as the model got it, for
-re-executing the step). It wraps the ``forward`` of the model's class (``_forward_patch``: one Python
-call per model call, for that instance only, restored on close) rather than hooking the instance:
-a module hook puts every call of the model on torch's slow hook path, and an instance hook (or
-attribute) would travel with the user's ``copy.deepcopy(model)`` / ``torch.save(model)``. A model
-whose instance has its own ``forward`` attribute gets a forward pre/post hook instead (``_Hook``:
-copied or pickled, it becomes a hook that does nothing). The checks run in the recorder's ``on_step_pre``, which for a
-``step(closure)`` (Lightning, LBFGS) comes inside the closure after its first call, so after its
-backward and before the update.
+Watch also keeps, on the models the recorder found, each model call's arguments, keyword arguments
+and output (the batch as the model got it, for re-executing the step): ``nnwizard.record.calls``'s
+CallKeeper, at no cost to torch's hook-free path. The checks run in the recorder's ``on_step_pre``,
+which for a ``step(closure)`` (Lightning, LBFGS) comes inside the closure after its first call, so
+after its backward and before the update.
 
 Per step (the fast path) watch stores references and one history tuple and asks the detector's
 one comparison (``Detector.quick``); the full trigger statistics, the per-layer norms, the
@@ -32,7 +27,6 @@ Steps are numbered as the recorder numbers them: 1 for the first ``optimizer.ste
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import sys
@@ -45,8 +39,9 @@ import torch
 from torch import nn
 
 from nnwizard.anomaly import Anomaly, Detector, Triggers
-from nnwizard.bundle import _jsonable, rng_state, save_bundle, to_cpu
-from nnwizard.recorder import total_norm
+from nnwizard.bundle import jsonable, rng_state, save_bundle
+from nnwizard.record import StopRun, cpu_copy, total_norm
+from nnwizard.record.calls import CallKeeper, compiled_inner
 
 DEFAULT_OUT = "nnwizard-watch"
 DEFAULT_EVERY = 10
@@ -56,17 +51,6 @@ UPDATE_SHARE = 0.005  # the update/weight ratio may cost this share of the steps
 LOG_SHARE = 0.01  # every=None: a logged step's extra work may cost this share of the steps between two lines
 LOG_EVERY_MAX = 10  # every=None: lines at most this many times DEFAULT_EVERY apart
 FLUSH_S = 1.0  # watch.jsonl is flushed at most this often (and at every anomaly and at the end)
-
-
-def _tensors(obj: Any):
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, (list, tuple)):
-        for o in obj:
-            yield from _tensors(o)
-    elif isinstance(obj, dict):
-        for o in obj.values():
-            yield from _tensors(o)
 
 
 _VIEWS = ("ViewBackward", "ReshapeAliasBackward", "UnsafeViewBackward", "SqueezeBackward", "UnsqueezeBackward",
@@ -145,14 +129,6 @@ def _loss_parts(loss: tuple) -> dict:
             "kwargs": {k: v for k, v in kwargs.items() if k not in ("input", "target")}, "value": value}
 
 
-_cpu_rng = torch.default_generator.get_state  # torch.random.get_rng_state without its Python frame
-_compiling = torch.compiler.is_compiling       # True while torch.compile traces (our side effects stay out of its graph)
-
-
-def _unwrapped(module: nn.Module) -> nn.Module:
-    """The model a ``torch.compile`` wrapper (OptimizedModule) runs; any other module itself."""
-    inner = module.__dict__.get("_modules", {}).get("_orig_mod") if type(module).__name__ == "OptimizedModule" else None
-    return inner if isinstance(inner, nn.Module) else module
 _grad_enabled = torch.is_grad_enabled          # (one lookup less per call: these run every step)
 _Tensor = torch.Tensor
 
@@ -190,29 +166,6 @@ def _no_grad(fn, *args):
 MAX_PER_STEP = 64  # model calls / loss calls / backwards kept for one step (a loop with no step() stays bounded)
 
 
-class _Inert:
-    """What a watch hook becomes in a copy or pickle of the model: a hook that does nothing."""
-
-    def __call__(self, *args):
-        return None
-
-
-class _Hook:
-    """A watch forward hook on a model instance; copied (``copy.deepcopy``) or pickled
-    (``torch.save(model)``) with the model, it becomes an :class:`_Inert` one, not the watch."""
-
-    __slots__ = ("fn",)
-
-    def __init__(self, fn):
-        self.fn = fn
-
-    def __call__(self, *args):
-        return self.fn(*args)
-
-    def __reduce__(self):
-        return _Inert, ()
-
-
 class Watch:
     """See the module docstring; made by :func:`nnwizard.watch` (context manager) or the CLI."""
 
@@ -245,11 +198,8 @@ class Watch:
         self._detectors: dict[int, Detector] = {}
         self._history: deque = deque(maxlen=HISTORY)
         self._ring: deque = deque(maxlen=max(self.ring_size, 0))
-        self._current: dict = self._fresh()
-        self._hooked: dict[int, list] = {}     # id(model) -> its hook handles (an instance-level forward) or []
-        self._wrapped: set[int] = set()        # ids of the models whose class forward is wrapped (_forward_patch)
-        self._patched: dict[type, tuple] = {}  # class -> (the forward it had in its own __dict__ or None, our wrapper)
-        self._inside = False                   # in a wrapped model forward (a nested model call is not a new call)
+        self.step_calls: dict = self._fresh()
+        self._calls = CallKeeper(self)         # the watched models' calls of each step (into step_calls["calls"])
         self._seen: dict[int, bool] = {}
         self._recorder = None
         self._owns_recorder = False
@@ -289,14 +239,14 @@ class Watch:
                     raise
                 self._tb = None
         if recorder is None:
-            from nnwizard.recorder import Recorder
+            from nnwizard.record import Recorder
 
-            recorder = Recorder("light", files=self.files, listeners=[self])
-            recorder._fast = self  # our loss-call and backward work inside its hooks (on_loss_args, on_backward)
+            # inline: our loss-call and backward work runs inside its hooks (on_loss_args, on_backward)
+            recorder = Recorder("light", files=self.files, listeners=[self], inline=self)
             recorder.__enter__()
             self._owns_recorder = True
         self._recorder = recorder
-        self._t_shift = recorder._t0 - self._t0  # (both monotonic: a step's time since our start)
+        self._t_shift = recorder.t0 - self._t0  # (both monotonic: a step's time since our start)
         recorder.norm_every_max = self.every  # every logged step has the gradient norms measured
         return self
 
@@ -304,18 +254,7 @@ class Watch:
         if self._owns_recorder and self._recorder is not None:
             self._recorder.__exit__(None, None, None)
         self._recorder = None
-        for handles in self._hooked.values():
-            for h in handles:
-                h.remove()
-        self._hooked.clear()
-        self._wrapped.clear()
-        for cls, (had, wrapper) in self._patched.items():
-            if cls.__dict__.get("forward") is wrapper:  # (not if someone patched it after us: ours then passes through)
-                if had is None:
-                    delattr(cls, "forward")
-                else:
-                    setattr(cls, "forward", had)
-        self._patched.clear()
+        self._calls.close()
         if self._log is not None and self._history and self._history[-1][0] > self._written_step:
             self._write(self._entry(self._history[-1]))   # the run's last step ends the curve (and loss_between)
         if self._log is not None:
@@ -324,7 +263,7 @@ class Watch:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
-        self._current = self._fresh()
+        self.step_calls = self._fresh()
         self._ring.clear()
 
     def __enter__(self) -> "Watch":
@@ -332,8 +271,6 @@ class Watch:
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         self.close()
-        from nnwizard.recorder import StopRun
-
         return exc_type is not None and issubclass(exc_type, StopRun) and self.stopped is not None
 
     # -- what belongs to the watched run ----------------------------------------------------------
@@ -341,7 +278,7 @@ class Watch:
         found = [self.model] if self.model is not None else []
         if self._recorder is not None:
             for m in self._recorder.recording.models:
-                inner = _unwrapped(m.module)
+                inner = compiled_inner(m.module)
                 if all(inner is not f for f in found):
                     found.append(inner)
         return found
@@ -374,103 +311,18 @@ class Watch:
         """Is this top-level model call part of the watched model (itself, or a submodule called directly)?"""
         seen = self._seen.get(id(module))
         if seen is None:
-            inner = _unwrapped(module)   # (a compiled model's wrapper is ours when the model it runs is)
+            inner = compiled_inner(module)   # (a compiled model's wrapper is ours when the model it runs is)
             seen = self.model is None or inner is self.model or any(m is inner for m in self.model.modules())
             self._seen[id(module)] = seen
         return seen
 
     def on_forward(self, rec, info, args) -> None:
         module = info.module
-        if id(module) in self._hooked or not self._ours(module):
-            return
-        if "forward" in module.__dict__:  # an instance-level forward (the class's is not called): hooks
-            self._hooked[id(module)] = self._hook(module)
-        else:
-            self._hooked[id(module)] = []
-            self._wrap(module)
-        if torch.is_grad_enabled():  # this first call: torch looked its forward up before we wrapped it
-            self._model_pre(module, args, {})
-            box = []
-
-            def first(m, a, kw, out):  # its keyword arguments and output, once
-                box[0].remove()
-                calls = self._current["calls"]
-                if calls and calls[-1]["module"] is _unwrapped(m) and "out" not in calls[-1]:
-                    calls[-1].update(kwargs=kw, out=out)
-            box.append(module.register_forward_hook(first, with_kwargs=True, always_call=True))
-
-    def _hook(self, module: nn.Module) -> list:
-        return [module.register_forward_pre_hook(_Hook(self._model_pre), with_kwargs=True),
-                module.register_forward_hook(_Hook(self._model_post), always_call=True)]
-
-    def _wrap(self, module: nn.Module) -> None:
-        """Wrap the ``forward`` of the model's class (once per class) and mark this instance watched."""
-        self._wrapped.add(id(module))
-        cls = type(module)
-        if cls not in self._patched:
-            had = cls.__dict__.get("forward")
-            wrapper = self._forward_patch(getattr(cls, "forward"))
-            setattr(cls, "forward", wrapper)
-            self._patched[cls] = (had, wrapper)
-
-    def _forward_patch(self, original):
-        """A class's ``forward``, wrapped: a watched instance's top-level call in grad mode is kept
-        (arguments, keyword arguments, output; the CPU RNG state at the step's first one); any other
-        call (another instance, no grad, a nested call) goes straight through."""
-        watch = self
-
-        @functools.wraps(original)
-        def forward(this, *args, **kwargs):
-            if watch._inside or id(this) not in watch._wrapped or not _grad_enabled() or _compiling():
-                return original(this, *args, **kwargs)
-            cur = watch._current
-            calls = cur["calls"]
-            if not calls:  # the step's first call (the common case: one a step)
-                cur["rng"] = _cpu_rng()  # the RNG state at the step's first forward
-                call = {"module": this, "args": args, "kwargs": kwargs}
-                calls.append(call)
-            else:  # (a first call on_forward already took, when the recorder's hooks ran before this lookup)
-                call = calls[-1] if calls[-1]["module"] is this and "out" not in calls[-1] else None
-                if call is None:
-                    if len(calls) >= MAX_PER_STEP:
-                        return original(this, *args, **kwargs)
-                    call = {"module": this, "args": args, "kwargs": kwargs}
-                    calls.append(call)
-                else:
-                    call.update(args=args, kwargs=kwargs)
-            watch._inside = True
-            try:
-                call["out"] = out = original(this, *args, **kwargs)
-            finally:
-                watch._inside = False
-            return out
-        return forward
-
-    def _model_pre(self, module, args, kwargs):
-        if not torch.is_grad_enabled():
-            return None
-        module = _unwrapped(module)   # a compiled model's call is kept as its model's (replayed eagerly)
-        cur = self._current
-        calls = cur["calls"]
-        if not calls:
-            cur["rng"] = _cpu_rng()  # the RNG state at the step's first forward
-        elif calls[-1]["module"] is module and "out" not in calls[-1]:
-            calls[-1].update(args=args, kwargs=kwargs)  # the first call, seen twice
-            return None
-        if len(calls) < MAX_PER_STEP:
-            calls.append({"module": module, "args": args, "kwargs": kwargs})
-        return None
-
-    def _model_post(self, module, args, *rest):
-        module = _unwrapped(module)
-        output = rest[-1] if rest else None
-        calls = self._current["calls"]
-        if calls and calls[-1]["module"] is module and "out" not in calls[-1]:
-            calls[-1]["out"] = output
-        return None
+        if not self._calls.keeps(module) and self._ours(module):
+            self._calls.keep(module, args)
 
     def on_loss_args(self, rec, call, args, kwargs, value) -> None:
-        cur = self._current
+        cur = self.step_calls
         losses = cur["losses"]
         if not _grad_enabled() or not isinstance(value, _Tensor) or len(losses) >= MAX_PER_STEP:
             return
@@ -479,7 +331,7 @@ class Watch:
         cur["targets"].append(args[1] if len(args) > 1 else kwargs.get("target"))
 
     def on_backward(self, rec, loss) -> None:
-        cur = self._current
+        cur = self.step_calls
         backward, losses = cur["backward"], cur["losses"]
         if len(backward) >= MAX_PER_STEP:
             return
@@ -494,7 +346,7 @@ class Watch:
     def _relate(self, t: torch.Tensor) -> dict | None:
         """How the tensor backward() runs on was made from this step's calls: a loss call (times a
         constant) or a model output's own loss. Done before the backward frees the graph's saved values."""
-        cur = self._current
+        cur = self.step_calls
         calls = cur["calls"]
         for j, loss in enumerate(cur["losses"]):
             scale = _scale_of(t, loss[3])
@@ -519,13 +371,13 @@ class Watch:
             return
         if self._sampled is not None:
             self._finish_line(optimizer)
-        cur = self._current
+        cur = self.step_calls
         calls = cur["calls"]
         if self.ring_size and (calls or cur["losses"]):
             for c in calls:
                 c.pop("out", None)  # the output (and its graph) is not kept past its step
             self._ring.append((self.steps, cur["rng"], calls, cur["targets"]))
-        self._current = {"calls": [], "losses": [], "targets": [], "backward": [], "rng": None}  # (_fresh, inline)
+        self.step_calls = {"calls": [], "losses": [], "targets": [], "backward": [], "rng": None}  # (_fresh, inline)
 
     def _finish_line(self, optimizer) -> None:
         line, self._sampled = self._sampled, None
@@ -547,7 +399,7 @@ class Watch:
         (full check, per-layer norms, the line) costs at most LOG_SHARE of the steps between two lines,
         both measured in this run (the recorder's step time)."""
         self._line_cost = cost if not self._line_cost else 0.8 * self._line_cost + 0.2 * cost
-        step_s = getattr(self._recorder, "_step_s", 0.0) if self._recorder is not None else 0.0
+        step_s = self._recorder.step_seconds if self._recorder is not None else 0.0
         if self.adaptive and step_s > 0 and self.steps > 1:
             need = self._line_cost / (LOG_SHARE * step_s * self.every)
             self.log_every = self.every * min(max(math.ceil(need), 1), LOG_EVERY_MAX)
@@ -560,8 +412,7 @@ class Watch:
             return known[1], known[2]
         index = 0
         if self._recorder is not None:
-            info = self._recorder._opt_ids.get(id(optimizer))
-            index = info.index if info is not None else 0
+            index = self._recorder.optimizer_index(optimizer) or 0
         detector = self._detectors.setdefault(index, Detector(self.triggers))
         if len(self._detectors) > 1:   # several objectives: their losses may rise by design (a GAN)
             for each in self._detectors.values():
@@ -589,7 +440,7 @@ class Watch:
         if self.optimizer is not None and optimizer is not self.optimizer:
             return
         self.steps = n = step_rec.step
-        # None: not measured on this step (Recorder._norm_due), or no gradient at all
+        # None: not measured on this step (LightPolicy.norm_due), or no gradient at all
         norm = step_rec.grad_norm if step_rec.grads_total > step_rec.grads_none else None
         loss, lrs = step_rec.loss, step_rec.lrs
         last = self._last_det
@@ -671,8 +522,6 @@ class Watch:
                 self._write(line)
                 self._sampled = None
                 self.stopped = f"stopped at step {self.steps}: {anomaly.reason}"
-                from nnwizard.recorder import StopRun
-
                 if self._recorder is not None:
                     self._recorder.recording.stopped = self.stopped
                 self._say(f"nnwizard watch: {self.stopped} (--on-anomaly stop)")
@@ -681,10 +530,10 @@ class Watch:
     # -- bundle -------------------------------------------------------------------------------------
     def _step_data(self, keyed: dict[str, nn.Module]) -> dict:
         """The current step as replay needs it: model calls, loss calls, how the backward tensor was made."""
-        cur = self._current
+        cur = self.step_calls
         key_of = {id(m): k for k, m in keyed.items()}
         calls = cur["calls"]
-        out = {"calls": [{"model": key_of[id(c["module"])], "args": to_cpu(c["args"]), "kwargs": to_cpu(c["kwargs"])}
+        out = {"calls": [{"model": key_of[id(c["module"])], "args": cpu_copy(c["args"]), "kwargs": cpu_copy(c["kwargs"])}
                          for c in calls], "losses": [], "backward": []}
         for loss in map(_loss_parts, cur["losses"]):
             source = None
@@ -695,8 +544,8 @@ class Watch:
                         if path is not None:
                             source = {"call": i, "path": path, "shape": list(loss["x"].shape),
                                       "dtype": str(loss["x"].dtype).replace("torch.", "")}
-            out["losses"].append({"fn": loss["fn"], "input": source, "target": to_cpu(loss["target"]),
-                                  "extra": to_cpu(loss["extra"]), "kwargs": to_cpu(loss["kwargs"]),
+            out["losses"].append({"fn": loss["fn"], "input": source, "target": cpu_copy(loss["target"]),
+                                  "extra": cpu_copy(loss["extra"]), "kwargs": cpu_copy(loss["kwargs"]),
                                   "value": float(loss["value"].detach().float().mean())})
         out["backward"] = list(cur["backward"])
         if not out["backward"] or any(b is None for b in out["backward"]):
@@ -712,7 +561,7 @@ class Watch:
 
     def _save(self, optimizer, anomaly: Anomaly, line: dict) -> Path | None:
         keyed, names = self._names(optimizer)
-        for c in self._current["calls"]:  # a model the step called without training it (a frozen encoder)
+        for c in self.step_calls["calls"]:  # a model the step called without training it (a frozen encoder)
             if all(c["module"] is not m for m in keyed.values()):
                 keyed[f"model{len(keyed)}"] = c["module"]
         folder = self.out / f"anomaly-step{anomaly.step}"
@@ -722,11 +571,11 @@ class Watch:
                      for i, p in enumerate(p for g in optimizer.param_groups for p in g["params"]) if p.grad is not None}
             ring = [{"step": step, "rng": rng,
                      "calls": [{"model": next((k for k, m in keyed.items() if m is c["module"]), None),
-                                "args": to_cpu(c["args"]), "kwargs": to_cpu(c["kwargs"])} for c in calls],
-                     "targets": to_cpu(targets)} for step, rng, calls, targets in self._ring]
+                                "args": cpu_copy(c["args"]), "kwargs": cpu_copy(c["kwargs"])} for c in calls],
+                     "targets": cpu_copy(targets)} for step, rng, calls, targets in self._ring]
             rng = rng_state(cuda=any(p.is_cuda for g in optimizer.param_groups for p in g["params"]))
-            if self._current["rng"] is not None:
-                rng["torch"] = self._current["rng"]
+            if self.step_calls["rng"] is not None:
+                rng["torch"] = self.step_calls["rng"]
             meta = {"step": anomaly.step, "trigger": anomaly.kind, "reason": anomaly.reason, "loss": anomaly.loss,
                     "grad_norm": anomaly.grad_norm if anomaly.grad_norm is not None else line.get("grad_norm"), "lrs": [g.get("lr") for g in optimizer.param_groups],
                     "history": [self._entry(h) for h in self._history],
@@ -738,11 +587,11 @@ class Watch:
                                for l in step_data["losses"]], "backward": step_data["backward"],
                     "ring_steps": [r["step"] for r in ring]}
             started = time.monotonic()
-            hooks = self._unhook(keyed)  # our own hooks must not travel in the pickled model
+            hooks = self._calls.unhook(keyed.values())  # our own hooks must not travel in the pickled model
             try:
                 save_bundle(folder, meta, keyed, optimizer, names, grads, step_data, ring, rng)
             finally:
-                self._rehook(hooks)
+                self._calls.rehook(hooks)
             seconds = time.monotonic() - started
         except Exception as exc:  # noqa: BLE001 - watching must never break the run
             self._say(f"nnwizard watch: step {anomaly.step}: {anomaly.reason}; the bundle could not be saved "
@@ -752,20 +601,6 @@ class Watch:
         line["bundle_s"] = round(seconds, 3)
         self._say(f"nnwizard watch: {anomaly.kind} at step {anomaly.step} ({anomaly.reason}); replay bundle: {folder}")
         return folder
-
-    def _unhook(self, keyed: dict[str, nn.Module]) -> list[nn.Module]:
-        removed = []
-        for m in keyed.values():
-            handles = self._hooked.pop(id(m), None)
-            for h in handles or []:
-                h.remove()
-            if handles is not None:
-                removed.append(m)
-        return removed
-
-    def _rehook(self, modules: list[nn.Module]) -> None:
-        for m in modules:
-            self._hooked[id(m)] = self._hook(m) if "forward" in m.__dict__ else []
 
     # -- output -------------------------------------------------------------------------------------
     def _write(self, line: dict) -> None:
@@ -780,7 +615,7 @@ class Watch:
         try:  # a line of plain finite numbers (the common case) needs no conversion
             text = json.dumps(line, allow_nan=False)
         except (TypeError, ValueError):  # NaN/Inf (written as strings) or a value json does not know
-            text = json.dumps(_jsonable(line))
+            text = json.dumps(jsonable(line))
         self._log.write(text + "\n")
         now = time.monotonic()
         if "anomaly" in line or now - self._flushed >= FLUSH_S:  # a flush is a system call: at most once a second

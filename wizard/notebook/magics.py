@@ -64,7 +64,7 @@ def _running_count(ipython) -> int:
 def _watch_magic(ipython):
     def nnwizard_watch(line: str, cell: str) -> None:
         from nnwizard.notebook.sources import WATCHED
-        from nnwizard.recorder import StopRun
+        from nnwizard.record import StopRun
         from nnwizard.watcher import Watch
 
         try:

@@ -12,9 +12,11 @@ import torch
 from torch import nn
 
 import nnwizard
-from nnwizard import recorder as recorder_mod
+from nnwizard.record import light as light_mod
+from nnwizard.record.light import LightPolicy
 from nnwizard.anomaly import Detector, Triggers
-from nnwizard.recorder import LIGHT_KEEP, Recorder
+from nnwizard.record import Recorder
+from nnwizard.record.light import LIGHT_KEEP
 
 
 def _mlp():
@@ -34,7 +36,7 @@ def _steps(model, opt, n, x=None):
 
 def test_light_recording_keeps_a_bounded_window_and_counts_every_step(monkeypatch):
     # every step's norm due (the measured-cost interval is timing-dependent; its rule has its own tests)
-    monkeypatch.setattr(Recorder, "_norm_due", lambda self, n: True)
+    monkeypatch.setattr(LightPolicy, "norm_due", lambda self, n: True)
     model = _mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     with Recorder("light") as rec:
@@ -76,7 +78,7 @@ def test_standalone_light_recorder_leaves_the_loss_functions_alone():
 
 
 def test_gradient_norm_interval_follows_its_cost_and_every_logged_line_has_it(tmp_path, monkeypatch):
-    monkeypatch.setattr(recorder_mod, "NORM_SHARE", 1e-9)  # any reduction is too dear: the longest interval
+    monkeypatch.setattr(light_mod, "NORM_SHARE", 1e-9)  # any reduction is too dear: the longest interval
     model = _mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     with nnwizard.watch(model, opt, out=tmp_path, every=5, tensorboard=False, quiet=True) as w:
@@ -88,7 +90,7 @@ def test_gradient_norm_interval_follows_its_cost_and_every_logged_line_has_it(tm
 
 
 def test_recorder_interval_is_one_when_the_reduction_is_cheap(monkeypatch):
-    monkeypatch.setattr(recorder_mod, "NORM_SHARE", 1e9)
+    monkeypatch.setattr(light_mod, "NORM_SHARE", 1e9)
     model = _mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     with Recorder("light") as rec:
@@ -99,7 +101,7 @@ def test_recorder_interval_is_one_when_the_reduction_is_cheap(monkeypatch):
 def test_nan_gradient_with_a_finite_loss_between_measured_steps_is_caught_by_the_next_step(tmp_path, monkeypatch):
     """The gradient norm is measured every 10 steps here; a NaN gradient at step 13 (finite loss)
     makes the update NaN, so the loss of step 14 is NaN: caught one step later, within the interval."""
-    monkeypatch.setattr(recorder_mod, "NORM_SHARE", 1e-9)
+    monkeypatch.setattr(light_mod, "NORM_SHARE", 1e-9)
     model = _mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     weight = model[0].weight
@@ -208,7 +210,7 @@ def _watched_run(tmp_path, bad_step, make_bad, on_anomaly="continue", every=10, 
 
 
 def test_nan_loss_on_an_unlogged_unmeasured_step_fires_at_its_step_with_the_state_before_it(tmp_path, monkeypatch):
-    monkeypatch.setattr(recorder_mod, "NORM_SHARE", 1e-9)  # the gradient norm only every 10 steps
+    monkeypatch.setattr(light_mod, "NORM_SHARE", 1e-9)  # the gradient norm only every 10 steps
     w, model, before = _watched_run(tmp_path, 37, lambda l: l * float("nan"), on_anomaly="stop")
     assert [(a.kind, a.step) for a in w.anomalies] == [("nonfinite", 37)]
     assert [b.name for b in w.bundles] == ["anomaly-step37"]
@@ -219,16 +221,16 @@ def test_nan_loss_on_an_unlogged_unmeasured_step_fires_at_its_step_with_the_stat
 
 
 def test_loss_spike_on_an_unlogged_step_fires_at_its_step(tmp_path, monkeypatch):
-    monkeypatch.setattr(recorder_mod, "NORM_SHARE", 1e-9)
+    monkeypatch.setattr(light_mod, "NORM_SHARE", 1e-9)
     w, _, _ = _watched_run(tmp_path, 43, lambda l: l * 50.0)
     assert [(a.kind, a.step) for a in w.anomalies][:1] == [("loss-spike", 43)]
     assert [b.name for b in w.bundles][:1] == ["anomaly-step43"]
 
 
 def test_light_step_records_are_the_dataclass_defaults_with_their_own_lists():
-    from nnwizard.recorder import StepRecord, _blank_step
+    from nnwizard.record import StepRecord, blank_step
 
-    a, b = _blank_step(7), _blank_step(8)
+    a, b = blank_step(7), blank_step(8)
     assert a == StepRecord(step=7, optimizer=-1, t=0.0)  # every field, as the dataclass makes it
     a.losses.append(1.0)
     a.forwards[0] = 1
@@ -297,7 +299,7 @@ def test_logged_times_are_seconds_since_the_watch_was_made_also_when_its_recorde
 
 
 def test_light_gradient_norm_of_gradients_with_their_own_graph(monkeypatch):
-    monkeypatch.setattr(Recorder, "_norm_due", lambda self, n: True)
+    monkeypatch.setattr(LightPolicy, "norm_due", lambda self, n: True)
     model = _mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     with Recorder("light") as rec:
@@ -358,7 +360,7 @@ def test_alternating_optimizers_each_get_their_logged_lines_and_no_divergence_ch
     assert all(not d.solo for d in w._detectors.values()) and len(w._detectors) == 2
 
 
-# -- the watch folded into its own light recorder's hooks (Recorder._fast) ------------------------------------
+# -- the watch folded into its own light recorder's hooks (Recorder(inline=watch)) ---------------------------------
 
 def _fold_run(tmp_path, fused: bool, extra=None, steps: int = 60):
     """The same seeded run (a spike at step 31, a NaN input at step 47) watched by a watch that starts its own
@@ -373,11 +375,11 @@ def _fold_run(tmp_path, fused: bool, extra=None, steps: int = 60):
     if fused:
         w.start()
         rec = w._recorder
-        assert rec._fast is w and rec._pre_listener == w.on_step_pre and rec._post_listener == w.on_step_post   # called directly
+        assert rec.inline is w and rec.policy.pre_listener == w.on_step_pre and rec.policy.post_listener == w.on_step_post   # called directly
     else:
         rec = Recorder("light", files=w.files, listeners=[w, *(extra or [])]).__enter__()
         w.start(recorder=rec)
-        assert rec._fast is None
+        assert rec.inline is None
     try:
         for i in range(1, steps + 1):
             x, y = torch.randn(8, 6), torch.randint(0, 3, (8,))
@@ -399,7 +401,7 @@ def _fold_run(tmp_path, fused: bool, extra=None, steps: int = 60):
 def test_a_watch_folded_into_its_recorder_sees_and_writes_what_a_listening_watch_does(tmp_path, monkeypatch):
     from nnwizard import watcher
 
-    monkeypatch.setattr(Recorder, "_norm_due", lambda self, n: n % 3 == 0)  # (not timing-dependent)
+    monkeypatch.setattr(LightPolicy, "norm_due", lambda self, n: n % 3 == 0)  # (not timing-dependent)
     monkeypatch.setattr(watcher, "UPDATE_SHARE", 1e9)
     fused, frec = _fold_run(tmp_path / "fused", True)
     plain, prec = _fold_run(tmp_path / "plain", False)
@@ -451,8 +453,7 @@ def test_a_fused_recorder_still_tells_its_other_listeners_each_event_once(tmp_pa
     model = _mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     w = Watch(model, opt, out=tmp_path, every=5, tensorboard=False, quiet=True)
-    rec = Recorder("light", listeners=[w, Spy()])
-    rec._fast = w
+    rec = Recorder("light", listeners=[w, Spy()], inline=w)
     with rec:
         w.start(recorder=rec)
         _steps(model, opt, 12)
@@ -478,7 +479,7 @@ def test_an_error_in_a_fused_watch_is_counted_and_the_run_goes_on(tmp_path, monk
 
 
 def test_step_records_opened_by_a_backward_are_the_dataclass_defaults_with_their_own_lists():
-    from nnwizard.recorder import StepRecord
+    from nnwizard.record import StepRecord
 
     model = _mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)

@@ -5,7 +5,7 @@ user's file:line and the dimension it normalised over.
 
     with LossCalls(files) as calls:
         target.train_step(model, batch, optimizer)       # or loss_fn(model(x), y)
-    first = calls.first                                  # LossCall | None
+    first = calls.first                                  # TracedLoss | None
     first.name, first.input, first.target, first.producer   # "cross_entropy", tensors, Producer | None
 
 Like the op tracer it never changes values and is thread-local (enter it in the probe's thread).
@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 from torch.overrides import TorchFunctionMode
+
+from nnwizard.record.frames import UserCode
 
 LOSSES = {
     "cross_entropy": "class", "nll_loss": "class", "binary_cross_entropy": "binary",
@@ -46,7 +48,9 @@ class Producer:
 
 
 @dataclass
-class LossCall:
+class TracedLoss:
+    """A loss call as the tracer saw it: copies of its input and target, and the op that normalised the input."""
+
     name: str
     kind: str
     input: torch.Tensor
@@ -59,16 +63,16 @@ class LossCall:
 class LossCalls(TorchFunctionMode):
     def __init__(self, files: list[Path] | None = None, model: torch.nn.Module | None = None, limit: int = 8):
         super().__init__()
-        self.files = {str(Path(f).resolve()) for f in files or []}
+        self.code = UserCode(files)
         self.model, self.limit = model, limit
-        self.calls: list[LossCall] = []
+        self.calls: list[TracedLoss] = []
         self._producers: dict[int, Producer] = {}
         self._keep: list[torch.Tensor] = []  # outputs whose ids are keys above stay alive
         self._depth = 0
         self._handles: list = []
 
     @property
-    def first(self) -> LossCall | None:
+    def first(self) -> TracedLoss | None:
         return self.calls[0] if self.calls else None
 
     def __enter__(self):
@@ -89,15 +93,7 @@ class LossCalls(TorchFunctionMode):
         self._depth = max(0, self._depth - 1)
 
     def _where(self) -> str | None:
-        frame = sys._getframe(2)
-        while frame is not None:
-            name = frame.f_code.co_filename
-            resolved = str(Path(name).resolve()) if not name.startswith("<") else name
-            if (resolved in self.files) if self.files else ("/torch/" not in name and "site-packages" not in name
-                                                             and "/probes/" not in name and "/wizard/" not in name):
-                return f"{Path(name).name}:{frame.f_lineno} in {frame.f_code.co_name}"
-            frame = frame.f_back
-        return None
+        return self.code.where(sys._getframe(2), fallback=False)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -119,7 +115,7 @@ class LossCalls(TorchFunctionMode):
         if not isinstance(first, torch.Tensor) or len(self.calls) >= self.limit:
             return
         target = args[1] if len(args) > 1 else kwargs.get("target")
-        self.calls.append(LossCall(
+        self.calls.append(TracedLoss(
             name, LOSSES[name], first.detach().clone(),
             target.detach().clone() if isinstance(target, torch.Tensor) else None,
             self._producers.get(id(first)), self._where(),

@@ -12,8 +12,11 @@ import math
 import torch
 from torch import nn
 
-from nnwizard import recorder as recorder_mod
-from nnwizard.recorder import FULL_DETAIL, FULL_EVERY, Recorder
+from nnwizard.record import full as recorder_mod
+from nnwizard.record import graph as graph_mod
+from nnwizard.record import reach as reach_mod
+from nnwizard.record import Recorder, StopRun
+from nnwizard.record.full import FULL_DETAIL, FULL_EVERY
 
 
 def _mlp():
@@ -86,8 +89,10 @@ def test_a_loss_one_op_from_its_call_is_linked_without_a_search_and_two_forwards
     forward run without grad before it does not send it to the search either. Two pending forwards with a graph
     (a second model's output added) still go through the search."""
     searched = []
-    real = recorder_mod._reached
-    monkeypatch.setattr(recorder_mod, "_reached", lambda *a, **k: searched.append(1) or real(*a, **k))
+    real = reach_mod.reached
+    counting = lambda *a, **k: searched.append(1) or real(*a, **k)   # noqa: E731 - every graph search, wherever made
+    monkeypatch.setattr(reach_mod, "reached", counting)
+    monkeypatch.setattr(recorder_mod, "reached", counting)
     torch.manual_seed(0)
     model, other = _mlp(), nn.Linear(6, 3)
     opt = torch.optim.SGD([*model.parameters(), *other.parameters()], lr=0.01)
@@ -171,7 +176,7 @@ def test_the_last_steps_of_the_budget_are_measured():
     with Recorder("full", max_steps=FULL_DETAIL + 7) as rec:
         try:
             _step(model, opt, nn.CrossEntropyLoss(), 100)
-        except recorder_mod.StopRun:
+        except StopRun:
             pass
     assert [s.grad_norm is not None for s in rec.recording.steps[-3:]] == [True, True, True]
 
@@ -263,13 +268,13 @@ def test_a_loss_call_is_placed_at_the_users_line_through_torchs_loss_module_or_t
                 loss.backward()
                 opt.step()
         wheres = [c.where for c in rec.recording.loss_calls]
-        assert len(wheres) == 3 and all(w.startswith("test_recorder_full.py:") and w.endswith(f" in {place}")
+        assert len(wheres) == 3 and all(w.startswith("test_record_full.py:") and w.endswith(f" in {place}")
                                         for w in wheres), wheres
 
 
 def _mode_on(rec) -> bool:
     from torch.overrides import _get_current_function_mode_stack
-    return any(m is rec._mode_obj for m in _get_current_function_mode_stack())
+    return any(m is rec.policy.graph for m in _get_current_function_mode_stack())
 
 
 def test_the_graph_mode_watches_the_first_steps_then_two_in_every_eight_and_an_evaluation_after_any_step():
@@ -301,7 +306,7 @@ def test_the_graph_mode_watches_the_first_steps_then_two_in_every_eight_and_an_e
             opt.step()
             running = running + loss
     assert not _mode_on(rec)
-    due = [n <= recorder_mod.MODE_FIRST or n % recorder_mod.MODE_EVERY in (0, recorder_mod.MODE_EVERY - 1)
+    due = [n <= graph_mod.MODE_FIRST or n % graph_mod.MODE_EVERY in (0, graph_mod.MODE_EVERY - 1)
            for n in range(1, 41)]
     assert on == due and on[:8] == [True] * 8 and on[8:16] == [False] * 6 + [True] * 2
     r = rec.recording
@@ -343,7 +348,7 @@ def test_the_graph_mode_stays_on_for_a_hand_written_update_and_leaves_a_scripts_
         _step(model, opt, crit, 3)
         with theirs:              # entered above ours: ours stays under it, on
             _step(model, opt, crit, 20)
-            assert _get_current_function_mode_stack() == [rec._mode_obj, theirs]
+            assert _get_current_function_mode_stack() == [rec.policy.graph, theirs]
         _step(model, opt, crit, 10)   # step 34: off
         assert _get_current_function_mode_stack() == []
         with theirs:              # entered while ours is off: ours stays out until it leaves
@@ -352,7 +357,7 @@ def test_the_graph_mode_stays_on_for_a_hand_written_update_and_leaves_a_scripts_
         _step(model, opt, crit, 12)   # steps 54-65: back on in the window at 55, 56
         assert _get_current_function_mode_stack() == []
         _step(model, opt, crit, 6)    # before step 72
-        assert _get_current_function_mode_stack() == [rec._mode_obj]
+        assert _get_current_function_mode_stack() == [rec.policy.graph]
     assert _get_current_function_mode_stack() == []
     assert rec.recording.total_steps == 71
 

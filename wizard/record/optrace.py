@@ -3,7 +3,7 @@ module that was running, the user's file:line, and whether the op made a non-fin
 
 Usage::
 
-    from nnwizard.probes._optrace import OpTracer
+    from nnwizard.record.optrace import OpTracer
 
     with OpTracer(model, files=user_source_files(target)) as trace:
         loss = loss_fn(model(x), y)          # or target.train_step(model, batch, optimizer)
@@ -44,8 +44,10 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from nnwizard.recorder import _tensors  # one walk over nested tensors for the tracer and the recorder
+from nnwizard.record.frames import UserCode
+from nnwizard.record.tensors import tensors_in
 
+_OWN = (__file__, )   # the tracer's own frames (skipped when locating an op)
 # op name -> which argument is "the one that must stay away from zero" (0 = first, 1 = denominator)
 UNSAFE_OPS: dict[str, int] = {
     "log": 0, "log2": 0, "log10": 0, "log_": 0, "sqrt": 0, "sqrt_": 0, "rsqrt": 0, "rsqrt_": 0,
@@ -95,6 +97,19 @@ class OpTrace:
     def unsafe(self) -> list[OpRecord]:
         return [r for r in self.records if r.min_abs is not None]
 
+    def first_nonfinite_phase(self) -> tuple[OpRecord | None, str | None]:
+        """The op that first made a NaN/Inf and the part of the step it ran in: ``"forward"``, ``"loss"``,
+        ``"backward"`` (the forward op whose backward node made it) or ``"update"``; (None, None) when none did, or
+        (the op, None) for one of another phase."""
+        rec, phase = self.first_nonfinite, None
+        if rec is not None and rec.phase in ("forward", "loss", "other"):
+            phase = "forward" if rec.phase == "forward" else "loss"
+        elif self.first_nonfinite_backward is not None:
+            rec, phase = self.first_nonfinite_backward, "backward"
+        elif rec is not None and rec.phase == "update":
+            phase = "update"
+        return rec, phase
+
 
 def _nonfinite(t: torch.Tensor) -> bool:
     return t.is_floating_point() and t.numel() > 0 and not bool(torch.isfinite(t).all())
@@ -140,7 +155,8 @@ class OpTracer:
                  on_op: Callable[[OpRecord, Any, tuple, Any, dict], None] | None = None, max_records: int = 20000):
         self.model, self.record, self.locate, self.backward = model, record, locate, backward
         self.optimizer, self.on_op, self.max_records = optimizer, on_op, max_records
-        self.files = {str(Path(f).resolve()) for f in files or []}
+        self.code = UserCode(files)
+        self.files = self.code.files
         self.enabled = True   # False: ops pass untraced (a caller waiting for the step it wants)
         self.trace = OpTrace()
         self._stack: list[tuple[str, str]] = []
@@ -149,7 +165,6 @@ class OpTracer:
         self._handles: list = []
         self._hooked: set[int] = set()
         self._attached: list[nn.Module] = []
-        self._user_files: dict[str, bool] = {}
         self._mode = _Mode(self)
 
     # -- context ------------------------------------------------------------------------------------
@@ -189,16 +204,6 @@ class OpTracer:
         return post
 
     # -- where ----------------------------------------------------------------------------------------
-    def _is_user(self, filename: str) -> bool:
-        hit = self._user_files.get(filename)
-        if hit is None:
-            if self.files:
-                hit = str(Path(filename).resolve()) in self.files
-            else:
-                hit = not any(part in filename for part in ("/torch/", "/nnwizard/", "/probes/", "/wizard/", "<"))
-            self._user_files[filename] = hit
-        return hit
-
     def _where(self) -> str | None:
         """``file:line in function`` of the innermost frame in the user's files (or outside torch and
         nnwizard when no files were given)."""
@@ -206,18 +211,7 @@ class OpTracer:
         return where
 
     def _locate(self) -> tuple[str | None, bool]:
-        frame = sys._getframe(2)
-        first = True
-        while frame is not None:
-            filename = frame.f_code.co_filename
-            if "/probes/_optrace.py" in filename or "/torch/overrides.py" in filename or "/torch/utils/_device" in filename:
-                frame = frame.f_back
-                continue
-            if self._is_user(filename):
-                return f"{Path(filename).name}:{frame.f_lineno} in {frame.f_code.co_name}", first
-            first = False
-            frame = frame.f_back
-        return None, False
+        return self.code.locate(sys._getframe(2), _OWN)
 
     # -- observing ------------------------------------------------------------------------------------
     def _phase(self) -> str:
@@ -228,7 +222,7 @@ class OpTracer:
         return "loss" if self._forward_done else "other"
 
     def _observe(self, name: str, func, args, kwargs, out) -> None:
-        outs = [t for t in _tensors(out) if isinstance(t, torch.Tensor)]
+        outs = [t for t in tensors_in(out) if isinstance(t, torch.Tensor)]
         if not outs and self.on_op is None:
             return
         trace = self.trace
@@ -237,7 +231,7 @@ class OpTracer:
         rec = OpRecord(trace.count, name.strip("_") if name.startswith("__") else name, module, mtype, self._phase())
         rec.op = {"truediv": "div", "itruediv": "div", "rtruediv": "div", "rdiv": "div"}.get(rec.op, rec.op)
         rec.nonfinite_out = any(_nonfinite(t) for t in outs)
-        inputs = list(_tensors(args)) + list(_tensors(kwargs))
+        inputs = list(tensors_in(args)) + list(tensors_in(kwargs))
         keep = self.record == "all"
         if rec.nonfinite_out:
             rec.nonfinite_in = any(_nonfinite(t) for t in inputs)
