@@ -380,7 +380,7 @@ def _judged(monkeypatch, observed, window_arms, long_lr10=None):
             return _fake_run(long_lr10[:steps])
         return _fake_run(window_arms[lr_scale][:steps])
 
-    monkeypatch.setattr(intervene, "_rerun", rerun)
+    monkeypatch.setattr(intervene, "rerun_script", rerun)
     target = SimpleNamespace(run=_fake_run(observed), recording=_fake_run(observed).recording, measured_step_s=0.1,
                              rerun_cost=lambda steps: steps + 5)
     reruns = {f: _fake_run(v) for f, v in window_arms.items() if f in (0.1, 10.0)}
