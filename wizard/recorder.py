@@ -486,6 +486,16 @@ def _same_storage(t: torch.Tensor, args: tuple) -> int | None:
     return None
 
 
+def _storage_ptr(t: torch.Tensor) -> int | None:
+    """The address of a tensor's storage; a DTensor's (FSDP2's sharded parameters, tensor parallelism) is its local
+    shard's; None for a tensor without one (a wrapper subclass holds no storage of its own)."""
+    local = getattr(t, "_local_tensor", None)
+    try:
+        return (local if isinstance(local, torch.Tensor) else t).untyped_storage().data_ptr()
+    except Exception:  # noqa: BLE001 - tensors without storage
+        return None
+
+
 def total_norm(norms: list[torch.Tensor]) -> float:
     """The global norm from per-tensor norms (``torch._foreach_norm``'s), as one float."""
     if len(norms) <= 32 and not norms[0].is_cuda:  # a few CPU tensors: read one by one, faster than a stack
@@ -2547,7 +2557,9 @@ class Recorder:
         def add(p, name):
             if p.requires_grad and id(p) not in cand:
                 cand[id(p)] = (p, name)
-                cand[p.untyped_storage().data_ptr()] = cand[id(p)]
+                ptr = _storage_ptr(p)
+                if ptr is not None:
+                    cand[ptr] = cand[id(p)]
         for m in self.recording.models:
             for n, p in m.module.named_parameters():
                 add(p, f"{m.name}.{n}" if len(self.recording.models) > 1 else n)
@@ -2586,10 +2598,7 @@ class Recorder:
                 return
             hit = cand.get(id(t)) if name == "__set__" or isinstance(t, nn.Parameter) else None
             if hit is None:
-                try:
-                    hit = cand.get(t.untyped_storage().data_ptr())
-                except Exception:  # noqa: BLE001 - tensors without storage
-                    hit = None
+                hit = cand.get(_storage_ptr(t))
             if hit is None or hit[0].grad is None:
                 continue
             if self._manual_open is None:
