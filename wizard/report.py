@@ -83,6 +83,7 @@ class Report(BaseModel):
     mode: str = "module"                 # "script" for --script (CONTRACT §6)
     script: dict[str, Any] | None = None  # script mode: what the run did (models, optimizers, trace, output)
     budget: dict[str, Any] = {}  # the cost model: step time measured, budget, plain steps used
+    distributed: dict[str, Any] | None = None  # --nproc / torchrun (CONTRACT §8): the ranks, how each ended, which probes ran where
 
 
 CURVE_PROBES = ("triage-run", "trace-run")   # the run's own loss curve (module mode, script mode)
@@ -174,7 +175,19 @@ def build(diagnosis: Diagnosis) -> Report:
         mode=getattr(diagnosis.target, "mode", "module"),
         script=_jsonable(diagnosis.target.observed()) if getattr(diagnosis.target, "mode", "") == "script" else None,
         budget=_jsonable(diagnosis.budget.as_dict()) if diagnosis.budget is not None else {},
+        distributed=_distributed(diagnosis.target),
     )
+
+
+def _distributed(target) -> dict[str, Any] | None:
+    run = getattr(target, "distributed", None)
+    if run is None:
+        return None
+    out = run.summary(single_process=getattr(target, "mode", "") == "script")
+    note = getattr(target, "distributed_note", None)
+    if note:
+        out["note"] = note
+    return _jsonable(out)
 
 
 def write_json(report: Report, path: str | Path) -> None:

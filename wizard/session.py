@@ -38,6 +38,8 @@ class Options:
     script: str | None = None          # script mode (CONTRACT §6): the script path or dotted name
     script_args: list[str] = field(default_factory=list)
     max_steps: int | None = None
+    nproc: int | None = None           # distributed training (CONTRACT §8): run the script on N ranks
+    distributed: object = None         # the ranks' merged recordings (nnwizard.distributed), for the cross-rank audits
 
 
 def _check_outputs(opts: Options) -> None:
@@ -127,6 +129,7 @@ def _load_script_target(opts: Options, listener):
     except ScriptInterrupted as stop:  # Ctrl-C: what was recorded until then goes into a partial report
         run = stop.result
     target = ScriptTarget(run)
+    target.distributed = opts.distributed   # (None unless the script also ran on several ranks: tree `distributed`)
     if listener is not None:
         listener(Event("script-observed", data={"observed": target.observed()}))
     return target
@@ -138,7 +141,14 @@ def select_trees(trees: dict, target) -> dict:
         wanted = {"module"}
     else:
         wanted = {"script"} | ({"script-model"} if target.capturable else set())
+        wanted |= {"distributed"} if getattr(target, "distributed", None) is not None else set()
     return {k: t for k, t in trees.items() if wanted & set(t.modes)}
+
+
+def _in_torchrun() -> bool:
+    from nnwizard.distributed.env import in_torchrun
+
+    return in_torchrun()
 
 
 def diagnose(opts: Options, listener=None) -> Diagnosis:
@@ -193,6 +203,11 @@ def write_reports(diagnosis: Diagnosis, opts: Options) -> tuple[object, list[str
 
 def run_session(opts: Options) -> int:
     from nnwizard.view import TerminalView
+
+    if opts.script and (opts.nproc or _in_torchrun()):   # distributed training (CONTRACT §8): nnwizard.distributed
+        from nnwizard.distributed import run_distributed
+
+        return run_distributed(opts)
 
     view = TerminalView(quiet=opts.quiet)
     note = cuda_lost.rerun_note()

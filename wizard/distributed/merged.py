@@ -1,0 +1,129 @@
+"""The ranks' digests side by side (:class:`DistributedRun`): what the cross-rank probes
+(``probes/distributed.py``) read, and the ``distributed`` section of the reports.
+
+A :class:`DistributedTarget` carries a run alone (no one-process diagnosis to attach it to: a run interrupted
+by Ctrl-C, or the report rank 0's watchdog writes under the user's torchrun while its own script hangs); the
+engine then walks only the trees made for distributed runs.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+# communication failures: what a rank raises when a peer is gone or the ranks disagree (gloo, nccl, the store)
+COMM_ERROR = re.compile(r"gloo|nccl|pair\.cc|Connection (closed|reset)|Broken pipe|timed? ?out|Timeout|"
+                        r"ProcessGroup|DistBackendError|Socket|recv|peer", re.IGNORECASE)
+
+
+def is_comm_error(error: dict | None) -> bool:
+    if not error:
+        return False
+    text = f"{error.get('type', '')} {error.get('message', '')}"
+    return bool(COMM_ERROR.search(text)) or error.get("type") in ("DistBackendError", "DistNetworkError", "DistStoreError")
+
+
+@dataclass
+class DistributedRun:
+    world: int
+    launcher: str                      # "nnwizard --nproc" or "torchrun"
+    digests: dict[int, dict]           # rank -> its digest (a rank that sent none is missing)
+    kind: str = "cpu"                  # the ranks' device kind (cpu: gloo, cuda: nccl)
+    stacks: dict[int, str] = field(default_factory=dict)
+    abort: dict | None = None          # why the watchdog ended the run
+    interrupted: bool = False
+    exit_codes: dict[int, int | None] = field(default_factory=dict)
+    logs: dict[int, list[str]] = field(default_factory=dict)   # the last lines a rank's process wrote (stderr)
+    seconds: float = 0.0
+    start_error: str | None = None     # the launcher could not start the ranks
+    beats: dict[int, dict | None] = field(default_factory=dict)   # the last heartbeats
+
+    # -- what the run was ----------------------------------------------------------------------------
+    @property
+    def ranks(self) -> list[int]:
+        return sorted(self.digests)
+
+    def missing(self) -> list[int]:
+        return [r for r in range(self.world) if r not in self.digests]
+
+    def initialised(self) -> bool:
+        """Some rank called init_process_group (or wrapped a model in DDP/FSDP): the script is distributed."""
+        return any(d.get("init", {}).get("calls") or d.get("ddp") or d.get("fsdp") for d in self.digests.values())
+
+    @property
+    def backend(self) -> str | None:
+        return next((d["init"].get("backend") for d in self.digests.values() if d.get("init", {}).get("backend")), None)
+
+    def data_parallel(self) -> bool:
+        """A DDP or FSDP wrapper was built on some rank."""
+        return any(d.get("ddp") or d.get("fsdp") for d in self.digests.values())
+
+    def error(self, rank: int) -> dict | None:
+        return self.digests.get(rank, {}).get("error")
+
+    def ended(self, rank: int) -> str:
+        """How the rank's script ended, in a few words."""
+        d = self.digests.get(rank)
+        if d is None:
+            code = self.exit_codes.get(rank)
+            return "sent no digest" + (f" (its process exited with code {code})" if code is not None else "")
+        err = d.get("error")
+        if d.get("exit") == "aborted":
+            busy = (d.get("busy") or {})
+            return "stopped by the watchdog" + (f" while in {busy.get('name')}" if busy else "")
+        if err:
+            return f"raised {err['type']} at {err.get('where') or '?'} (step {err.get('step')}): {err['message'][:160]}"
+        if d.get("exit") == "interrupted":
+            return "interrupted"
+        if d.get("stopped"):
+            return f"stopped at step {d.get('total_steps')} ({d['stopped']})"
+        return f"ran to its end after {d.get('total_steps', 0)} optimizer steps"
+
+    def first_failure(self) -> tuple[int, dict] | None:
+        """The rank whose own error came first (an error of its program, not a lost peer), and the error."""
+        own = [(d["error"].get("step", 0), r, d["error"]) for r, d in self.digests.items()
+               if d.get("error") and not is_comm_error(d["error"])]
+        if not own:
+            return None
+        _, rank, err = min(own, key=lambda t: (t[0], t[1]))
+        return rank, err
+
+    # -- the report --------------------------------------------------------------------------------
+    def summary(self, single_process: bool = True) -> dict[str, Any]:
+        """The ``distributed`` section of the JSON report."""
+        ranks = []
+        for r in range(self.world):
+            d = self.digests.get(r) or {}
+            ranks.append({"rank": r, "ended": self.ended(r), "steps": d.get("total_steps"), "seconds": d.get("seconds"),
+                          "collectives": d.get("collective_count"), "files_written": sorted({w["path"] for w in d.get("writes", [])}),
+                          "stack": self.stacks.get(r), "log_tail": self.logs.get(r, [])[-12:]})
+        from nnwizard.probes.distributed import CROSS_RANK_PROBES
+
+        return {
+            "world_size": self.world, "launcher": self.launcher, "backend": self.backend,
+            "device": self.kind, "distributed": self.initialised(), "seconds": round(self.seconds, 2),
+            "aborted": self.abort, "interrupted": self.interrupted, "start_error": self.start_error, "ranks": ranks,
+            "probes_on_all_ranks": list(CROSS_RANK_PROBES),
+            "probes_on_one_rank": ("every other probe: the loop audits and the reruns (overfit one batch, lr sweep, "
+                                   "...) ran the script as one process (RANK=0, WORLD_SIZE=1)") if single_process else None,
+        }
+
+
+class DistributedTarget:
+    """A target made of a distributed run alone (see the module docstring)."""
+
+    mode = "distributed"
+    capturable = False
+    task = ""
+    task_source = ""
+    crashed = False
+    untrained = False
+
+    def __init__(self, run: DistributedRun, spec: str):
+        self.distributed = run
+        self.spec = spec
+        self.device = "cuda" if run.kind == "cuda" else "cpu"
+
+    def observed(self) -> dict:
+        return {}
