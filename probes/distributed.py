@@ -58,6 +58,7 @@ def _ranks(ranks) -> str:
 @probe("dist-run", title="How every rank's script ended", outcomes={
     "ok": "every rank ran the script to the agreed stop (or its end)",
     "rank-raised": "a rank raised an error of its own program (not a lost peer)",
+    "rank-died": "a rank's process died (a signal, a backend abort) before it finished",
     "not-distributed": "no rank called init_process_group or built DDP/FSDP: the ranks ran independent copies",
     "start-failed": "the ranks could not be started"})
 def dist_run(ctx: ProbeContext) -> ProbeResult:
@@ -92,9 +93,16 @@ def dist_run(ctx: ProbeContext) -> ProbeResult:
             text += "; then " + "; ".join(f"rank {r} {run.ended(r)}" for r in others[:3])
         return failed("rank-raised", text, [table], ranks=lines, rank=rank, error=err.get("type"), where=err.get("where"),
                       training_raised=not explained)
-    missing = run.missing()
-    if missing and not run.abort and not run.interrupted:
-        return cannot_run(f"{_ranks(missing)} sent no digest: " + "; ".join(lines), reason="ranks-missing", ranks=lines)
+    died = [r for r in range(run.world) if (run.digests.get(r) or {}).get("exit") == "died" or r not in run.digests]
+    if died and not run.abort and not run.interrupted:
+        r = died[0]
+        code = run.exit_codes.get(r)
+        how = (f"was killed by signal {-code}" if isinstance(code, int) and code < 0 else
+               f"exited with code {code}" if code is not None else "ended")
+        tail = [line for line in run.logs.get(r, []) if line.strip()][-2:]
+        text = (f"rank {r}'s process {how} before it finished" + (f" (its last lines: {' | '.join(tail)[:300]})" if tail else "")
+                + "; " + "; ".join(lines))
+        return failed("rank-died", text, [table], ranks=lines, rank=r, exit_code=code, training_raised=True)
     return passed(f"all {run.world} ranks ran the script ({run.backend or 'no'} backend): " + "; ".join(lines), "ok",
                   [table], ranks=lines)
 
@@ -115,6 +123,27 @@ def _stack_tail(stack: str | None, limit: int = 4) -> list[str]:
     return frames[:limit]
 
 
+_FRAME = re.compile(r'File "([^"]+)", line (\d+) in (\S+)')
+
+
+def user_frames(stack: str | None, limit: int = 4) -> list[str]:
+    """The script's own frames in a faulthandler dump of the main thread, innermost first ('train.py:33 in f')."""
+    if not stack:
+        return []
+    blocks = re.split(r"\n(?=Thread 0x|Current thread 0x)", stack.strip())
+    out = []
+    for block in blocks:
+        frames = [(path, line, fn) for path, line, fn in _FRAME.findall(block)]
+        if any("/nnwizard/" in p and "heartbeat" in p for p, _, _ in frames) or any("threading.py" in p for p, _, _ in frames[-1:]):
+            continue   # nnwizard's heartbeat thread, a helper thread
+        own = [f"{p.rsplit('/', 1)[-1]}:{line} in {fn}" for p, line, fn in frames
+               if not any(x in p for x in ("site-packages", "/torch/", "/nnwizard/", "/wizard/", "<frozen", "runpy", "/lib/python"))]
+        if own:
+            out = own[:limit]
+            break
+    return out
+
+
 def _busy_text(busy: dict | None) -> str:
     if not busy:
         return "not in a collective"
@@ -125,6 +154,7 @@ def _busy_text(busy: dict | None) -> str:
 @probe("dist-collectives", title="Ranks waiting in different collectives, or for a peer that is gone", outcomes={
     "ok": "every rank entered the same collectives in the same order and none waited for a peer that left",
     "hang": "the ranks hung (rank-dependent control flow, a collective one rank never reaches)",
+    "mismatch": "the backend itself found the ranks in different collectives (and aborted)",
     "peer-lost": "a rank's collective failed because another rank had left it waiting (no error of its own)",
     "peer-raised": "a rank's collective failed because another rank had raised an error of its own",
     "order": "the ranks entered different collectives at the same point"})
@@ -136,13 +166,15 @@ def dist_collectives(ctx: ProbeContext) -> ProbeResult:
         return skipped("no process group: no collectives")
     stacks = {r: _stack_tail(s) for r, s in run.stacks.items()}
     abort = run.abort or {}
+    detected = run.backend_mismatch()
+    if detected:
+        parts = [f"rank {r} " + _rank_state(run, r) for r in range(run.world)]
+        said = detected.rsplit("] ", 1)[-1]
+        return failed("mismatch", f"the {run.backend or 'communication'} backend found the ranks in different collectives "
+                                  f"({said!r}): " + "; ".join(parts), stacks=stacks, detected=detected,
+                      fix_here=_hang_fix(run))
     if abort.get("kind") in ("stalled", "peer-gone") or (abort.get("kind") == "deadline" and abort.get("busy")):
-        parts = []
-        for r in range(run.world):
-            d = run.digests.get(r) or {}
-            busy = d.get("busy") or (run.beats.get(r) or {}).get("busy")
-            state = _busy_text(busy) if d.get("exit") in (None, "aborted") and busy else run.ended(r)
-            parts.append(f"rank {r} {state}")
+        parts = [f"rank {r} " + _rank_state(run, r) for r in range(run.world)]
         text = f"the ranks hung ({abort.get('text', 'no progress')}): " + "; ".join(parts)
         last = {r: [c["name"] + (f" at {c['where']}" if c.get("where") else "") for c in _user_collectives(d)[-3:]]
                 for r, d in run.digests.items()}
@@ -167,6 +199,48 @@ def dist_collectives(ctx: ProbeContext) -> ProbeResult:
     counts = {r: len(_user_collectives(d)) for r, d in run.digests.items()}
     return passed(f"every rank entered the same {max(counts.values(), default=0)} collective(s) of the script in the same "
                   f"order" + (" (and DDP's own gradient reductions)" if run.data_parallel() else ""), counts=counts)
+
+
+def collective_in(stack: str | None) -> str | None:
+    """The torch.distributed function the main thread was inside in a faulthandler dump (None: none)."""
+    for block in re.split(r"\n(?=Thread 0x|Current thread 0x)", (stack or "").strip()):
+        frames = _FRAME.findall(block)
+        if any("heartbeat" in p for p, _, _ in frames):
+            continue
+        for path, _, fn in frames:
+            if "/torch/distributed/" in path and fn not in ("wrapper", "_get_default_group"):
+                return fn
+    return None
+
+
+def _position(run, r: int) -> tuple[str | None, list[str]]:
+    """(the collective a rank was in, the script's frames that called it) from its stack, else its heartbeat."""
+    stack = run.stacks.get(r)
+    frames = user_frames(stack)
+    name = collective_in(stack)
+    if frames:
+        return name, frames
+    busy = run.busy(r)
+    if busy and busy.get("where"):
+        return busy.get("name"), [busy["where"]]
+    return (busy or {}).get("name"), []
+
+
+def _rank_state(run, r: int) -> str:
+    """Where a rank was when the collectives went wrong: its stack's own frames (a rank stopped or killed), what
+    it waited in, or how it ended."""
+    d = run.digests.get(r) or {}
+    if d.get("exit") in ("aborted", "died", None):
+        name, frames = _position(run, r)
+        if frames:
+            return (f"in {name}" if name else "stopped") + f" called from {' <- '.join(frames)}"
+        if name:
+            return _busy_text(run.busy(r))
+    err = d.get("error")
+    if err:
+        first = err["message"].split(". ")[0][:140]
+        return f"raised {err['type']} at {err.get('where') or '?'} (step {err.get('step')}): {first}"
+    return run.ended(r)
 
 
 def _comm(err: dict) -> bool:
@@ -199,10 +273,10 @@ def _order_mismatch(run) -> str:
 
 def _hang_fix(run) -> str:
     sites = Counter()
-    for d in run.digests.values():
-        busy = d.get("busy")
-        if busy and busy.get("where"):
-            sites[(busy.get("name"), busy["where"])] += 1
+    for r in range(run.world):
+        name, frames = _position(run, r)
+        if name and frames and name not in ("backward", "DistributedDataParallel forward"):
+            sites[(name, frames[0])] += 1
     if not sites:
         return ""
     (name, where), _ = sites.most_common(1)[0]
@@ -484,9 +558,8 @@ def _window(digest: dict, lo: int, hi: int) -> dict[str, float]:
     accuracy (the evaluation loss calls in that window)."""
     out: dict[str, float] = {}
     losses = [l for s, l, *_ in digest.get("steps", []) if lo < s <= hi and isinstance(l, (int, float))]
-    if losses:
+    if len(losses) >= 2:   # (one batch's loss printed by rank 0 is a progress line, not a figure for the whole run)
         out["train_loss_mean"] = statistics.fmean(losses)
-        out["train_loss_last"] = losses[-1]
     calls = [c for c in digest.get("eval_calls", []) if lo < c["step"] <= hi and isinstance(c.get("value"), (int, float))]
     if calls:
         counts = [c.get("count") or 0 for c in calls]
@@ -516,8 +589,8 @@ def _global(windows: dict[int, dict[str, float]], key: str) -> dict[str, float]:
     return {"mean": mean, "sum": sum(values.values())}
 
 
-LABELS = {"train_loss_mean": "training loss (mean since the last print)", "train_loss_last": "training loss",
-          "eval_loss": "evaluation loss", "eval_acc": "evaluation accuracy"}
+LABELS = {"train_loss_mean": "training loss (mean since the last print)", "eval_loss": "evaluation loss",
+          "eval_acc": "evaluation accuracy"}
 
 
 @probe("dist-metric", title="Printed metrics reduced over the ranks", outcomes={
@@ -557,7 +630,7 @@ def dist_metric(ctx: ProbeContext) -> ProbeResult:
             windows = {r: _window(d, lo, hi) for r, d in run.digests.items()}
             mine = windows[rank]
             for printed in _numbers(p["text"]):
-                for key in ("eval_acc", "eval_loss", "train_loss_mean", "train_loss_last"):
+                for key in ("eval_acc", "eval_loss", "train_loss_mean"):
                     local = mine.get(key)
                     glob = _global(windows, key)
                     if local is None or not glob or glob.get("mean") is None:
@@ -651,6 +724,11 @@ def dist_replicas(ctx: ProbeContext) -> ProbeResult:
         return missing
     run = _run(ctx)
     ranks = run.ranks
+    from nnwizard.probes._crash import DDP_UNUSED
+
+    if any(DDP_UNUSED in (run.error(r) or {}).get("message", "") for r in ranks):
+        return skipped("DistributedDataParallel's reducer never finished a reduction (parameters without a gradient, "
+                       "dist-unused-params): the replicas' gradients were never averaged, so they differ by that fault")
     fps = {r: {(p["step"], p["opt"]): p["fp"] for p in d.get("params", [])} for r, d in run.digests.items()}
     common = sorted(set.intersection(*(set(f) for f in fps.values()))) if fps else []
     if not common:

@@ -26,6 +26,7 @@ import time
 from typing import Callable
 
 BEAT_S = 0.5
+PARTIAL_EVERY = 4  # beats between two copies of the digest so far (``partial/<rank>``: a rank that dies keeps it)
 STALL_S = 10.0
 GONE_S = 3.0
 LOST_S = 6.0      # a heartbeat older than this (the process still listed) counts as gone
@@ -57,9 +58,14 @@ class Heartbeat(threading.Thread):
         self.state = "running"
 
     def run(self) -> None:
+        beats, sent = 0, -1
         while not self._stop_event.wait(BEAT_S):
             try:
                 self.beat()
+                beats += 1
+                if beats % PARTIAL_EVERY == 0 and self.digest.events != sent:
+                    sent = self.digest.events
+                    self._partial()
                 reason = self.channel.get("abort")
                 if reason is None and self.watchdog is not None:
                     reason = self.watchdog.check()
@@ -82,6 +88,13 @@ class Heartbeat(threading.Thread):
             busy["waited_s"] = round(d.now() - busy["since"], 2)
         self.channel.put(f"hb/{self.rank}", {"pid": os.getpid(), "state": self.state, "step": d.step_now(),
                                               "events": d.events, "busy": busy, "t": d.now()})
+
+    def _partial(self) -> None:
+        try:
+            snap = self.digest.snapshot()
+        except RuntimeError:   # (a list or dict the script's thread changed meanwhile: the next beat sends it)
+            return
+        self.channel.put(f"partial/{self.rank}", snap)
 
     def aborted(self, reason) -> None:
         """Send the stacks and the digest so far, then end the process (or run ``on_abort``)."""

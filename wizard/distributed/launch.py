@@ -46,6 +46,7 @@ def rank_config(opts, address: str, run: str, scratch: Path, mode: str = "diagno
     from nnwizard.script_run import DEFAULT_LIMIT_BATCHES, DEFAULT_MAX_STEPS, DEFAULT_TIME_LIMIT_S
 
     return {"script": opts.script, "args": list(opts.script_args), "mode": mode, "store": address, "run": run,
+            "crash_dir": str(scratch.parent),
             "max_steps": opts.max_steps or DEFAULT_MAX_STEPS, "limit_batches": DEFAULT_LIMIT_BATCHES,
             "time_limit_s": DEFAULT_TIME_LIMIT_S, "seed": opts.seed, "scratch": str(scratch), "watch": watch or {}}
 
@@ -196,10 +197,11 @@ class Launch:
     def _collect(self, abort, watchdog: Watchdog, seconds: float) -> DistributedRun:
         digests, stacks, beats = {}, {}, {}
         for r in range(self.nproc):
-            d = self.channel.get(f"digest/{r}")
+            d = self.channel.get(f"digest/{r}") or self.channel.get(f"partial/{r}")
             if d is not None:
+                d.setdefault("exit", "died")
                 digests[r] = d
-            s = self.channel.get(f"stack/{r}")
+            s = self.channel.get(f"stack/{r}") or crash_stack(self.folder, r)
             if s:
                 stacks[r] = s
             beats[r] = self.channel.get(f"hb/{r}")
@@ -228,6 +230,15 @@ class Launch:
     def close(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
         self.store = None
+
+
+def crash_stack(folder: Path, rank: int) -> str | None:
+    """The Python stacks faulthandler wrote when the rank's process was killed by a fatal signal (None: none)."""
+    try:
+        text = (Path(folder) / f"crash.rank{rank}.txt").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    return text if text.strip() else None
 
 
 def _failures(error) -> dict[int, int | None]:

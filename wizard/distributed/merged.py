@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # communication failures: what a rank raises when a peer is gone or the ranks disagree (gloo, nccl, the store)
+# a backend that noticed the ranks in different collectives (gloo's enforce, nccl's / TORCH_DISTRIBUTED_DEBUG's checks)
+MISMATCH = re.compile(r"collective mismatch|doesn't match expected size|Detected mismatch between collectives|"
+                      r"mismatch between collectives|Mismatch between collectives", re.IGNORECASE)
 COMM_ERROR = re.compile(r"gloo|nccl|pair\.cc|Connection (closed|reset)|Broken pipe|timed? ?out|Timeout|"
                         r"ProcessGroup|DistBackendError|Socket|recv|peer", re.IGNORECASE)
 
@@ -69,6 +72,13 @@ class DistributedRun:
             code = self.exit_codes.get(rank)
             return "sent no digest" + (f" (its process exited with code {code})" if code is not None else "")
         err = d.get("error")
+        if d.get("exit") == "died":
+            code = self.exit_codes.get(rank)
+            how = (f"killed by signal {-code}" if isinstance(code, int) and code < 0 else
+                   f"exited with code {code}" if code is not None else "ended")
+            busy = d.get("busy") or (self.beats.get(rank) or {}).get("busy")
+            return (f"its process {how} after step {d.get('total_steps', 0)}"
+                    + (f", while in {busy.get('name')}" + (f" at {busy['where']}" if busy.get("where") else "") if busy else ""))
         if d.get("exit") == "aborted":
             busy = (d.get("busy") or {})
             return "stopped by the watchdog" + (f" while in {busy.get('name')}" if busy else "")
@@ -79,6 +89,24 @@ class DistributedRun:
         if d.get("stopped"):
             return f"stopped at step {d.get('total_steps')} ({d['stopped']})"
         return f"ran to its end after {d.get('total_steps', 0)} optimizer steps"
+
+    def busy(self, rank: int) -> dict | None:
+        """What the rank waited in when its digest (or, for a rank that died, its last heartbeat) was taken."""
+        d = self.digests.get(rank) or {}
+        beat = (self.beats.get(rank) or {}).get("busy")
+        if d.get("exit") in (None, "died"):   # (a partial digest is older than the last heartbeat)
+            return beat or d.get("busy")
+        return d.get("busy")
+
+    def backend_mismatch(self) -> str | None:
+        """A backend's own words that the ranks were in different collectives (a rank's error or its last lines)."""
+        texts = [(d.get("error") or {}).get("message", "") + "\n" + (d.get("error") or {}).get("traceback", "")
+                 for d in self.digests.values()] + ["\n".join(lines) for lines in self.logs.values()]
+        for text in texts:
+            for line in text.splitlines():
+                if MISMATCH.search(line):
+                    return line.strip()[:300]
+        return None
 
     def first_failure(self) -> tuple[int, dict] | None:
         """The rank whose own error came first (an error of its program, not a lost peer), and the error."""

@@ -10,6 +10,7 @@ are the parent's (or rank 0's) work.
 
 from __future__ import annotations
 
+import faulthandler
 import functools
 import json
 import os
@@ -82,12 +83,31 @@ def run_rank(cfg: dict, channel, rank: int, world: int, *, heartbeat_kw: dict | 
     return result, payload
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt   # SIGTERM from the launcher ends the run as Ctrl-C does: a partial digest
+
+
+def _die_with_parent() -> None:
+    """End this rank when the process that started it ends (Linux: PR_SET_PDEATHSIG): never left blocked in a
+    collective."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
+    except Exception:  # noqa: BLE001 - not Linux
+        pass
+
+
 def main() -> int:
     """``python -m nnwizard.distributed.rank``: one rank started by nnwizard's launcher."""
     cfg = json.loads(os.environ[CONFIG_VAR])
     rank, _, world = rank_and_world()
+    _die_with_parent()
+    if cfg.get("crash_dir"):   # a rank killed by its backend (gloo's abort) or a segfault leaves its Python stacks
+        crash = open(Path(cfg["crash_dir"]) / f"crash.rank{rank}.txt", "w", encoding="utf-8")  # noqa: SIM115
+        faulthandler.enable(file=crash, all_threads=True)
     channel = Channel(connect(cfg["store"]), cfg.get("run", ""))
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    signal.signal(signal.SIGTERM, _interrupt)
     if cfg.get("mode") == "watch":
         from nnwizard.distributed.watch import watch_rank
 
