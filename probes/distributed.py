@@ -217,10 +217,10 @@ def _position(run, r: int) -> tuple[str | None, list[str]]:
     """(the collective a rank was in, the script's frames that called it) from its stack, else its heartbeat."""
     stack = run.stacks.get(r)
     frames = user_frames(stack)
-    name = collective_in(stack)
+    busy = run.busy(r)
+    name = collective_in(stack) or (busy or {}).get("name")
     if frames:
         return name, frames
-    busy = run.busy(r)
     if busy and busy.get("where"):
         return busy.get("name"), [busy["where"]]
     return (busy or {}).get("name"), []

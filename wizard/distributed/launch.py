@@ -81,6 +81,25 @@ def _environment(values: dict[str, str]):
                 os.environ[k] = v
 
 
+def _children(parent: int) -> list[int]:
+    """The processes whose parent is ``parent`` (Linux /proc; empty elsewhere): the ranks the launcher started,
+    also before they beat."""
+    out = []
+    try:
+        for entry in os.scandir("/proc"):
+            if entry.name.isdigit():
+                try:
+                    with open(f"/proc/{entry.name}/stat", encoding="ascii", errors="replace") as f:
+                        fields = f.read().rsplit(")", 1)[-1].split()
+                    if int(fields[1]) == parent:
+                        out.append(int(entry.name))
+                except (OSError, ValueError, IndexError):
+                    continue
+    except OSError:
+        pass
+    return out
+
+
 def _pid_alive(pid: int | None) -> bool:
     if not pid:
         return True
@@ -139,7 +158,7 @@ class Launch:
         return {r: b["pid"] for r in range(self.nproc) if (b := self.channel.get(f"hb/{r}")) and b.get("pid")}
 
     def _signal(self, sig) -> None:
-        for pid in self.pids().values():
+        for pid in {*self.pids().values(), *_children(os.getpid())}:
             try:
                 os.kill(pid, sig)
             except OSError:

@@ -70,6 +70,8 @@ class DistributedRun:
         d = self.digests.get(rank)
         if d is None:
             code = self.exit_codes.get(rank)
+            if self.interrupted:
+                return "interrupted before it began to run the script"
             return "sent no digest" + (f" (its process exited with code {code})" if code is not None else "")
         err = d.get("error")
         if d.get("exit") == "died":
@@ -151,7 +153,9 @@ class DistributedTarget:
     def __init__(self, run: DistributedRun, spec: str):
         self.distributed = run
         self.spec = spec
-        self.device = "cuda" if run.kind == "cuda" else "cpu"
+        import torch
+
+        self.device = torch.device("cuda" if run.kind == "cuda" else "cpu")
 
     def observed(self) -> dict:
         return {}

@@ -16,6 +16,7 @@ import json
 import os
 import signal
 import sys
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -74,13 +75,27 @@ def run_rank(cfg: dict, channel, rank: int, world: int, *, heartbeat_kw: dict | 
     except KeyboardInterrupt:
         interrupted = True
     finally:
-        payload = digest.finish(result)
-        if interrupted:
-            payload["exit"] = "interrupted"
-        if beat.state == "running":
-            channel.put(f"digest/{rank}", payload)
-            beat.finish()
+        with _uninterrupted():   # (a second Ctrl-C, or the launcher's SIGTERM, must not lose the digest)
+            payload = digest.finish(result)
+            if interrupted:
+                payload["exit"] = "interrupted"
+            if beat.state == "running":
+                channel.put(f"digest/{rank}", payload)
+                beat.finish()
     return result, payload
+
+
+@contextmanager
+def _uninterrupted():
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
 
 
 def _interrupt(signum, frame):
