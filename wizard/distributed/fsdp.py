@@ -61,11 +61,14 @@ def plain_copy(module: nn.Module) -> nn.Module:
     memo: dict = {}
     for m in module.modules():
         if fsdp is not None and isinstance(m, fsdp):
-            saved.append((m, m.__class__, {name: getattr(m, name) for name in _HOOKS if hasattr(m, name)}))
+            hidden = {k: v for k, v in m.__dict__.items() if k.startswith("__composable_api_state_key")}
+            saved.append((m, m.__class__, {name: getattr(m, name) for name in _HOOKS if hasattr(m, name)}, hidden))
             m.__class__ = user_class(m)
             for name in _HOOKS:
                 if hasattr(m, name):
                     object.__setattr__(m, name, OrderedDict())
+            for k in hidden:   # (FSDP's state: its process group cannot be copied)
+                del m.__dict__[k]
         for name, p in list(m._parameters.items()):
             if p is not None and id(p) not in memo:
                 full = _full(p)
@@ -74,10 +77,11 @@ def plain_copy(module: nn.Module) -> nn.Module:
     try:
         return _DEEPCOPY(module, memo)
     finally:
-        for m, cls, hooks in saved:
+        for m, cls, hooks, hidden in saved:
             m.__class__ = cls
             for name, value in hooks.items():
                 object.__setattr__(m, name, value)
+            m.__dict__.update(hidden)
 
 
 def _contains_fsdp(obj, fsdp) -> bool:
