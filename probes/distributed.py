@@ -43,6 +43,8 @@ def _not_distributed(ctx: ProbeContext) -> ProbeResult | None:
     run = _run(ctx)
     if run is None:
         return skipped("not a distributed run")
+    if run.world < 2:
+        return skipped("one rank: nothing to compare across ranks")
     if len(run.digests) < 2:
         return cannot_run(f"digests from {len(run.digests)} of {run.world} rank(s): nothing to compare across ranks",
                           reason="ranks-missing")
@@ -59,6 +61,7 @@ def _ranks(ranks) -> str:
     "ok": "every rank ran the script to the agreed stop (or its end)",
     "rank-raised": "a rank raised an error of its own program (not a lost peer)",
     "rank-died": "a rank's process died (a signal, a backend abort) before it finished",
+    "aborted": "the watchdog stopped every rank (a hang, or the hard time limit)",
     "not-distributed": "no rank called init_process_group or built DDP/FSDP: the ranks ran independent copies",
     "start-failed": "the ranks could not be started"})
 def dist_run(ctx: ProbeContext) -> ProbeResult:
@@ -76,6 +79,9 @@ def dist_run(ctx: ProbeContext) -> ProbeResult:
         return failed("not-distributed", f"the script never called init_process_group nor built DistributedDataParallel "
                                          f"or FSDP on any of the {run.world} ranks: every rank ran its own copy of a "
                                          f"one-process script (diagnosed as one process)", [table], ranks=lines)
+    if run.abort:
+        return failed("aborted", f"the watchdog stopped every rank ({run.abort.get('text', '')}): " + "; ".join(lines),
+                      [table], ranks=lines, training_raised=True)
     first = run.first_failure()
     if first is not None:
         rank, err = first
@@ -157,7 +163,8 @@ def _busy_text(busy: dict | None) -> str:
     "mismatch": "the backend itself found the ranks in different collectives (and aborted)",
     "peer-lost": "a rank's collective failed because another rank had left it waiting (no error of its own)",
     "peer-raised": "a rank's collective failed because another rank had raised an error of its own",
-    "order": "the ranks entered different collectives at the same point"})
+    "order": "the ranks entered different collectives at the same point",
+    "rendezvous": "the ranks never met: every rank waited in init_process_group"})
 def dist_collectives(ctx: ProbeContext) -> ProbeResult:
     run = _run(ctx)
     if run is None:
@@ -173,6 +180,13 @@ def dist_collectives(ctx: ProbeContext) -> ProbeResult:
         return failed("mismatch", f"the {run.backend or 'communication'} backend found the ranks in different collectives "
                                   f"({said!r}): " + "; ".join(parts), stacks=stacks, detected=detected,
                       fix_here=_hang_fix(run))
+    stuck = [run.busy(r) for r in range(run.world)]
+    if abort and stuck and all(b and b.get("kind") == "init" for b in stuck):
+        where = next((b["where"] for b in stuck if b.get("where")), "?")
+        return failed("rendezvous", f"the ranks never met: every rank waited in init_process_group at {where} until the "
+                                    f"watchdog stopped them ({abort.get('text', '')}); its rendezvous (init_method, or "
+                                    f"MASTER_ADDR:MASTER_PORT) could not be completed: a port in use, a wrong address or "
+                                    f"world size", stacks=stacks, training_raised=True)
     if abort.get("kind") in ("stalled", "peer-gone") or (abort.get("kind") == "deadline" and abort.get("busy")):
         parts = [f"rank {r} " + _rank_state(run, r) for r in range(run.world)]
         text = f"the ranks hung ({abort.get('text', 'no progress')}): " + "; ".join(parts)

@@ -203,6 +203,15 @@ def test_collective_mismatch_from_the_watchdog_the_backend_and_the_order_of_call
     assert probe("dist-collectives", run_of(digest(0), digest(1))).outcome == "ok"
 
 
+def test_ranks_that_never_meet_in_init_process_group_are_a_rendezvous_failure_not_a_mismatch():
+    busy = {"kind": "init", "name": "init_process_group", "where": "train.py:2 in <module>", "step": 0}
+    abort = {"kind": "stalled", "text": "no rank made progress for 10 s"}
+    run = run_of(digest(0, exit="aborted", busy=busy), digest(1, exit="aborted", busy=busy), abort=abort)
+    result = probe("dist-collectives", run)
+    assert result.outcome == "rendezvous" and result.data["training_raised"] and "train.py:2" in result.summary
+    assert probe("dist-run", run).outcome == "aborted"
+
+
 def test_a_rank_that_raised_alone_keeps_the_verdict_from_healthy_and_its_peer_s_error_is_the_consequence():
     own = {"type": "RuntimeError", "where": "train.py:11 in main", "step": 7,
            "message": "expected target dtype to be Long or Byte, but got Float"}
@@ -442,7 +451,7 @@ def test_two_real_ranks_stop_at_the_same_step_and_their_digests_show_the_sampler
     run = launched
     assert sorted(run.digests) == [0, 1] and run.initialised() and run.backend == "gloo"
     assert [run.digests[r]["total_steps"] for r in (0, 1)] == [40, 40]
-    assert all("every rank stops at step 40" in run.digests[r]["stopped"] for r in (0, 1))
+    assert all("40 optimizer steps, agreed by every rank" in run.digests[r]["stopped"] for r in (0, 1))
     assert probe("dist-sampler-epoch", run).outcome == "epoch-not-set"
     for pid in ("dist-collectives", "dist-sharding", "dist-replicas", "dist-writes", "dist-metric"):
         assert probe(pid, run).status in ("passed", "skipped"), (pid, probe(pid, run).summary)

@@ -40,12 +40,12 @@ class StepAgreement:
             if halt is not None:
                 self.halt = int(halt)
         if self.stop is not None and n >= self.stop and (self.halt is None or self.stop <= self.halt):
-            self._end(rec, f"the budget of {self.stop} optimizer steps was reached (every rank stops at step {self.stop})")
+            self._end(rec, f"the budget of {self.stop} optimizer steps, agreed by every rank, was reached")
         if self.halt is not None and n >= self.halt:
             by = self.channel.get("halt-by") or {}
             who = f"rank {by['rank']}" if "rank" in by else "a rank"
             limit = f"the time limit of {self.time_limit_s:.0f} s" if self.time_limit_s else "the time limit"
-            self._end(rec, f"{limit} was reached on {who}; every rank stopped at step {self.halt}")
+            self._end(rec, f"{limit} was reached on {who}; every rank halted at step {self.halt}")
 
     def _end(self, rec, reason: str) -> None:
         self.reason = reason

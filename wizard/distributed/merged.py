@@ -16,15 +16,16 @@ from typing import Any
 # a backend that noticed the ranks in different collectives (gloo's enforce, nccl's / TORCH_DISTRIBUTED_DEBUG's checks)
 MISMATCH = re.compile(r"collective mismatch|doesn't match expected size|Detected mismatch between collectives|"
                       r"mismatch between collectives|Mismatch between collectives", re.IGNORECASE)
-COMM_ERROR = re.compile(r"gloo|nccl|pair\.cc|Connection (closed|reset)|Broken pipe|timed? ?out|Timeout|"
-                        r"ProcessGroup|DistBackendError|Socket|recv|peer", re.IGNORECASE)
+COMM_ERROR = re.compile(r"Connection (closed|reset)|closed by peer|Broken pipe|pair\.cc|Timed out|timed out waiting|"
+                        r"communicator was aborted|NCCL (error|communicator)|Watchdog caught collective|"
+                        r"socket (closed|timeout)", re.IGNORECASE)   # a peer gone or a collective that never completed
 
 
 def is_comm_error(error: dict | None) -> bool:
     if not error:
         return False
     text = f"{error.get('type', '')} {error.get('message', '')}"
-    return bool(COMM_ERROR.search(text)) or error.get("type") in ("DistBackendError", "DistNetworkError", "DistStoreError")
+    return bool(COMM_ERROR.search(text)) or error.get("type") == "DistBackendError"
 
 
 @dataclass
@@ -89,7 +90,7 @@ class DistributedRun:
         if d.get("exit") == "interrupted":
             return "interrupted"
         if d.get("stopped"):
-            return f"stopped at step {d.get('total_steps')} ({d['stopped']})"
+            return f"stopped at step {d.get('total_steps')}: {d['stopped']}"
         return f"ran to its end after {d.get('total_steps', 0)} optimizer steps"
 
     def busy(self, rank: int) -> dict | None:

@@ -1,0 +1,182 @@
+"""Distributed training: accuracy and cost on the scripts of examples/distributed/ (CPU, gloo, 2 ranks).
+
+    python benchmarks/distributed.py [--accuracy] [--timing] [--overhead] [--only NAME ...] [--json out.json]
+
+- ``--accuracy``: every example diagnosed as a user would, with ``nnwizard diagnose --script S --nproc 2`` and
+  under ``torchrun --standalone --nproc_per_node=2 -m nnwizard diagnose --script S``: the verdict, the top
+  finding, whether it is the declared one (healthy twins: verdict healthy), the wall time.
+- ``--timing``: a 2-rank diagnosis of a small DDP script against the same script's one-process diagnosis
+  (``RANK=0 WORLD_SIZE=1``, as a user diagnoses it by hand), ``--repeats`` times interleaved: the ratio of medians.
+- ``--overhead``: the per-rank cost of the recorder: the median optimizer step of each rank of the script under
+  plain torchrun (a step hook timing it, nothing else), under the full recorder (a diagnosis's rank, its digest
+  and step agreement), and under ``nnwizard watch --nproc 2`` (the light recorder and the watch).
+
+Default: all three. The machine is shared: run it on a quiet one, read medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from examples._distributed import DISTRIBUTED, diagnose_distributed, distributed_examples, findings  # noqa: E402
+
+TIMED = DISTRIBUTED / "healthy_ddp_classifier.py"
+STEP_TIMER = '''
+import json, os, runpy, sys, time
+import torch
+times, last = [], [None]
+def post(opt, args, kwargs):
+    now = time.perf_counter()
+    if last[0] is not None:
+        times.append(now - last[0])
+    last[0] = now
+torch.optim.optimizer.register_optimizer_step_post_hook(post)
+script = sys.argv[1]
+sys.argv = sys.argv[1:]
+try:
+    runpy.run_path(script, run_name="__main__")
+finally:
+    with open(os.environ["STEP_TIMES"] + f".rank{os.environ['RANK']}", "w") as f:
+        json.dump(times, f)
+'''
+
+
+def accuracy(only: list[str] | None) -> list[dict]:
+    rows = []
+    for example in distributed_examples(only):
+        for how in ("nproc", "torchrun"):
+            with tempfile.TemporaryDirectory() as work:
+                report, error, seconds, code = diagnose_distributed(example.path, Path(work), how)
+            found = findings(report) if report else []
+            ok = report is not None and (report["verdict"] == "healthy" if example.healthy else
+                                         bool(found) and found[0] in example.expected)
+            rows.append({"script": example.name, "how": how, "expected": ", ".join(example.expected) or "healthy",
+                         "verdict": report["verdict"] if report else f"error: {error}", "top": found[0] if found else "-",
+                         "confidence": round(max((h["confidence"] for h in report["hypotheses"]), default=0), 2) if report else None,
+                         "right": ok, "seconds": round(seconds, 1), "exit": code})
+            print(f"{example.name:34} {how:9} {rows[-1]['verdict']:15} {rows[-1]['top']:24} "
+                  f"{'ok' if ok else 'WRONG':5} {seconds:6.1f} s", flush=True)
+    return rows
+
+
+def timing(repeats: int) -> dict:
+    single, ranks = [], []
+    for _ in range(repeats):
+        for how, into in (("single", single), ("nproc", ranks)):
+            with tempfile.TemporaryDirectory() as work:
+                report, error, seconds, _ = diagnose_distributed(TIMED, Path(work), how)
+            if error is None:
+                into.append(seconds)
+            print(f"  {how:7} {seconds:6.1f} s" + (f"  ({error})" if error else ""), flush=True)
+    out = {"script": TIMED.name, "one_process_s": single, "two_ranks_s": ranks}
+    if single and ranks:
+        out["ratio"] = round(statistics.median(ranks) / statistics.median(single), 2)
+    return out
+
+
+def _plain_steps(script: Path, work: Path) -> list[float]:
+    timer = work / "timer.py"
+    timer.write_text(STEP_TIMER)
+    base = work / "steps"
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(timer),
+                    str(script)], cwd=work, env={**os.environ, "STEP_TIMES": str(base), "OMP_NUM_THREADS": "1"},
+                   capture_output=True, timeout=600)
+    times = []
+    for rank in (0, 1):
+        path = Path(f"{base}.rank{rank}")
+        if path.exists():
+            times += json.loads(path.read_text())
+    return times
+
+
+def _diagnosis_steps(script: Path, work: Path) -> list[float]:
+    from nnwizard.distributed.launch import Launch
+
+    class Opts:
+        script_args: list = []
+        max_steps = 60
+        seed = 0
+    Opts.script = str(script)
+    launch = Launch(Opts, 2, "cpu")
+    try:
+        run = launch.run()
+    finally:
+        launch.close()
+    times = []
+    for d in run.digests.values():
+        t = [s[3] for s in d.get("steps", [])]
+        times += [b - a for a, b in zip(t, t[1:])]
+    return times
+
+
+def _watch_steps(script: Path, work: Path) -> list[float]:
+    subprocess.run([sys.executable, "-m", "nnwizard", "watch", "--script", str(script), "--nproc", "2", "--out", "w",
+                    "--every", "1"], cwd=work, capture_output=True, timeout=600)
+    times = []
+    for rank in (0, 1):
+        rows = [json.loads(line) for line in (work / "w" / f"watch.rank{rank}.jsonl").read_text().splitlines()]
+        times += [r["step_s"] for r in rows[2:] if r.get("step_s")]
+    return times
+
+
+def overhead() -> dict:
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        for name, measure in (("plain torchrun", _plain_steps), ("diagnosis rank (full recorder)", _diagnosis_steps),
+                              ("watch --nproc 2 (light recorder)", _watch_steps)):
+            steps = measure(TIMED, work)
+            out[name] = round(statistics.median(steps) * 1e3, 3) if steps else None
+            print(f"  {name:34} median step {out[name]} ms over {len(steps)} steps", flush=True)
+    plain = out.get("plain torchrun")
+    if plain:
+        out["ratios"] = {k: round(v / plain, 2) for k, v in out.items() if isinstance(v, float) and k != "plain torchrun"}
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--accuracy", action="store_true")
+    parser.add_argument("--timing", action="store_true")
+    parser.add_argument("--overhead", action="store_true")
+    parser.add_argument("--only", nargs="*")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    every = not (args.accuracy or args.timing or args.overhead)
+    result: dict = {}
+    started = time.monotonic()
+    if args.accuracy or every:
+        print("accuracy (diagnose --nproc 2, and under torchrun)")
+        rows = result["accuracy"] = accuracy(args.only)
+        for how in ("nproc", "torchrun"):
+            mine = [r for r in rows if r["how"] == how]
+            broken = [r for r in mine if r["expected"] != "healthy"]
+            healthy = [r for r in mine if r["expected"] == "healthy"]
+            print(f"{how}: broken right top-1 {sum(r['right'] for r in broken)}/{len(broken)}, healthy read healthy "
+                  f"{sum(r['right'] for r in healthy)}/{len(healthy)}")
+    if args.timing or every:
+        print(f"timing ({TIMED.name}: 2 ranks vs one process)")
+        result["timing"] = timing(args.repeats)
+        print(f"  ratio of medians: {result['timing'].get('ratio')}")
+    if args.overhead or every:
+        print(f"per-rank step time ({TIMED.name}, 2 gloo ranks)")
+        result["overhead"] = overhead()
+    result["seconds"] = round(time.monotonic() - started, 1)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
