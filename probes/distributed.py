@@ -421,7 +421,6 @@ def dist_sharding(ctx: ProbeContext) -> ProbeResult:
     if compared >= 3 and same_steps >= SAME_INPUTS * compared:
         detail = ""
         if loader is not None and loader.get("passes"):
-            p = loader["passes"][0]
             detail = (f"; the DataLoader built at {site or '?'} draws from a {loader['sampler']} over all "
                       f"{loader['dataset'].get('len')} samples on every rank")
         return failed("same-batches", f"{same_steps} of {compared} recorded training steps fed the model the same batch on "
@@ -455,7 +454,7 @@ def dist_sharding(ctx: ProbeContext) -> ProbeResult:
             text += (": each epoch reads every sample once per rank" if known else
                      " (nnwizard could not compare the data sets' content; they have the same type and length)")
             return failed("whole-dataset", text, known=known, overlap=overlap, fix_here=fix)
-        return passed(f"each rank's DataLoader runs over a data set of its own (their content differs)")
+        return passed("each rank's DataLoader runs over a data set of its own (their content differs)")
     # a sharding sampler: the samples must not overlap
     overlaps = [_overlap(loader, _training_loaders(run.digests[r])[0]) for r in ranks[1:]]
     worst = max((o for o in overlaps if o is not None), default=None)

@@ -10,7 +10,6 @@ import io
 import subprocess
 import sys
 import time
-from copy import deepcopy
 from pathlib import Path
 from types import SimpleNamespace
 

@@ -220,6 +220,11 @@ def run_session(opts: Options) -> int:
         return cuda_lost.rerun_on_cpu(opts, lost)
     report, written = write_reports(diagnosis, opts)
     view.summary(report, written)
+    return exit_code(diagnosis, report, opts)
+
+
+def exit_code(diagnosis: Diagnosis, report, opts: Options) -> int:
+    """CONTRACT §5: 130 interrupted, 1 a hypothesis at or above --fail-on, else 0."""
     if diagnosis.interrupted:
         return ExitCode.INTERRUPTED
     if opts.fail_on is not None and any(h.confidence >= opts.fail_on for h in report.hypotheses):

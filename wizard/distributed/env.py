@@ -80,16 +80,12 @@ def free_port() -> int:
 
 
 @contextmanager
-def one_process():
-    """The environment of a distributed script run as one process: ``RANK=0``, ``WORLD_SIZE=1``, a free
-    ``MASTER_PORT`` on 127.0.0.1, so that its ``init_process_group`` makes a group of one (the diagnosis reruns
-    the script under interventions this way). A launcher's own variables (an agent's store) are hidden
-    meanwhile and restored afterwards."""
-    saved = {k: os.environ.get(k) for k in (*RANK_VARS, CONFIG_VAR)}
-    for k in saved:
+def environment(values: dict[str, str], hide: tuple[str, ...] = ()):
+    """Environment variables set to ``values`` (and ``hide`` removed) meanwhile; restored afterwards."""
+    saved = {k: os.environ.get(k) for k in (*hide, *values)}
+    for k in hide:
         os.environ.pop(k, None)
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(free_port()))
+    os.environ.update(values)
     try:
         yield
     finally:
@@ -98,3 +94,12 @@ def one_process():
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def one_process():
+    """The environment of a distributed script run as one process: ``RANK=0``, ``WORLD_SIZE=1``, a free
+    ``MASTER_PORT`` on 127.0.0.1, so that its ``init_process_group`` makes a group of one (the diagnosis reruns
+    the script under interventions this way). A launcher's own variables (an agent's store) are hidden
+    meanwhile and restored afterwards."""
+    return environment({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}, hide=(*RANK_VARS, CONFIG_VAR))

@@ -22,7 +22,6 @@ import logging
 import os
 import shutil
 import signal
-import sys
 import tempfile
 import threading
 import time
@@ -32,10 +31,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from nnwizard.distributed.channel import Channel, serve
-from nnwizard.distributed.env import CONFIG_VAR, check_nproc, in_torchrun, one_process
+from nnwizard.distributed.env import CONFIG_VAR, check_nproc, environment, in_torchrun, one_process
 from nnwizard.distributed.heartbeat import ANSWER_S, Watchdog
 from nnwizard.distributed.merged import DistributedRun, DistributedTarget
-from nnwizard.errors import ExitCode, UsageError
+from nnwizard.errors import UsageError
 
 START_S = 90.0       # for the ranks to import torch and the script and meet (a loaded machine)
 LOG_LINES = 40
@@ -65,20 +64,6 @@ def _quiet_launcher():
         for lg, level, propagate in levels:
             lg.setLevel(level)
             lg.propagate = propagate
-
-
-@contextmanager
-def _environment(values: dict[str, str]):
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _children(parent: int) -> list[int]:
@@ -174,7 +159,7 @@ class Launch:
             env["OMP_NUM_THREADS"] = "1"   # as torchrun sets it for several ranks (quietly here)
         deadline = None if self.mode == "watch" else START_S + 1.5 * DEFAULT_TIME_LIMIT_S + 15
         abort = None
-        with _environment(env), _quiet_launcher():
+        with environment(env), _quiet_launcher():
             config, cmd, args = self._config()
             thread = threading.Thread(target=self._launch, args=(config, cmd, args), name="nnwizard-launcher", daemon=True)
             thread.start()
@@ -331,7 +316,7 @@ def _show_ranks(view, run: DistributedRun) -> None:
 
 def diagnose_and_report(opts, run: DistributedRun, view) -> int:
     """The one-process diagnosis with the cross-rank audits in the same session, then the reports."""
-    from nnwizard.session import diagnose, write_reports
+    from nnwizard.session import diagnose, exit_code, write_reports
 
     if run.interrupted or run.start_error:
         diagnosis = distributed_only(opts, run, view, interrupted=run.interrupted)
@@ -353,18 +338,14 @@ def diagnose_and_report(opts, run: DistributedRun, view) -> int:
         diagnosis.target.distributed = run
     report, written = write_reports(diagnosis, opts)
     view.summary(report, written)
-    if diagnosis.interrupted:
-        return ExitCode.INTERRUPTED
-    if opts.fail_on is not None and any(h.confidence >= opts.fail_on for h in report.hypotheses):
-        return ExitCode.FINDINGS
-    return ExitCode.OK
+    return exit_code(diagnosis, report, opts)
 
 
 def distributed_only(opts, run: DistributedRun, listener=None, interrupted: bool = False):
     """A diagnosis from the cross-rank audits alone (no one-process run): Ctrl-C, or a report written while the
     script itself cannot go on."""
     from nnwizard.catalog import load_catalog
-    from nnwizard.engine import Diagnosis, Engine
+    from nnwizard.engine import Engine
     from nnwizard.prompts import ScriptedPrompter
     from nnwizard.tree import load_trees
 
