@@ -149,6 +149,17 @@ def test_a_script_that_is_not_distributed_is_said_to_be_one_and_diagnosed_as_one
     assert findings(report)[0] == "missing-zero-grad"
 
 
+def test_one_rank_beside_the_one_process_diagnosis(tmp_path):
+    """--nproc 1 on a machine with a core to spare: the one-process diagnosis runs beside the rank (Pending) and
+    waits for it after its observed run. A sampler that replays its order is seen on one rank too; the audits
+    that compare ranks have nothing to compare."""
+    example = next(e for e in EXAMPLES if e.name == "broken_sampler_epoch_not_set")
+    report, error, _, _ = diagnose_distributed(example.path, tmp_path, "nproc", nproc=1)
+    assert error is None, error
+    assert report["distributed"]["world_size"] == 1 and findings(report)[0] == "sampler-epoch-not-set"
+    assert next(p for p in report["probes"] if p["id"] == "dist-replicas")["status"] == "skipped"
+
+
 WATCH = '''
 import torch, torch.distributed as dist, torch.nn as nn, torch.nn.functional as F
 dist.init_process_group("gloo")

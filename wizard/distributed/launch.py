@@ -31,7 +31,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from nnwizard.distributed.channel import Channel, serve
-from nnwizard.distributed.env import CONFIG_VAR, check_nproc, environment, in_torchrun, one_process
+from nnwizard.distributed.env import check_nproc, environment, in_torchrun, one_process
 from nnwizard.distributed.heartbeat import ANSWER_S, Watchdog
 from nnwizard.distributed.merged import DistributedRun, DistributedTarget
 from nnwizard.errors import UsageError
@@ -114,6 +114,7 @@ class Launch:
         self.channel = Channel(self.store, self.run_id)
         self.box: dict = {}
         self.interrupted = False
+        self._interrupt = threading.Event()   # interrupt() from another thread: as Ctrl-C in the one running run()
         if mode == "watch":   # a real run: a long wait at a barrier is the user's business; a peer that left is not
             from nnwizard.distributed.watch import WATCH_STALL_S
 
@@ -136,8 +137,12 @@ class Launch:
                 "--rdzv_backend=c10d", "--rdzv_endpoint=localhost:0", f"--rdzv_id={self.run_id}"]
         if self.redirect:
             argv += ["--redirects=3", f"--log_dir={self.folder / 'logs'}"]
-        args = trun.parse_args([*argv, "-m", "nnwizard.distributed.rank"])
+        args = trun.parse_args([*argv, "-m", "nnwizard.distributed.rank", str(self.folder / "config.json")])
         return trun.config_from_args(args)
+
+    def interrupt(self) -> None:
+        """Stop every rank as Ctrl-C would (their digests so far are kept), from another thread than run()'s."""
+        self._interrupt.set()
 
     def pids(self) -> dict[int, int]:
         return {r: b["pid"] for r in range(self.nproc) if (b := self.channel.get(f"hb/{r}")) and b.get("pid")}
@@ -154,9 +159,8 @@ class Launch:
 
         started = time.monotonic()
         cfg = rank_config(self.opts, self.address, self.run_id, self.folder / "scratch", self.mode, self.watch)
-        env = {CONFIG_VAR: json.dumps(cfg)}
-        if "OMP_NUM_THREADS" not in os.environ:
-            env["OMP_NUM_THREADS"] = "1"   # as torchrun sets it for several ranks (quietly here)
+        (self.folder / "config.json").write_text(json.dumps(cfg), encoding="utf-8")
+        env = {} if "OMP_NUM_THREADS" in os.environ else {"OMP_NUM_THREADS": "1"}   # as torchrun sets it (quietly)
         deadline = None if self.mode == "watch" else START_S + 1.5 * DEFAULT_TIME_LIMIT_S + 15
         abort = None
         with environment(env), _quiet_launcher():
@@ -169,6 +173,8 @@ class Launch:
             try:
                 while thread.is_alive():
                     thread.join(0.25)
+                    if self._interrupt.is_set():
+                        raise KeyboardInterrupt
                     pids.update(self.pids())
                     reason = watchdog.check()
                     if reason is not None:
@@ -279,13 +285,74 @@ def run_distributed(opts, view=None) -> int:
 
     view = view or TerminalView(quiet=opts.quiet)
     _announce(view, opts, kind)
-    launch = Launch(opts, opts.nproc, kind)
+    pending = Pending(Launch(opts, opts.nproc, kind), view)
     try:
-        run = launch.run()
+        if kind == "cpu" and (os.cpu_count() or 1) <= opts.nproc:
+            # no core to spare beside the CPU ranks: the one-process diagnosis after them, so that its observed run's
+            # measured step time (which sizes its run and its reruns) is not the ranks' contention
+            try:
+                source = pending.result()
+            except KeyboardInterrupt:
+                pending.interrupt()
+                source = pending.result()
+        else:
+            source = pending
+        return diagnose_and_report(opts, source, view)
     finally:
-        launch.close()
-    _show_ranks(view, run)
-    return diagnose_and_report(opts, run, view)
+        pending.close()
+
+
+class Pending:
+    """The ranks' run while it is under way (in a thread): the one-process diagnosis starts beside it, and waits
+    for it once its own observed run is done, before its probes (the machine's cores serve both meanwhile).
+    Attribute reads go to the finished :class:`DistributedRun`."""
+
+    def __init__(self, launch: Launch, view):
+        self.launch, self.view = launch, view
+        self._run: DistributedRun | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._go, name="nnwizard-ranks", daemon=True)
+        self._thread.start()
+
+    def _go(self) -> None:
+        try:
+            self._run = self.launch.run()
+        except BaseException as exc:  # noqa: BLE001 - read in result()
+            self._error = exc
+
+    def result(self) -> DistributedRun:
+        if self._run is None:
+            while self._thread.is_alive():
+                self._thread.join(0.2)   # (in small waits: Ctrl-C reaches the main thread)
+            if self._run is None:
+                raise self._error or RuntimeError("the ranks' launcher ended without a result")
+            _show_ranks(self.view, self._run)
+        return self._run
+
+    def interrupt(self) -> None:
+        self.launch.interrupt()
+
+    def listener(self, view):
+        """``view`` for the one-process diagnosis, which waits for the ranks once its observed run is shown (and
+        stops them first when that run was interrupted)."""
+        def listen(event) -> None:
+            view(event)
+            if event.kind == "script-observed":
+                if event.data["observed"].get("exit") == "interrupted":
+                    self.interrupt()
+                self.result()
+        return listen
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self.interrupt()
+            self._thread.join(30.0)
+        self.launch.close()
+
+    def __getattr__(self, name):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self.result(), name)
 
 
 def _announce(view, opts, kind: str) -> None:
@@ -314,28 +381,41 @@ def _show_ranks(view, run: DistributedRun) -> None:
         c.print(f"  [yellow]the ranks could not start: {escape(run.start_error)}[/]", highlight=False)
 
 
-def diagnose_and_report(opts, run: DistributedRun, view) -> int:
-    """The one-process diagnosis with the cross-rank audits in the same session, then the reports."""
-    from nnwizard.session import diagnose, exit_code, write_reports
+def diagnose_and_report(opts, source, view) -> int:
+    """The one-process diagnosis with the cross-rank audits in the same session, then the reports. ``source``: the
+    ranks' DistributedRun, or a :class:`Pending` one still under way."""
+    from nnwizard.distributed.fsdp import plain_copies
+    from nnwizard.session import diagnose
 
-    if run.interrupted or run.start_error:
-        diagnosis = distributed_only(opts, run, view, interrupted=run.interrupted)
-    else:
-        single = replace(opts, nproc=None, distributed=run if run.initialised() else None)
-        if not run.initialised() and not view.quiet:
-            view.console.print(f"[yellow]The script never called init_process_group (nor built DDP or FSDP) on any of the "
-                               f"{run.world} ranks: it is not distributed. Diagnosed as one process.[/]")
-        try:
-            from nnwizard.distributed.fsdp import plain_copies
-
-            with one_process(), plain_copies():
-                diagnosis = diagnose(single, listener=view)
-        except KeyboardInterrupt:
+    listener = source.listener(view) if isinstance(source, Pending) else view
+    if not isinstance(source, Pending) and source.interrupted:
+        diagnosis = distributed_only(opts, source, view, interrupted=True)
+        return _report(opts, diagnosis, source, view)
+    try:
+        with one_process(), plain_copies():
+            known = isinstance(source, Pending) or source.initialised()   # (a run not distributed: no cross-rank audits)
+            diagnosis = diagnose(replace(opts, nproc=None, distributed=source if known else None), listener=listener)
+        run = source.result() if isinstance(source, Pending) else source
+        if diagnosis.interrupted and not diagnosis.results:   # (Ctrl-C in the observed run: what the ranks recorded)
             diagnosis = distributed_only(opts, run, view, interrupted=True)
-        if not run.initialised():
-            diagnosis.target.distributed_note = (f"run with --nproc {run.world}, but no rank called init_process_group or "
-                                                 f"built DDP/FSDP: every rank ran its own copy; diagnosed as one process")
-        diagnosis.target.distributed = run
+    except KeyboardInterrupt:
+        if isinstance(source, Pending):
+            source.interrupt()
+        run = source.result() if isinstance(source, Pending) else source
+        diagnosis = distributed_only(opts, run, view, interrupted=True)
+    return _report(opts, diagnosis, run, view)
+
+
+def _report(opts, diagnosis, run: DistributedRun, view) -> int:
+    from nnwizard.session import exit_code, write_reports
+
+    diagnosis.target.distributed = run
+    if not run.initialised() and not run.interrupted and not run.start_error:
+        diagnosis.target.distributed_note = (f"run with --nproc {run.world}, but no rank called init_process_group or "
+                                             f"built DDP/FSDP: every rank ran its own copy; diagnosed as one process")
+        if not view.quiet:
+            view.console.print(f"[yellow]The script never called init_process_group (nor built DDP or FSDP) on any of "
+                               f"the {run.world} ranks: it is not distributed. Diagnosed as one process.[/]")
     report, written = write_reports(diagnosis, opts)
     view.summary(report, written)
     return exit_code(diagnosis, report, opts)

@@ -115,7 +115,7 @@ def _die_with_parent() -> None:
 
 def main() -> int:
     """``python -m nnwizard.distributed.rank``: one rank started by nnwizard's launcher."""
-    cfg = json.loads(os.environ[CONFIG_VAR])
+    cfg = json.loads(Path(sys.argv[1]).read_text(encoding="utf-8") if len(sys.argv) > 1 else os.environ[CONFIG_VAR])
     rank, _, world = rank_and_world()
     _die_with_parent()
     if cfg.get("crash_dir"):   # a rank killed by its backend (gloo's abort) or a segfault leaves its Python stacks
