@@ -431,6 +431,26 @@ def test_more_ranks_than_cores_is_one_clear_line_and_exit_2(tmp_path):
     assert done.stderr.strip().count("\n") == 0 and "--nproc 999" in done.stderr and "core" in done.stderr
 
 
+def test_nproc_takes_a_script_not_a_module(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "nnwizard", "diagnose", "--module", str(ROOT / "examples" / "healthy_mlp.py"),
+                           "--nproc", "2", "--non-interactive"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert done.returncode == 2 and "--script" in done.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_one_nccl_rank_on_a_gpu(tmp_path):
+    import json
+
+    out = tmp_path / "gpu.json"
+    done = subprocess.run([sys.executable, "-m", "nnwizard", "diagnose", "--script", str(DIST / "healthy_ddp_classifier.py"),
+                           "--nproc", "1", "--device", "cuda", "--non-interactive", "--json", str(out), "-q"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["distributed"]["backend"] == "nccl" and report["verdict"] == "healthy", report["hypotheses"][:3]
+
+
 # -------------------------------------------------------------------------------- two real gloo ranks
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory):

@@ -58,6 +58,8 @@ def _check_target(opts: Options) -> None:
         raise UsageError("give either --module M (the training-module contract) or --script train.py (an unmodified script)")
     if opts.module and opts.script_args:
         raise UsageError(f"arguments after the options ({' '.join(opts.script_args)}) are passed to a --script; --module takes none")
+    if opts.nproc is not None and not opts.script:
+        raise UsageError("--nproc runs an unmodified script on several ranks: give --script train.py (not --module)")
     if opts.max_steps is not None and opts.max_steps < 1:
         raise UsageError(f"--max-steps {opts.max_steps}: expected at least 1")
 
@@ -204,6 +206,7 @@ def write_reports(diagnosis: Diagnosis, opts: Options) -> tuple[object, list[str
 def run_session(opts: Options) -> int:
     from nnwizard.view import TerminalView
 
+    _check_target(opts)
     if opts.script and (opts.nproc or _in_torchrun()):   # distributed training (CONTRACT §8): nnwizard.distributed
         from nnwizard.distributed import run_distributed
 

@@ -34,7 +34,6 @@ from nnwizard.distributed.channel import Channel, serve
 from nnwizard.distributed.env import check_nproc, environment, in_torchrun, one_process
 from nnwizard.distributed.heartbeat import ANSWER_S, Watchdog
 from nnwizard.distributed.merged import DistributedRun, DistributedTarget
-from nnwizard.errors import UsageError
 
 START_S = 90.0       # for the ranks to import torch and the script and meet (a loaded machine)
 LOG_LINES = 40
@@ -64,6 +63,13 @@ def _quiet_launcher():
         for lg, level, propagate in levels:
             lg.setLevel(level)
             lg.propagate = propagate
+
+
+def _kill(pid: int, sig) -> None:
+    try:
+        os.kill(pid, sig)
+    except OSError:
+        pass
 
 
 def _children(parent: int) -> list[int]:
@@ -149,10 +155,7 @@ class Launch:
 
     def _signal(self, sig) -> None:
         for pid in {*self.pids().values(), *_children(os.getpid())}:
-            try:
-                os.kill(pid, sig)
-            except OSError:
-                pass
+            _kill(pid, sig)
 
     def run(self) -> DistributedRun:
         from nnwizard.script_run import DEFAULT_TIME_LIMIT_S
@@ -196,12 +199,13 @@ class Launch:
         end = time.monotonic() + ANSWER_S
         while time.monotonic() < end and len(watchdog.answered()) < self.nproc and thread.is_alive():
             time.sleep(0.1)
+        silent = [pid for r, pid in pids.items() if r not in watchdog.answered() and _pid_alive(pid)]
+        for pid in silent:   # (its heartbeat thread could not run: faulthandler writes its stacks from the signal)
+            _kill(pid, getattr(signal, "SIGUSR1", signal.SIGTERM))
+        time.sleep(0.5 if silent else 0)
         for pid in pids.values():
             if _pid_alive(pid):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
+                _kill(pid, signal.SIGKILL)
         thread.join(15.0)
 
     def _collect(self, abort, watchdog: Watchdog, seconds: float) -> DistributedRun:
@@ -266,8 +270,6 @@ def _validate(opts) -> str:
     from nnwizard.session import _check_outputs, _check_target
     from nnwizard.script_run import load_script
 
-    if opts.module:
-        raise UsageError("--nproc runs an unmodified script on several ranks: give --script train.py (not --module)")
     _check_target(opts)
     _check_outputs(opts)
     load_script(opts.script)

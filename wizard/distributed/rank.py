@@ -121,6 +121,8 @@ def main() -> int:
     if cfg.get("crash_dir"):   # a rank killed by its backend (gloo's abort) or a segfault leaves its Python stacks
         crash = open(Path(cfg["crash_dir"]) / f"crash.rank{rank}.txt", "w", encoding="utf-8")  # noqa: SIM115
         faulthandler.enable(file=crash, all_threads=True)
+        if hasattr(signal, "SIGUSR1"):   # the launcher's last word to a rank whose heartbeat thread no longer runs
+            faulthandler.register(signal.SIGUSR1, file=crash, all_threads=True)
     channel = Channel(connect(cfg["store"]), cfg.get("run", ""))
     signal.signal(signal.SIGTERM, _interrupt)
     if cfg.get("mode") == "watch":
