@@ -175,11 +175,14 @@ for step in range(80):
 '''
 
 
-def test_watch_on_two_ranks_writes_one_log_per_rank_and_a_ddp_bundle_replays_in_one_process(tmp_path):
+@pytest.mark.parametrize("how", ["nproc", "torchrun"])
+def test_watch_on_two_ranks_writes_one_log_per_rank_and_a_ddp_bundle_replays_in_one_process(how, tmp_path):
     script = tmp_path / "watched.py"
     script.write_text(WATCH)
-    done = subprocess.run([sys.executable, "-m", "nnwizard", "watch", "--script", str(script), "--nproc", "2", "--out",
-                           "w"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    watch = ["-m", "nnwizard", "watch", "--script", str(script), "--out", "w"]
+    cmd = ([sys.executable, *watch, "--nproc", "2"] if how == "nproc" else
+           [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *watch])
+    done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     for rank in (0, 1):
         rows = [json.loads(line) for line in (tmp_path / "w" / f"watch.rank{rank}.jsonl").read_text().splitlines()]

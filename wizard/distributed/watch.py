@@ -10,6 +10,7 @@ wait in a collective is not (a real run may keep its ranks at a barrier while ra
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -77,11 +78,11 @@ def run_watch(script: str, args: list[str], out: Path, on_anomaly: str, every: i
     load_script(script)
     watch = {"out": str(Path(out).resolve()), "on_anomaly": on_anomaly, "every": every}
     if in_torchrun():
-        from nnwizard.distributed.torchrun import _channel
+        from nnwizard.distributed.channel import Channel, for_torchrun
 
-        rank, _, world = rank_and_world()
-        return watch_rank({"script": script, "args": args, "watch": watch, "abort_code": 0}, _channel(rank, world),
-                          rank, world)
+        rank, _, world = rank_and_world()   # (the user's real run, in this process: the job's store carries the beats)
+        channel = Channel(for_torchrun(rank, world), f"watch-{os.environ.get('TORCHELASTIC_RUN_ID', 'job')}")
+        return watch_rank({"script": script, "args": args, "watch": watch, "abort_code": 0}, channel, rank, world)
     kind = check_nproc(nproc, "auto")
     from types import SimpleNamespace
 
