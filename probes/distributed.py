@@ -24,6 +24,7 @@ import re
 import statistics
 from collections import Counter, defaultdict
 
+from nnwizard.distributed.merged import user_frames
 from nnwizard.probes.api import ProbeContext, ProbeResult, Table, cannot_run, failed, passed, probe, skipped
 
 CROSS_RANK_PROBES = ("dist-run", "dist-collectives", "dist-unused-params", "dist-sampler-epoch", "dist-sharding",
@@ -118,38 +119,6 @@ def _user_collectives(digest: dict) -> list[dict]:
     return [c for c in digest.get("collectives", []) if c.get("where")]
 
 
-def _stack_tail(stack: str | None, limit: int = 4) -> list[str]:
-    """The innermost frames of the main thread in a faulthandler dump, innermost first."""
-    if not stack:
-        return []
-    blocks = re.split(r"\n(?=Thread 0x|Current thread 0x)", stack)
-    main = next((b for b in blocks if "most recent call first" in b and "heartbeat" not in b and "threading.py" not in b),
-                blocks[-1] if blocks else "")
-    frames = [m.group(1).strip() for m in re.finditer(r'^\s+(File ".*)$', main, re.MULTILINE)]
-    return frames[:limit]
-
-
-_FRAME = re.compile(r'File "([^"]+)", line (\d+) in (\S+)')
-
-
-def user_frames(stack: str | None, limit: int = 4) -> list[str]:
-    """The script's own frames in a faulthandler dump of the main thread, innermost first ('train.py:33 in f')."""
-    if not stack:
-        return []
-    blocks = re.split(r"\n(?=Thread 0x|Current thread 0x)", stack.strip())
-    out = []
-    for block in blocks:
-        frames = [(path, line, fn) for path, line, fn in _FRAME.findall(block)]
-        if any("/nnwizard/" in p and "heartbeat" in p for p, _, _ in frames) or any("threading.py" in p for p, _, _ in frames[-1:]):
-            continue   # nnwizard's heartbeat thread, a helper thread
-        own = [f"{p.rsplit('/', 1)[-1]}:{line} in {fn}" for p, line, fn in frames
-               if not any(x in p for x in ("site-packages", "/torch/", "/nnwizard/", "/wizard/", "<frozen", "runpy", "/lib/python"))]
-        if own:
-            out = own[:limit]
-            break
-    return out
-
-
 def _busy_text(busy: dict | None) -> str:
     if not busy:
         return "not in a collective"
@@ -171,7 +140,7 @@ def dist_collectives(ctx: ProbeContext) -> ProbeResult:
         return skipped("not a distributed run")
     if not run.initialised():
         return skipped("no process group: no collectives")
-    stacks = {r: _stack_tail(s) for r, s in run.stacks.items()}
+    stacks = {r: user_frames(s) for r, s in run.stacks.items()}
     abort = run.abort or {}
     detected = run.backend_mismatch()
     if detected:
@@ -215,37 +184,12 @@ def dist_collectives(ctx: ProbeContext) -> ProbeResult:
                   f"order" + (" (and DDP's own gradient reductions)" if run.data_parallel() else ""), counts=counts)
 
 
-def collective_in(stack: str | None) -> str | None:
-    """The torch.distributed function the main thread was inside in a faulthandler dump (None: none)."""
-    for block in re.split(r"\n(?=Thread 0x|Current thread 0x)", (stack or "").strip()):
-        frames = _FRAME.findall(block)
-        if any("heartbeat" in p for p, _, _ in frames):
-            continue
-        for path, _, fn in frames:
-            if "/torch/distributed/" in path and fn not in ("wrapper", "_get_default_group"):
-                return fn
-    return None
-
-
-def _position(run, r: int) -> tuple[str | None, list[str]]:
-    """(the collective a rank was in, the script's frames that called it) from its stack, else its heartbeat."""
-    stack = run.stacks.get(r)
-    frames = user_frames(stack)
-    busy = run.busy(r)
-    name = collective_in(stack) or (busy or {}).get("name")
-    if frames:
-        return name, frames
-    if busy and busy.get("where"):
-        return busy.get("name"), [busy["where"]]
-    return (busy or {}).get("name"), []
-
-
 def _rank_state(run, r: int) -> str:
     """Where a rank was when the collectives went wrong: its stack's own frames (a rank stopped or killed), what
     it waited in, or how it ended."""
     d = run.digests.get(r) or {}
     if d.get("exit") in ("aborted", "died", None):
-        name, frames = _position(run, r)
+        name, frames = run.position(r)
         if frames:
             return (f"in {name}" if name else "stopped") + f" called from {' <- '.join(frames)}"
         if name:
@@ -288,7 +232,7 @@ def _order_mismatch(run) -> str:
 def _hang_fix(run) -> str:
     sites = Counter()
     for r in range(run.world):
-        name, frames = _position(run, r)
+        name, frames = run.position(r)
         if name and frames and name not in ("backward", "DistributedDataParallel forward"):
             sites[(name, frames[0])] += 1
     if not sites:

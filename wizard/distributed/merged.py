@@ -21,6 +21,39 @@ COMM_ERROR = re.compile(r"Connection (closed|reset)|closed by peer|Broken pipe|p
                         r"socket (closed|timeout)", re.IGNORECASE)   # a peer gone or a collective that never completed
 
 
+_FRAME = re.compile(r'File "([^"]+)", line (\d+) in (\S+)')
+
+
+def user_frames(stack: str | None, limit: int = 4) -> list[str]:
+    """The script's own frames in a faulthandler dump of the main thread, innermost first ('train.py:33 in f')."""
+    if not stack:
+        return []
+    blocks = re.split(r"\n(?=Thread 0x|Current thread 0x)", stack.strip())
+    out = []
+    for block in blocks:
+        frames = [(path, line, fn) for path, line, fn in _FRAME.findall(block)]
+        if any("/nnwizard/" in p and "heartbeat" in p for p, _, _ in frames) or any("threading.py" in p for p, _, _ in frames[-1:]):
+            continue   # nnwizard's heartbeat thread, a helper thread
+        own = [f"{p.rsplit('/', 1)[-1]}:{line} in {fn}" for p, line, fn in frames
+               if not any(x in p for x in ("site-packages", "/torch/", "/nnwizard/", "/wizard/", "<frozen", "runpy", "/lib/python"))]
+        if own:
+            out = own[:limit]
+            break
+    return out
+
+
+def collective_in(stack: str | None) -> str | None:
+    """The torch.distributed function the main thread was inside in a faulthandler dump (None: none)."""
+    for block in re.split(r"\n(?=Thread 0x|Current thread 0x)", (stack or "").strip()):
+        frames = _FRAME.findall(block)
+        if any("heartbeat" in p for p, _, _ in frames):
+            continue
+        for path, _, fn in frames:
+            if "/torch/distributed/" in path and fn not in ("wrapper", "_get_default_group"):
+                return fn
+    return None
+
+
 def is_comm_error(error: dict | None) -> bool:
     if not error:
         return False
@@ -79,9 +112,9 @@ class DistributedRun:
             code = self.exit_codes.get(rank)
             how = (f"killed by signal {-code}" if isinstance(code, int) and code < 0 else
                    f"exited with code {code}" if code is not None else "ended")
-            busy = d.get("busy") or (self.beats.get(rank) or {}).get("busy")
-            return (f"its process {how} after step {d.get('total_steps', 0)}"
-                    + (f", while in {busy.get('name')}" + (f" at {busy['where']}" if busy.get("where") else "") if busy else ""))
+            name, frames = self.position(rank)
+            return (f"its process {how}" + (f" in {name}" if name else "") + (f" called from {frames[0]}" if frames else "")
+                    + f" (its last step recorded: {d.get('total_steps', 0)})")
         if d.get("exit") == "aborted":
             busy = (d.get("busy") or {})
             return "stopped by the watchdog" + (f" while in {busy.get('name')}" if busy else "")
@@ -100,6 +133,19 @@ class DistributedRun:
         if d.get("exit") in (None, "died"):   # (a partial digest is older than the last heartbeat)
             return beat or d.get("busy")
         return d.get("busy")
+
+    def position(self, rank: int) -> tuple[str | None, list[str]]:
+        """(the collective a rank was in, the script's frames that called it, innermost first) from its stacks (a rank
+        stopped or killed), else from its heartbeat."""
+        stack = self.stacks.get(rank)
+        frames = user_frames(stack)
+        busy = self.busy(rank)
+        name = collective_in(stack) or (busy or {}).get("name")
+        if frames:
+            return name, frames
+        if busy and busy.get("where"):
+            return name, [busy["where"]]
+        return name, []
 
     def backend_mismatch(self) -> str | None:
         """A backend's own words that the ranks were in different collectives (a rank's error or its last lines)."""
