@@ -270,7 +270,7 @@ def test_a_rank_past_the_time_limit_halts_every_rank_two_steps_later(channel):
     a.on_step_post(_rec(10, 31.0), None, None)       # rank 0's clock passed 30 s at step 10
     ends = {}
     for rank, agreement, seconds in ((0, a, 31.0), (1, b, 29.0)):
-        for n in range(10, 20):
+        for n in range(10, 10 + 3 * MARGIN):
             try:
                 agreement.on_step_post(_rec(n, seconds), None, None)
             except StopRun as stop:

@@ -4,17 +4,21 @@ A rank that stopped alone (its own step budget, its own clock) would leave the o
 step's gradient all-reduce for a peer that is gone: the run would end in a communication error or a hang
 that the script does not have. So no rank stops on its own: the step budget is agreed through the shared
 store before the script starts (the first rank to write it sets it; every rank reads the same value), and
-a rank that reaches the time limit proposes to halt two steps later (the first proposal stands; a rank of
-a data-parallel job is never more than one step ahead of another, because every backward waits for the
-others). Each rank reads the agreed values after every optimizer step, a store round trip (about 20 us on
-one machine), and raises :class:`~nnwizard.recorder.StopRun` when it reaches them.
+a rank that reaches the time limit proposes to halt ``MARGIN`` steps later (the first proposal stands). A rank
+of a data-parallel job is never more than one step ahead of another (every backward waits for the others),
+and each rank reads the store for a halt at least every ``POLL_STEPS`` steps (and every ``POLL_S`` seconds),
+so every rank learns of it before it passes that step. A read is a round trip to the store's process (about
+20 us on an idle machine, much more on a loaded one): hence not every step. A rank raises
+:class:`~nnwizard.recorder.StopRun` when it reaches the agreed budget or the halt.
 """
 
 from __future__ import annotations
 
 from nnwizard.recorder import StopRun
 
-MARGIN = 2   # a rank past the time limit halts this many steps later: a peer may already be one step ahead
+POLL_STEPS = 8    # a rank reads the store for a halt at least this often (in steps) ...
+POLL_S = 0.25     # ... and this often (in seconds)
+MARGIN = POLL_STEPS + 2   # a halt comes this many steps after the step it was proposed at: every peer reads it before
 
 
 class StepAgreement:
@@ -27,16 +31,20 @@ class StepAgreement:
         self.halt: int | None = None
         self.proposed = False
         self.reason: str | None = None
+        self._polled = (0, -1.0)   # (step, seconds) of the last read of the store
 
     def on_step_post(self, rec, optimizer, step) -> None:
         n = rec.recording.total_steps
-        if self.halt is None:
+        now = rec.now()
+        late = self.time_limit_s is not None and now > self.time_limit_s and not self.proposed
+        if self.halt is None and (late or n - self._polled[0] >= POLL_STEPS or now - self._polled[1] >= POLL_S):
+            self._polled = (n, now)
             halt = self.channel.get("halt")
-            if halt is None and not self.proposed and self.time_limit_s is not None and rec.now() > self.time_limit_s:
+            if halt is None and late:
                 self.proposed = True
                 halt = self.channel.first("halt", n + MARGIN)
                 if halt == n + MARGIN:
-                    self.channel.put("halt-by", {"rank": self.rank, "step": n, "seconds": round(rec.now(), 1)})
+                    self.channel.put("halt-by", {"rank": self.rank, "step": n, "seconds": round(now, 1)})
             if halt is not None:
                 self.halt = int(halt)
         if self.stop is not None and n >= self.stop and (self.halt is None or self.stop <= self.halt):
