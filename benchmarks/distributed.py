@@ -7,9 +7,13 @@
   finding, whether it is the declared one (healthy twins: verdict healthy), the wall time.
 - ``--timing``: a 2-rank diagnosis of a small DDP script against the same script's one-process diagnosis
   (``RANK=0 WORLD_SIZE=1``, as a user diagnoses it by hand), ``--repeats`` times interleaved: the ratio of medians.
-- ``--overhead``: the per-rank cost of the recorder: the median optimizer step of each rank of the script under
-  plain torchrun (a step hook timing it, nothing else), under the full recorder (a diagnosis's rank, its digest
-  and step agreement), and under ``nnwizard watch --nproc 2`` (the light recorder and the watch).
+- ``--instructions``: callgrind's instruction count a step of one rank of a DDP loop under the full recorder, and
+  under the full recorder with the rank's digest and step agreement (load-independent).
+- ``--overhead``: the per-rank cost: the whole script run as one rank in this process (``WORLD_SIZE=1``), plainly,
+  under the full recorder, and under the full recorder with the rank's digest and step agreement, ``--repeats``
+  times interleaved (ratio of medians: what nnwizard adds to a rank, without the noise of several processes);
+  then the median optimizer step of each of 2 ranks under plain torchrun (a step hook timing it), in a
+  diagnosis's ranks, and under ``nnwizard watch --nproc 2`` (a noisier, whole-system figure).
 
 Default: all three. The machine is shared: run it on a quiet one, read medians.
 """
@@ -131,8 +135,66 @@ def _watch_steps(script: Path, work: Path) -> list[float]:
     return times
 
 
-def overhead() -> dict:
-    out = {}
+def _one_rank_run(mode: str) -> float:
+    """The whole script in this process as one rank (RANK=0, WORLD_SIZE=1, gloo): plainly, under the full recorder,
+    or under the full recorder with the rank's digest and step agreement (what a diagnosis's rank runs)."""
+    import contextlib
+    import io
+    import runpy
+
+    from nnwizard.distributed.agree import StepAgreement
+    from nnwizard.distributed.channel import Channel, connect, serve
+    from nnwizard.distributed.digest import RankDigest
+    from nnwizard.distributed.env import one_process
+    from nnwizard.recorder import Recorder, StopRun
+
+    with one_process(), contextlib.redirect_stdout(io.StringIO()), tempfile.TemporaryDirectory() as work:
+        argv, cwd = sys.argv, os.getcwd()
+        sys.argv = [str(TIMED), "--epochs", "2"]
+        os.chdir(work)
+        started = time.perf_counter()
+        try:
+            if mode == "plain":
+                runpy.run_path(str(TIMED), run_name="__main__")
+            else:
+                listeners, patches = [], contextlib.nullcontext()
+                if mode == "digest":
+                    store, address = serve()
+                    digest = RankDigest(0, 1, TIMED.parent)
+                    listeners = [digest, StepAgreement(Channel(connect(address), "bench"), 0, 10_000, None)]
+                    patches = digest.patches()
+                with Recorder("full", files=[TIMED], listeners=listeners):
+                    with patches:
+                        try:
+                            runpy.run_path(str(TIMED), run_name="__main__")
+                        except StopRun:
+                            pass
+            return time.perf_counter() - started
+        finally:
+            sys.argv = argv
+            os.chdir(cwd)
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+
+
+def overhead(repeats: int = 5) -> dict:
+    out: dict = {"one_rank_s": {}}
+    modes = ("plain", "full", "digest")
+    _one_rank_run("plain")   # (warm-up: imports, first-time allocations)
+    runs: dict[str, list[float]] = {m: [] for m in modes}
+    for _ in range(repeats):
+        for mode in modes:
+            runs[mode].append(_one_rank_run(mode))
+    med = {m: statistics.median(v) for m, v in runs.items()}
+    out["one_rank_s"] = {m: round(v, 3) for m, v in med.items()}
+    out["one_rank_ratios"] = {"full recorder": round(med["full"] / med["plain"], 3),
+                              "full recorder + digest and agreement": round(med["digest"] / med["plain"], 3)}
+    print(f"  one rank in this process ({repeats} interleaved repeats, whole run): plain {med['plain']:.2f} s, "
+          f"full recorder {out['one_rank_ratios']['full recorder']}x, with the digest and the step agreement "
+          f"{out['one_rank_ratios']['full recorder + digest and agreement']}x", flush=True)
+    print("  two gloo ranks, median optimizer step:")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         for name, measure in (("plain torchrun", _plain_steps), ("diagnosis rank (full recorder)", _diagnosis_steps),
@@ -146,6 +208,87 @@ def overhead() -> dict:
     return out
 
 
+class _MemoryChannel:
+    """The channel's interface in memory: counts the digest's and the agreement's own work, not the store's sockets."""
+
+    def __init__(self):
+        self.d: dict = {}
+
+    def get(self, key):
+        return self.d.get(key)
+
+    def put(self, key, value) -> None:
+        self.d[key] = value
+
+    def first(self, key, value):
+        return self.d.setdefault(key, value)
+
+
+def _instructions_child(steps: int) -> None:
+    """(callgrind child) one process, one thread, one rank of a DDP loop over a DistributedSampler: ``steps`` steps
+    under the full recorder, then ``steps`` under the full recorder with the rank's digest and step agreement."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+    from torch.utils.data.distributed import DistributedSampler
+
+    import _callgrind as callgrind
+    from nnwizard.distributed.agree import StepAgreement
+    from nnwizard.distributed.digest import RankDigest
+    from nnwizard.distributed.env import one_process
+    from nnwizard.recorder import Recorder, StopRun
+
+    torch.set_num_threads(1)
+    with one_process():
+        dist.init_process_group("gloo")
+        torch.manual_seed(0)
+        data = TensorDataset(torch.randn(4096, 20), torch.randint(0, 4, (4096,)))
+        sampler = DistributedSampler(data)
+        loader = DataLoader(data, batch_size=32, sampler=sampler)
+
+        def run(n: int, digest: bool) -> None:
+            torch.manual_seed(0)
+            model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 4)))
+            opt = torch.optim.SGD(model.parameters(), lr=0.05)
+            d = RankDigest(0, 1, Path(__file__).parent)
+            listeners = [d, StepAgreement(_MemoryChannel(), 0, n, 30.0)] if digest else []
+            with Recorder("full", max_steps=n, listeners=listeners), (d.patches() if digest else _null()):
+                try:
+                    for epoch in range(1000):
+                        sampler.set_epoch(epoch)
+                        for x, y in loader:
+                            opt.zero_grad()
+                            F.cross_entropy(model(x), y).backward()
+                            opt.step()
+                except StopRun:
+                    pass
+
+        run(5, False)
+        run(5, True)
+        callgrind.region(lambda: run(steps, False))
+        callgrind.region(lambda: run(steps, True))
+        dist.destroy_process_group()
+
+
+def _null():
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
+def instructions(steps: int) -> dict:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import _callgrind as callgrind
+
+    full, digest = callgrind.count(__file__, ["--steps", str(steps)], steps)
+    out = {"steps": steps, "full_recorder": round(full), "with_digest": round(digest), "ratio": round(digest / full, 3)}
+    print(f"  instructions a step, one rank of a DDP loop ({steps} steps): full recorder {full:,.0f}, with the digest "
+          f"and the step agreement {digest:,.0f}: {out['ratio']}x", flush=True)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--accuracy", action="store_true")
@@ -154,7 +297,19 @@ def main() -> None:
     parser.add_argument("--only", nargs="*")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--instructions", action="store_true", help="callgrind: the digest's cost on top of the full "
+                        "recorder, in instructions (load-independent; minutes)")
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child:
+        _instructions_child(args.steps)
+        return
+    if args.instructions:
+        result = {"instructions": instructions(args.steps)}
+        if args.json:
+            args.json.write_text(json.dumps(result, indent=1) + "\n")
+        return
     every = not (args.accuracy or args.timing or args.overhead)
     result: dict = {}
     started = time.monotonic()
@@ -172,8 +327,8 @@ def main() -> None:
         result["timing"] = timing(args.repeats)
         print(f"  ratio of medians: {result['timing'].get('ratio')}")
     if args.overhead or every:
-        print(f"per-rank step time ({TIMED.name}, 2 gloo ranks)")
-        result["overhead"] = overhead()
+        print(f"per-rank cost ({TIMED.name})")
+        result["overhead"] = overhead(args.repeats)
     result["seconds"] = round(time.monotonic() - started, 1)
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n")
