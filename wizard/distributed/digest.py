@@ -134,6 +134,7 @@ class Sites:
     def __init__(self, folder: Path):
         self.folder = str(Path(folder).resolve())
         self._codes: dict[Any, tuple[bool, str]] = {}
+        self._texts: dict[tuple, str] = {}   # (code, instruction offset) -> its text: a call site is formatted once
 
     def mine(self, code) -> tuple[bool, str]:
         known = self._codes.get(code)
@@ -150,10 +151,16 @@ class Sites:
 
     def where(self, depth: int = 2) -> str | None:
         frame = sys._getframe(depth)
+        codes = self._codes
         while frame is not None:
-            own, base = self.mine(frame.f_code)
-            if own:
-                return f"{base}:{frame.f_lineno} in {frame.f_code.co_name}"
+            code = frame.f_code
+            known = codes.get(code) or self.mine(code)
+            if known[0]:
+                key = (code, frame.f_lasti)
+                text = self._texts.get(key)
+                if text is None:
+                    text = self._texts[key] = f"{known[1]}:{frame.f_lineno} in {code.co_name}"
+                return text
             frame = frame.f_back
         return None
 
@@ -578,7 +585,7 @@ class RankDigest:
                 for batch in original(this):
                     if record is not None and len(record["indices"]) < INDICES:
                         try:
-                            record["indices"].extend(int(i) for i in batch)
+                            record["indices"].extend(map(int, batch))
                         except (TypeError, ValueError):
                             record = None
                     yield batch
