@@ -106,6 +106,11 @@ class Heartbeat(threading.Thread):
             snap["abort"] = reason
             self.channel.put(f"digest/{self.rank}", snap)
             self.beat()
+            # the others write their stacks too before anyone ends: a rank that ended first would release a peer from
+            # the collective it waits in (a lost-peer error), and that peer's stack would no longer show where it was
+            end = time.monotonic() + ANSWER_S / 2
+            while time.monotonic() < end and any(self.channel.get(f"stack/{r}") is None for r in range(self.digest.world)):
+                time.sleep(0.05)
         except Exception:  # noqa: BLE001 - the store is gone: nothing more to send
             pass
         if self.on_abort is not None:

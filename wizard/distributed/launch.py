@@ -121,6 +121,7 @@ class Launch:
         self.box: dict = {}
         self.interrupted = False
         self._interrupt = threading.Event()   # interrupt() from another thread: as Ctrl-C in the one running run()
+        self.done = threading.Event()   # the launcher's thread ended (an Event: Ctrl-C can corrupt Thread.join's state)
         if mode == "watch":   # a real run: a long wait at a barrier is the user's business; a peer that left is not
             from nnwizard.distributed.watch import WATCH_STALL_S
 
@@ -135,6 +136,8 @@ class Launch:
             self.box["result"] = elastic_launch(config, cmd)(*args)
         except BaseException as exc:  # noqa: BLE001 - the launcher's own failure (a rank that died) is read below
             self.box["error"] = exc
+        finally:
+            self.done.set()
 
     def _config(self):
         from torch.distributed import run as trun
@@ -174,8 +177,7 @@ class Launch:
             watchdog = Watchdog(self.channel, self.nproc, deadline_s=deadline,
                                 alive=lambda r: _pid_alive(pids.get(r)), **self.stall)
             try:
-                while thread.is_alive():
-                    thread.join(0.25)
+                while not self.done.wait(0.25):
                     if self._interrupt.is_set():
                         raise KeyboardInterrupt
                     pids.update(self.pids())
@@ -188,16 +190,15 @@ class Launch:
             except KeyboardInterrupt:
                 self.interrupted = True
                 self._signal(signal.SIGINT)
-                thread.join(5.0)
-                if thread.is_alive():
+                if not self.done.wait(5.0):
                     self._signal(signal.SIGKILL)
-                    thread.join(10.0)
+                    self.done.wait(10.0)
         return self._collect(abort, watchdog, time.monotonic() - started)
 
     def _reap(self, thread, watchdog: Watchdog, pids: dict[int, int]) -> None:
         """After an abort: wait for the ranks' stacks, then kill what is left."""
         end = time.monotonic() + ANSWER_S
-        while time.monotonic() < end and len(watchdog.answered()) < self.nproc and thread.is_alive():
+        while time.monotonic() < end and len(watchdog.answered()) < self.nproc and not self.done.is_set():
             time.sleep(0.1)
         silent = [pid for r, pid in pids.items() if r not in watchdog.answered() and _pid_alive(pid)]
         for pid in silent:   # (its heartbeat thread could not run: faulthandler writes its stacks from the signal)
@@ -206,7 +207,7 @@ class Launch:
         for pid in pids.values():
             if _pid_alive(pid):
                 _kill(pid, signal.SIGKILL)
-        thread.join(15.0)
+        self.done.wait(15.0)
 
     def _collect(self, abort, watchdog: Watchdog, seconds: float) -> DistributedRun:
         digests, stacks, beats = {}, {}, {}
@@ -313,6 +314,8 @@ class Pending:
         self.launch, self.view = launch, view
         self._run: DistributedRun | None = None
         self._error: BaseException | None = None
+        # (an Event, not Thread.join: a join that Ctrl-C interrupts can leave is_alive() False while the thread runs)
+        self._done = threading.Event()
         self._thread = threading.Thread(target=self._go, name="nnwizard-ranks", daemon=True)
         self._thread.start()
 
@@ -321,11 +324,13 @@ class Pending:
             self._run = self.launch.run()
         except BaseException as exc:  # noqa: BLE001 - read in result()
             self._error = exc
+        finally:
+            self._done.set()
 
     def result(self) -> DistributedRun:
         if self._run is None:
-            while self._thread.is_alive():
-                self._thread.join(0.2)   # (in small waits: Ctrl-C reaches the main thread)
+            while not self._done.wait(0.2):   # (in small waits: Ctrl-C reaches the main thread)
+                pass
             if self._run is None:
                 raise self._error or RuntimeError("the ranks' launcher ended without a result")
             _show_ranks(self.view, self._run)
@@ -346,9 +351,9 @@ class Pending:
         return listen
 
     def close(self) -> None:
-        if self._thread.is_alive():
+        if not self._done.is_set():
             self.interrupt()
-            self._thread.join(30.0)
+            self._done.wait(30.0)
         self.launch.close()
 
     def __getattr__(self, name):
