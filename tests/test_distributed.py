@@ -46,7 +46,7 @@ def digest(rank: int, **over) -> dict:
             {"seq": 0, "name": "all_reduce", "where": "train.py:40 in evaluate", "step": 20, "op": "SUM"}],
         "collective_count": 1, "ddp": [{"where": "train.py:25 in main", "model": "Net", "find_unused_parameters": False,
                                         "broadcast_buffers": True, "params": ["fc.weight", "fc.bias", "aux.weight"],
-                                        "forwards": 40, "inner_forwards": 0}],
+                                        "forwards": 40}],
         "fsdp": [], "writes": [], "prints": [], "eval_calls": [], "busy": None, "events": 100, "rng": {},
     }
     base.update(over)

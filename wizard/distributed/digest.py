@@ -450,7 +450,7 @@ class RankDigest:
                                        "find_unused_parameters": bool(getattr(this, "find_unused_parameters", False)),
                                        "broadcast_buffers": bool(getattr(this, "broadcast_buffers", True)),
                                        "static_graph": bool(getattr(this, "static_graph", False)),
-                                       "params": names, "forwards": 0, "inner_forwards": 0})
+                                       "params": names, "forwards": 0})
                     digest._ddp_objs.append(this)
                 except Exception:  # noqa: BLE001
                     pass
@@ -703,11 +703,6 @@ class RankDigest:
         for m in (rec.models if rec is not None else []):
             models.append({"index": m.index, "name": m.name, "wrapper": m.wrapper, "params": m.params,
                            "trainable": m.trainable, "forwards": m.forwards})
-        for entry, obj in zip(self.ddp, self._ddp_objs):
-            inner = getattr(obj, "module", None)
-            entry["inner_forwards"] = sum(f["calls"] for f in self.forwards.values()
-                                          if rec is not None and any(m.module is inner and f["index"] == m.index
-                                                                     for m in rec.models))
         return {
             "rank": self.rank, "world": self.world, "pid": os.getpid(), "seconds": self.now(),
             "init": self.init, "samplers": self.samplers, "loaders": loaders, "inputs": self.inputs,
