@@ -353,6 +353,38 @@ def _phase(frames, given: str | None) -> str:
     return "other"
 
 
+DDP_UNUSED = "Expected to have finished reduction in the prior iteration"
+
+
+def ddp_unused_names(message: str, names: list[str] | None) -> list[str]:
+    """The parameters DistributedDataParallel's reducer says got no gradient: named in the message
+    (TORCH_DISTRIBUTED_DEBUG=INFO), else its indices mapped through ``names`` (the wrapped module's trainable
+    parameters in DDP's order)."""
+    m = re.search(r"Parameters which did not receive grad for rank \d+: ([^\n]+)", message)
+    if m:
+        return [n.strip() for n in m.group(1).split(",") if n.strip()]
+    m = re.search(r"Parameter indices which did not receive grad for rank \d+: ([\d ]+)", message)
+    if not m:
+        return []
+    indices = [int(i) for i in m.group(1).split()]
+    return [names[i] if names and i < len(names) else f"parameter #{i}" for i in indices]
+
+
+def ddp_unused_detail(message: str, frames=()) -> str:
+    """DistributedDataParallel's unused-parameter error read in the program's terms."""
+    ddp = next((f.f_locals.get("self") for f, _ in frames if "/torch/nn/parallel/distributed.py" in f.f_code.co_filename
+                and type(f.f_locals.get("self")).__name__ == "DistributedDataParallel"), None)
+    names = None
+    if ddp is not None:
+        ignored = set(getattr(ddp, "parameters_to_ignore", ()) or ())
+        names = [n for n, p in ddp.module.named_parameters() if p.requires_grad and n not in ignored]
+    unused = ddp_unused_names(message, names)
+    which = ", ".join(unused[:6]) + (f" and {len(unused) - 6} more" if len(unused) > 6 else "") if unused else "some parameters"
+    return (f"DistributedDataParallel waits for a gradient of every parameter it wraps, and {which} received none in the "
+            f"previous backward, so its next forward raised; pass find_unused_parameters=True to "
+            f"DistributedDataParallel(...), or remove (or use) the branch those parameters belong to")
+
+
 def classify_exception(exc: BaseException, *, model: nn.Module | None = None, loss_fn: Any = None,
                        files: list[Path] | None = None, inputs: Any = None, targets: Any = None,
                        phase: str | None = None) -> Classification:
@@ -493,6 +525,8 @@ def classify_exception(exc: BaseException, *, model: nn.Module | None = None, lo
         # p.grad.data / p.grad.norm() after backward(): that parameter got no gradient (a hand-written update)
         hypothesis, detail = "disconnected-parameters", ("a parameter's .grad is still None after backward(): the loss "
                                                          "does not depend on it")
+    if hypothesis is None and DDP_UNUSED in str(exc):
+        hypothesis, detail = "disconnected-parameters", ddp_unused_detail(str(exc), frames)
     if hypothesis is None and shadows and kind in ("call", "attribute", "other"):
         hypothesis = "module-method-shadowed"
     if hypothesis == "module-method-shadowed" and shadows:

@@ -165,6 +165,7 @@ def moved(rec) -> bool:
         if m.initial is None:
             continue
         for p, q in zip(m.module.parameters(), m.initial.parameters()):
+            p = p.to_local() if hasattr(p, "to_local") else p   # (an FSDP2 DTensor in one process: its values)
             if p.shape == q.shape and not torch.equal(p.detach().cpu(), q.detach().cpu()):
                 return True
     return False

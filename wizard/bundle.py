@@ -77,6 +77,7 @@ def save_bundle(folder: Path, meta: dict, models: dict[str, nn.Module], optimize
     """Write a bundle; returns the folder. Raises only on I/O errors of the folder itself."""
     folder.mkdir(parents=True, exist_ok=True)
     notes = []
+    models, names, grads, meta = _unwrapped(models, names, grads, meta, notes)
     state = {"models": {}, "model_states": {}, "grads": grads,
              "optimizer": optimizer_record(optimizer, names) if optimizer is not None else None}
     for name, module in models.items():
@@ -107,6 +108,48 @@ def save_bundle(folder: Path, meta: dict, models: dict[str, nn.Module], optimize
             meta["cells"] = cells
     (folder / "meta.json").write_text(json.dumps(jsonable(meta), indent=1) + "\n", encoding="utf-8")
     return folder
+
+
+def _unwrapped(models: dict[str, nn.Module], names: dict[int, str], grads: dict[str, torch.Tensor], meta: dict,
+               notes: list[str]):
+    """The models a bundle keeps, without their data-parallel wrappers: a DistributedDataParallel (or
+    DataParallel, torch.compile) wrapper needs its process group to be unpickled, and replay runs in one process,
+    so the module it runs is saved, under the same keys, its parameters named as in that module. An FSDP2 module
+    sharded over several ranks holds only this rank's shards: kept as it is, and the bundle says it does not
+    replay in one process."""
+    from nnwizard.record import inner_model
+
+    inner = {k: inner_model(m) for k, m in models.items()}
+    if all(inner[k] is m for k, m in models.items()):
+        return _sharded(models, meta, notes), names, grads, meta
+    old = {}   # id(parameter) -> its name as the wrapper gave it
+    for k, m in models.items():
+        for n, p in m.named_parameters():
+            old.setdefault(id(p), names.get(id(p), n))
+    new: dict[int, str] = {}
+    for k, m in inner.items():
+        for n, p in m.named_parameters():
+            new.setdefault(id(p), n if len(inner) == 1 else f"{k}.{n}")
+    rename = {old[i]: new[i] for i in new if i in old}
+    names = {i: new.get(i, n) for i, n in names.items()}
+    grads = {rename.get(n, n): g for n, g in grads.items()}
+    wrapped = sorted({type(m).__name__ for k, m in models.items() if inner[k] is not m})
+    notes.append(f"saved the module(s) that {', '.join(wrapped)} wraps (replay runs in one process)")
+    meta = {**meta, "models": {k: type(m).__name__ for k, m in inner.items()}, "wrappers": wrapped}
+    return _sharded(inner, meta, notes), names, grads, meta
+
+
+def _sharded(models: dict[str, nn.Module], meta: dict, notes: list[str]) -> dict[str, nn.Module]:
+    for m in models.values():
+        for p in m.parameters():
+            mesh = getattr(p, "device_mesh", None)
+            if mesh is not None and mesh.size() > 1:
+                meta["replayable"] = False
+                meta["why_not"] = (f"the model's parameters are sharded over {mesh.size()} ranks (FSDP2 / DTensor): this "
+                                   f"bundle holds one rank's shards, which do not replay in one process")
+                notes.append(meta["why_not"])
+                return models
+    return models
 
 
 # ------------------------------------------------------------------------------------------ loading

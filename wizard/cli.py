@@ -113,6 +113,7 @@ def diagnose(
     budget: Optional[float] = typer.Option(None, "--budget", help="Seconds for the whole diagnosis; probes that train plan their steps from it (default: max(20 s, 40 plain steps; a script's: its reruns with their start-up) less a fifth, printed at the start).", **_env("budget")),
     save_answers_path: Optional[Path] = typer.Option(None, "--save-answers", help="Where an interactive session saves its answers (default nnwizard-answers.yaml)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Only the final table.", **_env("quiet")),
+    nproc: Optional[int] = typer.Option(None, "--nproc", help="Script mode: run the script on N ranks as `torchrun --standalone --nproc_per_node=N` would (gloo on the CPU, nccl on GPUs) and audit the ranks against each other.", **_env("nproc")),
 ) -> None:
     """Diagnose a training module or script: ask what you see, measure, and rank the hypotheses.
 
@@ -124,7 +125,7 @@ def diagnose(
         device=device, seed=seed, fail_on=parse_fail_on(fail_on), strict=strict,
         interactive=not non_interactive and sys.stdin.isatty(), trees_dir=trees, probe_timeout=probe_timeout,
         budget=budget, save_answers=save_answers_path, quiet=quiet, script=script, script_args=_script_args(ctx),
-        max_steps=max_steps,
+        max_steps=max_steps, nproc=nproc,
     )
     check(opts)   # bad usage is answered here, before torch is imported
     from nnwizard.session import run_session
@@ -206,6 +207,7 @@ def watch(
     on_anomaly: str = typer.Option("continue", "--on-anomaly", help="continue (default) or stop at the first anomaly.", **_env("on-anomaly")),
     every: Optional[int] = typer.Option(None, "--every", help="Steps between JSON lines (default: 10, or a multiple of "
                                         "10 at which a line costs at most 1 percent of the steps between two; the triggers check every step).", **_env("every")),
+    nproc: Optional[int] = typer.Option(None, "--nproc", help="Run the script on N ranks as `torchrun --standalone --nproc_per_node=N` would: one log per rank (watch.rank<R>.jsonl) and bundles per rank.", **_env("nproc")),
 ) -> None:
     """Watch the real run: log per-step health to DIR/watch.jsonl, save a replay bundle at each anomaly.
 
@@ -218,6 +220,12 @@ def watch(
     from nnwizard.script_spec import load_script
 
     load_script(script)   # a missing script or a syntax error is answered before torch is imported
+    from nnwizard.distributed.env import in_torchrun
+
+    if nproc or in_torchrun():   # distributed training (CONTRACT §8)
+        from nnwizard.distributed.watch import run_watch
+
+        raise typer.Exit(run_watch(script, args, out, on_anomaly, every, nproc))
     from nnwizard.watch_cmd import run
 
     raise typer.Exit(run(script, args, out, on_anomaly, every))

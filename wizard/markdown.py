@@ -31,6 +31,25 @@ def markdown_table(columns: list[str], rows: list[list], marked: list[int] = ())
     return lines
 
 
+def _distributed_lines(d: dict) -> list[str]:
+    """The ranks of a distributed run (--nproc, torchrun): how each ended, the stacks of a hang, where probes ran."""
+    out = ["## Ranks", "", f"{d['world_size']} ranks ({d.get('launcher')}, backend {d.get('backend') or 'none'}, "
+                           f"{d.get('device')}), {d.get('seconds', 0):.1f} s." + (f" {d['note']}." if d.get("note") else ""), ""]
+    if d.get("aborted"):
+        out += [f"The watchdog stopped every rank: {d['aborted'].get('text', '')}.", ""]
+    out += _table(["rank", "steps", "collectives", "ended", "files written"],
+                  [[r["rank"], r.get("steps"), r.get("collectives"), r["ended"], ", ".join(r.get("files_written", [])[:4])]
+                   for r in d["ranks"]]) + [""]
+    out += [f"Probes on every rank's recording: {', '.join(f'`{p}`' for p in d.get('probes_on_all_ranks', []))}."]
+    if d.get("probes_on_one_rank"):
+        out += ["", f"On one process: {d['probes_on_one_rank']}."]
+    out += [""]
+    for r in d["ranks"]:
+        if r.get("stack"):
+            out += [f"### Rank {r['rank']}'s Python stacks when it was stopped", "", "```", r["stack"].rstrip()[-4000:], "```", ""]
+    return out
+
+
 def _took(report) -> str:
     """The probes' time, and in script mode the observed run's before it (not counted in duration_s)."""
     observed = (report.script or {}).get("seconds")
@@ -110,6 +129,8 @@ def render_markdown(report: Report, path: str | Path) -> Path:
         from nnwizard.script_view import markdown_lines
 
         out += markdown_lines(report.script)
+    if report.distributed:
+        out += _distributed_lines(report.distributed)
     if report.answers:
         out += ["## Answers", "", *markdown_table(["question", "answer"], [[k, v] for k, v in report.answers.items()]), ""]
     out += ["## Probes", ""]

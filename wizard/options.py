@@ -49,6 +49,8 @@ class Options:
     script_args: list[str] = field(default_factory=list)
     max_steps: int | None = None
     strict: bool = False               # §5a: an inconclusive verdict fails too (fail_on 0.5 unless given)
+    nproc: int | None = None           # distributed training (CONTRACT §8): run the script on N ranks
+    distributed: object = None         # the ranks' merged recordings (nnwizard.distributed), for the cross-rank audits
 
     @property
     def threshold(self) -> float | None:
@@ -77,6 +79,8 @@ def check(opts: Options, load: bool = True) -> None:
         raise UsageError("give either --module M (the training-module contract) or --script train.py (an unmodified script)")
     if opts.module and opts.script_args:
         raise UsageError(f"arguments after the options ({' '.join(opts.script_args)}) are passed to a --script; --module takes none")
+    if opts.nproc is not None and not opts.script:
+        raise UsageError("--nproc runs an unmodified script on several ranks: give --script train.py (not --module)")
     if opts.max_steps is not None and opts.max_steps < 1:
         raise UsageError(f"--max-steps {opts.max_steps}: expected at least 1")
     for flag, path in (("--json", opts.json_path), ("--report", opts.report_path)):

@@ -100,6 +100,7 @@ class Report(BaseModel):
     script: dict[str, Any] | None = None  # script mode: what the run did (models, optimizers, trace, output)
     budget: dict[str, Any] = {}  # the cost model: step time measured, budget, plain steps used
     _written: list[str] = PrivateAttr(default_factory=list)
+    distributed: dict[str, Any] | None = None  # --nproc / torchrun (CONTRACT §8): the ranks, how each ended, which probes ran where
     # a replay's report (``"mode": "replay"``, nnwizard.replay) adds what it replayed and what it found:
     step: int | None = None               # the optimizer step the bundle saved
     bundle: str | None = None             # its folder
@@ -222,7 +223,19 @@ def _build(diagnosis: Diagnosis) -> Report:
         artifacts=[ArtifactOut(probe=r.id, kind=a.kind, spec=plain_data({f.name: getattr(a, f.name) for f in fields(a)
                                                                             if f.name != "kind"}))
                    for r in diagnosis.results for a in r.artifacts],
+        distributed=_distributed(diagnosis.target),
     )
+
+
+def _distributed(target) -> dict[str, Any] | None:
+    run = getattr(target, "distributed", None)
+    if run is None:
+        return None
+    out = run.summary(single_process=getattr(target, "mode", "") == "script")
+    note = getattr(target, "distributed_note", None)
+    if note:
+        out["note"] = note
+    return jsonable(out)
 
 
 def write_json(report: Report, path: str | Path) -> None:

@@ -163,10 +163,10 @@ def print_observed(console, obs: dict) -> None:
     from rich.table import Table
 
     c = console
-    c.print(f"\n[bold cyan]▶ Observed run of {obs['script']}[/] [dim]({obs['seconds']:.1f} s, {_ended(obs)})[/]",
+    c.print(f"\n[bold cyan]▶ Observed run of {escape(str(obs['script']))}[/] [dim]({obs['seconds']:.1f} s, {escape(_ended(obs))})[/]",
             highlight=False)
-    c.print(f"  models: {_models_line(obs)}", highlight=False)
-    c.print(f"  optimizers: {_optimizers_line(obs)}", highlight=False)
+    c.print(f"  models: {escape(_models_line(obs))}", highlight=False)
+    c.print(f"  optimizers: {escape(_optimizers_line(obs))}", highlight=False)
     if obs.get("objectives"):
         c.print(f"  objectives: {obs['objectives']}", highlight=False)
     if obs["schedulers"]:
@@ -181,16 +181,16 @@ def print_observed(console, obs: dict) -> None:
             table.add_row(*map(str, row))
         c.print(table)
         for note in _notes(obs["trace"]):
-            c.print(f"  [dim]{note}[/]", highlight=False)
+            c.print(f"  [dim]{escape(note)}[/]", highlight=False)
     if obs["written"]:
-        c.print(f"  the script wrote {len(obs['written'])} file(s), kept in {obs['scratch']}: "
-                + ", ".join(w["path"] for w in obs["written"][:6]), highlight=False)
+        c.print(escape(f"  the script wrote {len(obs['written'])} file(s), kept in {obs['scratch']}: "
+                       + ", ".join(w["path"] for w in obs["written"][:6])), highlight=False)
     if obs["output_tail"]:
         c.print("  [dim]last lines it printed:[/]")
         for line in obs["output_tail"][-6:]:
             c.print(f"  [dim]│ {escape(line)}[/]", highlight=False)  # the script's text, never read as markup
     if obs["note"]:
-        c.print(f"[bold yellow]{obs['note']}[/]", highlight=False)
+        c.print(f"[bold yellow]{escape(obs['note'])}[/]", highlight=False)
 
 
 def _counted(notes: list[str]) -> list[str]:

@@ -81,6 +81,7 @@ def _load_script_target(opts: Options, listener):
     except ScriptInterrupted as stop:  # Ctrl-C: what was recorded until then goes into a partial report
         run = stop.result
     target = ScriptTarget(run)
+    target.distributed = opts.distributed   # (None unless the script also ran on several ranks: tree `distributed`)
     if listener is not None:
         listener(Event("script-observed", data={"observed": target.observed()}))
     return target
@@ -92,7 +93,14 @@ def select_trees(trees: dict, target) -> dict:
         wanted = {"module"}
     else:
         wanted = {"script"} | ({"script-model"} if target.capturable else set())
+        wanted |= {"distributed"} if getattr(target, "distributed", None) is not None else set()
     return {k: t for k, t in trees.items() if wanted & set(t.modes)}
+
+
+def _in_torchrun() -> bool:
+    from nnwizard.distributed.env import in_torchrun
+
+    return in_torchrun()
 
 
 def diagnose(opts: Options, listener=None) -> Diagnosis:
@@ -148,6 +156,11 @@ def run(opts: Options, listener=None) -> Report:
 
 def run_session(opts: Options) -> int:
     from nnwizard.view import TerminalView
+
+    if opts.script and (opts.nproc or _in_torchrun()):   # distributed training (CONTRACT §8): nnwizard.distributed
+        from nnwizard.distributed import run_distributed
+
+        return run_distributed(opts)
 
     view = TerminalView(quiet=opts.quiet)
     note = cuda_lost.rerun_note()

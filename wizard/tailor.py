@@ -253,8 +253,27 @@ def _clip(results, rec) -> str:
             f"`zero_grad()`): call it between `loss.backward()` and `optimizer.step()`.")
 
 
+def _probe_fix(*probes: str) -> Callable:
+    """The fix a probe measured in the program's own terms (its ``fix_here``): the cross-rank audits."""
+    def make(results: dict[str, ProbeResult], rec) -> str:
+        for pid in probes:
+            r = results.get(pid)
+            if r is not None and r.status == "failed" and r.data.get("fix_here"):
+                return str(r.data["fix_here"])
+        return ""
+    return make
+
+
 TAILORS: dict[str, Callable] = {
     "scheduler-misplaced": _scheduler,
+    "sampler-epoch-not-set": _probe_fix("dist-sampler-epoch"),
+    "data-not-sharded": _probe_fix("dist-sharding"),
+    "batchnorm-not-synced": _probe_fix("dist-batchnorm"),
+    "metric-not-reduced": _probe_fix("dist-metric"),
+    "rank-write-conflict": _probe_fix("dist-writes"),
+    "ranks-diverged": _probe_fix("dist-replicas"),
+    "collective-mismatch": _probe_fix("dist-collectives"),
+    "disconnected-parameters": _probe_fix("dist-unused-params"),
     "graph-retained": _graph_kept,
     "clip-misplaced": _clip,
     "missing-optimizer-step": _missing_step,

@@ -128,7 +128,7 @@ class Tree(BaseModel):
     priority: int = 50  # trees of the same symptom are walked in (priority, id) order: cheap, broad ones first
     # which targets the tree is for: "module" (the --module contract), "script" (the recording of a
     # --script run), "script-model" (the model/batch/loss captured from a script run)
-    modes: list[Literal["module", "script", "script-model"]] = ["module"]
+    modes: list[Literal["module", "script", "script-model", "distributed"]] = ["module"]
     start: str
     nodes: dict[str, Node]
     path: str = ""

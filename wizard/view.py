@@ -45,7 +45,7 @@ class TerminalView:
             self._stop()
             r = event.data["result"]
             mark, style = _STYLE[r.status]
-            c.print(f"  [{style}]{mark} {r.id:<22}[/] {render(r.summary)} [dim]({r.duration_s:.1f}s)[/]", highlight=False)
+            c.print(f"  [{style}]{mark} {r.id:<22}[/] {escape(render(r.summary))} [dim]({r.duration_s:.1f}s)[/]", highlight=False)
         elif event.kind == "conclusion":
             e = event.data["evidence"]
             sign, style = ("+", "magenta") if e.weight > 0 else ("−", "dim")
@@ -55,7 +55,7 @@ class TerminalView:
         elif event.kind == "script-start":
             self._stop()
             d = event.data
-            c.print(f"[bold cyan]▶ Running {escape(d['script'])} {escape(' '.join(d['args']))}[/] [dim](at most {d['max_steps']} optimizer "
+            c.print(f"[bold cyan]▶ Running {escape(str(d['script']))} {escape(' '.join(d['args']))}[/] [dim](at most {d['max_steps']} optimizer "
                     f"steps; its output and files are kept aside)[/]", highlight=False)
             self._status = c.status("[dim]starting the script…[/]", spinner="dots")
             self._status.start()
@@ -92,8 +92,8 @@ class TerminalView:
             table.add_column("fix", ratio=2, overflow="fold")
             for i, h in enumerate(shown):
                 style = "bold red" if h.confidence >= FINDING else "yellow"
-                measured = "\n".join(f"• {e}" for e in h.evidence[:3])
-                table.add_row(str(i + 1), f"[{style}]{h.id}[/]", f"{h.confidence:.2f}", f"[bold]{h.title}[/]\n{measured}", h.fix_here or h.fix)
+                measured = escape("\n".join(f"• {e}" for e in h.evidence[:3]))   # (text from the program: never markup)
+                table.add_row(str(i + 1), f"[{style}]{h.id}[/]", f"{h.confidence:.2f}", f"[bold]{escape(h.title)}[/]\n{measured}", escape(h.fix_here or h.fix))
             c.print(table)
         weaker = len(report.hypotheses) - len(shown)
         if weaker:
@@ -109,7 +109,7 @@ class TerminalView:
                 head += ", so the verdict cannot be healthy"
             c.print(f"[yellow]{len(report.not_run)} probe{'s' if len(report.not_run) != 1 else ''} {head}:[/]")
             for n in report.not_run[:8]:
-                c.print(f"  [yellow]! {n.probe:<22}[/] [dim]{n.why}[/] {n.reason}", highlight=False)
+                c.print(f"  [yellow]! {n.probe:<22}[/] [dim]{n.why}[/] {escape(n.reason)}", highlight=False)
             if len(report.not_run) > 8:
                 c.print(f"  [dim]... and {len(report.not_run) - 8} more, listed in the reports[/]")
         for f in files:

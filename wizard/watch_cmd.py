@@ -16,7 +16,10 @@ from nnwizard.watcher import Watch
 
 
 def run(script_spec: str, args: list[str], out: Path, on_anomaly: str = "continue", every: int | None = None,
-        tensorboard: bool | None = None) -> int:
+        tensorboard: bool | None = None, *, make_watch=Watch, listeners: tuple = (), patches: tuple = (),
+        label: str = "") -> int:
+    """The exit code. ``make_watch`` builds the Watch (a rank of a distributed run writes its own log: see
+    nnwizard.distributed.watch), ``listeners`` / ``patches`` go to the run beside it, ``label`` heads its summary."""
     from nnwizard.errors import UsageError
     from nnwizard.script_run import RunOptions, load_script, run_script
 
@@ -25,8 +28,8 @@ def run(script_spec: str, args: list[str], out: Path, on_anomaly: str = "continu
     if every is not None and every < 1:
         raise UsageError(f"--every {every}: must be 1 or more")
     script = load_script(script_spec)
-    watch = Watch(out=out, on_anomaly=on_anomaly, every=every, triggers=Triggers(), tensorboard=tensorboard,
-                  script=script.path, files=script.files)
+    watch = make_watch(out=out, on_anomaly=on_anomaly, every=every, triggers=Triggers(), tensorboard=tensorboard,
+                       script=script.path, files=script.files)
 
     class _Starter:  # the runner makes the recorder: watch attaches to it when it starts
         def __init__(self):
@@ -52,25 +55,26 @@ def run(script_spec: str, args: list[str], out: Path, on_anomaly: str = "continu
 
     starter = _Starter()
     opts = RunOptions(mode="light", sandbox=False, capture=False, max_steps=None, limit_batches=None,
-                      time_limit_s=None, seed=None, listeners=[starter])
+                      time_limit_s=None, seed=None, listeners=[starter, *listeners], patches=list(patches))
     try:
         result = run_script(script, list(args), opts)
     finally:
         watch.close()
     rec = result.recording
     steps = rec.total_steps
-    summary = f"nnwizard watch: {steps} optimizer steps watched; log {out / 'watch.jsonl'}"
+    log = getattr(watch, "log_path", out / "watch.jsonl")
+    summary = f"nnwizard watch{label}: {steps} optimizer steps watched; log {log}"
     if watch.bundles:
         summary += "; bundles: " + ", ".join(str(b) for b in watch.bundles)
     elif steps:
         summary += "; no anomaly"
     if not starter.started:
-        summary = "nnwizard watch: the script built no model and took no optimizer step: nothing was watched"
+        summary = f"nnwizard watch{label}: the script built no model and took no optimizer step: nothing was watched"
     elif not steps and rec.backwards:
         # e.g. word_language_model's `p.data.add_(p.grad, alpha=-lr)`: watch logs and checks at optimizer steps
-        summary = (f"nnwizard watch: the script called backward() {rec.backwards} times but never optimizer.step() (a "
+        summary = (f"nnwizard watch{label}: the script called backward() {rec.backwards} times but never optimizer.step() (a "
                    f"hand-written update such as p.data.add_(p.grad, alpha=-lr)?): watch logs and checks at optimizer "
-                   f"steps, so nothing was logged to {out / 'watch.jsonl'}; `nnwizard diagnose --script` reads "
+                   f"steps, so nothing was logged to {log}; `nnwizard diagnose --script` reads "
                    f"hand-written updates")
     print(summary, file=sys.stderr)
     if result.exit == "raised" and rec.error is not None:

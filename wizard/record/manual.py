@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from nnwizard.record.tensors import nonfinite_inputs
+from nnwizard.record.tensors import nonfinite_inputs, storage_ptr
 
 if TYPE_CHECKING:  # pragma: no cover
     from nnwizard.record.full import FullPolicy
@@ -40,7 +40,9 @@ class ManualUpdates:
         def add(p, name):
             if p.requires_grad and id(p) not in cand:
                 cand[id(p)] = (p, name)
-                cand[p.untyped_storage().data_ptr()] = cand[id(p)]
+                ptr = storage_ptr(p)
+                if ptr is not None:
+                    cand[ptr] = cand[id(p)]
         for m in recording.models:
             for n, p in m.module.named_parameters():
                 add(p, f"{m.name}.{n}" if len(recording.models) > 1 else n)
@@ -85,10 +87,7 @@ class ManualUpdates:
                 return
             hit = cand.get(id(t)) if name == "__set__" or isinstance(t, nn.Parameter) else None
             if hit is None:
-                try:
-                    hit = cand.get(t.untyped_storage().data_ptr())
-                except Exception:  # noqa: BLE001 - tensors without storage
-                    hit = None
+                hit = cand.get(storage_ptr(t))
             if hit is None or hit[0].grad is None:
                 continue
             if self.open is None:

@@ -60,6 +60,16 @@ def fingerprint(obj: Any) -> tuple | None:
     return tuple(out) or None
 
 
+def storage_ptr(t: torch.Tensor) -> int | None:
+    """The address of a tensor's storage; a DTensor's (FSDP2's sharded parameters, tensor parallelism) is its local
+    shard's; None for a tensor without one (a wrapper subclass holds no storage of its own)."""
+    local = getattr(t, "_local_tensor", None)
+    try:
+        return (local if isinstance(local, torch.Tensor) else t).untyped_storage().data_ptr()
+    except Exception:  # noqa: BLE001 - tensors without storage
+        return None
+
+
 def same_storage(t: torch.Tensor, args: tuple) -> int | None:
     """The index of the first tensor in ``args`` that shares ``t``'s storage (``t`` is it, a view or a slice of it)."""
     try:
