@@ -213,7 +213,72 @@ def _clip(results, rec) -> str:
             f"`zero_grad()`): call it between `loss.backward()` and `optimizer.step()`.")
 
 
+# what to change at the line grad-path names, by what stopped the gradient there
+_GRAD_FIXES = {
+    "cut": "keep the tensor in the graph there: compute the loss from the model's output tensor itself, with torch "
+           "ops only (no `.item()`, `.tolist()`, `.numpy()`, `.detach()`, `.data`, `torch.tensor(...)` of its values, "
+           "argmax or an integer cast before the loss); to gather per-sample outputs use `torch.stack(outputs)` or "
+           "`torch.cat`",
+    "softmax-size1": "a softmax over a dimension of size 1 is exactly 1 for every sample: with one output unit use "
+                     "`torch.sigmoid` (or `BCEWithLogitsLoss` on the raw output), with several normalise `dim=-1`",
+    "relu-dead": "every unit of that ReLU is 0 for every sample: look at the layer before it (its bias or inputs "
+                 "far below zero), lower the learning rate, or use LeakyReLU",
+    "clamp-saturated": "every value reaching that clamp lies beyond its bounds, so nothing passes back: widen or "
+                       "remove the clamp, or fix the scale of what it receives",
+    "squash-saturated": "every value there sits in the flat tails of the sigmoid/tanh: scale down what reaches it "
+                        "(initialisation, input normalisation) or give the loss the raw logits",
+    "softmax-saturated": "the softmax there gives one-hot rows, whose gradient is 0: scale its input down (a "
+                         "temperature) or give the loss the logits",
+    "step-function": "the gradient of a step function (round, floor, sign) is 0 everywhere: give the loss the "
+                     "unrounded values and round only where the metric is computed",
+    "constant-output": "the model gives every sample the same output: follow the input through `forward`, each layer "
+                       "must take the previous one's output",
+}
+
+
+def _grad_path(results, rec) -> str:
+    r = results.get("grad-path")
+    if r is None or r.status != "failed":
+        return ""
+    cause, where, op = r.data.get("cause"), r.data.get("where"), r.data.get("op")
+    fix = _GRAD_FIXES.get("cut" if cause == "cut" else cause)
+    if fix is None or not where or where == "?":
+        return ""
+    restart = r.data.get("restart_where")
+    also = f" (the loss's graph then starts again at {restart}: remove that re-wrapping too)" if restart and restart != "?" else ""
+    return f"at {where} (`{op}`){also}: {fix}."
+
+
+def _tensor_list(results, rec) -> str:
+    for pid in ("trace-crash", "training-crash"):
+        r = results.get(pid)
+        if r is None or r.status != "failed" or r.data.get("kind") != "tensor-list":
+            continue
+        at = f" at {r.data['where']}" if r.data.get("where") else ""
+        name = r.data.get("subject") or "the list"
+        return (f"`torch.tensor(...)`{at} is given tensors, which it can only copy as numbers: build the tensor "
+                f"with `torch.stack({name})` (or `torch.cat`), which keeps their graph.")
+    return ""
+
+
+def _first(*makers: Callable) -> Callable:
+    def make(results, rec) -> str:
+        for m in makers:
+            text = m(results, rec)
+            if text:
+                return text
+        return ""
+    return make
+
+
 TAILORS: dict[str, Callable] = {
+    "disconnected-parameters": _first(_grad_path, _tensor_list),
+    "op-shape-mismatch": _tensor_list,
+    "softmax-wrong-dim": _grad_path,
+    "dead-relu": _grad_path,
+    "saturated-activations": _grad_path,
+    "loss-output-mismatch": _grad_path,
+    "output-ignores-input": _grad_path,
     "scheduler-misplaced": _scheduler,
     "graph-retained": _graph_kept,
     "clip-misplaced": _clip,
