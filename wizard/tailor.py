@@ -261,6 +261,21 @@ def _tensor_list(results, rec) -> str:
     return ""
 
 
+def _metric(results, rec) -> str:
+    r = results.get("script-metric-audit")
+    if r is None or r.status != "failed":
+        return ""
+    where = r.data.get("compare_where")
+    if r.outcome == "fixed" and where and where != "?" and r.data.get("compare_scores"):
+        return (f"the comparison at {where} compares scores with labels: compare predicted classes, e.g. "
+                f"`(torch.sigmoid(out) > 0.5).float() == y` for one output, `out.argmax(1) == y` for several.")
+    if r.outcome == "fraction-as-percent":
+        return "print the fraction times 100 where it is followed by a % sign (or drop the sign)."
+    if r.outcome == "wrong-count" and r.data.get("arithmetic"):
+        return f"divide the correct predictions by the number of samples evaluated, not as now ({r.data['arithmetic']})."
+    return ""
+
+
 def _first(*makers: Callable) -> Callable:
     def make(results, rec) -> str:
         for m in makers:
@@ -273,6 +288,7 @@ def _first(*makers: Callable) -> Callable:
 
 TAILORS: dict[str, Callable] = {
     "disconnected-parameters": _first(_grad_path, _tensor_list),
+    "metric-wrong": _metric,
     "op-shape-mismatch": _tensor_list,
     "softmax-wrong-dim": _grad_path,
     "dead-relu": _grad_path,
