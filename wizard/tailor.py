@@ -276,6 +276,21 @@ def _metric(results, rec) -> str:
     return ""
 
 
+def _schedule_peak(results, rec) -> str:
+    r = results.get("schedule-ahead")
+    if r is None or r.status != "failed" or r.outcome not in ("overshoot", "above-trainable"):
+        return ""
+    d = r.data
+    entry = next((e for e in getattr(rec, "schedulers", None) or [] if e.get("name") == d.get("scheduler")), None)
+    at = f" (stepped at {entry['where']})" if entry and entry.get("where") else ""
+    if r.outcome == "overshoot":
+        return (f"`{d['scheduler']}`{at} multiplies the rate up to {_g(d['peak_factor'])}x (lr {_g(d['peak_lr'])} at "
+                f"scheduler step {d['peak_step']}): make its factor end at 1.0, so the warm-up reaches the optimizer's lr "
+                f"{_g(d['base_lr'])} and stops there.")
+    return (f"`{d['scheduler']}`{at} peaks at lr {_g(d['peak_lr'])}, at or above {_g(d['sweep_ceiling'])} where the lr "
+            f"sweep measured the rate as too high: lower its peak (max_lr, or the warm-up's target) below that.")
+
+
 def _first(*makers: Callable) -> Callable:
     def make(results, rec) -> str:
         for m in makers:
@@ -302,7 +317,7 @@ TAILORS: dict[str, Callable] = {
     "zero-grad-misplaced": _zero_grad_order,
     "optimizer-missing-params": _missing_params,
     "double-softmax": _double_softmax,
-    "lr-too-high": _lr("high"),
+    "lr-too-high": _first(_schedule_peak, _lr("high")),
     "lr-too-low": _lr("low"),
     "no-grad-missing": _no_grad,
     "target-not-detached": _target_detach,
