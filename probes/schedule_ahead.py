@@ -110,6 +110,39 @@ def _rebind(scheduler, optimizer):
     return new
 
 
+def schedule_lines(paths) -> list[str]:
+    """``file:line `code``` of each place in these source files that sets the learning rate's schedule: a scheduler
+    built (``LambdaLR(...)``, ``get_linear_schedule_with_warmup(...)``) or a rate assigned by hand
+    (``group["lr"] = ...``). A static read, for a report that must name the schedule's line without the run's
+    objects (a replayed bundle)."""
+    import ast
+    from pathlib import Path
+
+    from nnwizard.probes._crash import _code_only
+
+    names = {n for n in dir(S) if isinstance(getattr(S, n), type) and n.endswith(("LR", "Restarts"))}
+    found = []
+    for path in dict.fromkeys(Path(p) for p in paths if p):
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace")
+            tree = ast.parse(text)
+        except (OSError, SyntaxError, ValueError):
+            continue
+        lines = text.splitlines()
+        for node in ast.walk(tree):
+            hit = False
+            if isinstance(node, ast.Call):
+                func = node.func
+                name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+                hit = name in names or (name.startswith("get_") and name.endswith("schedule_with_warmup"))
+            elif isinstance(node, ast.Assign):
+                hit = any(isinstance(t, ast.Subscript) and isinstance(t.slice, ast.Constant) and t.slice.value == "lr"
+                          for t in node.targets)
+            if hit and 0 < node.lineno <= len(lines):
+                found.append((node.lineno, f"{path.name}:{node.lineno} `{_code_only(lines[node.lineno - 1].strip())[:120]}`"))
+    return [text for _, text in sorted(set(found))]
+
+
 def _first_step(scheduler) -> None:
     if hasattr(scheduler, "_initial_step"):
         scheduler._initial_step()

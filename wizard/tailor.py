@@ -291,6 +291,18 @@ def _schedule_peak(results, rec) -> str:
             f"sweep measured the rate as too high: lower its peak (max_lr, or the warm-up's target) below that.")
 
 
+def _replay_ramp(results, rec) -> str:
+    r = results.get("replay-history")
+    if r is None or r.status != "failed" or r.outcome not in ("ramp", "lr-rose"):
+        return ""
+    line = r.data.get("schedule_line")
+    if not line or line == "?":
+        return ""
+    return (f"the rate was {'still rising' if r.data.get('ramping') else 'raised ' + _g(r.data.get('lr_rise', 0)) + 'x'} when "
+            f"the run broke; the schedule is set at {line}: lower its peak or lengthen its warm-up so that the rate "
+            f"stays below {_g(r.data.get('lr_at_best', r.data.get('lr_now', 0)))}, where the loss was last at its best.")
+
+
 def _first(*makers: Callable) -> Callable:
     def make(results, rec) -> str:
         for m in makers:
@@ -317,7 +329,7 @@ TAILORS: dict[str, Callable] = {
     "zero-grad-misplaced": _zero_grad_order,
     "optimizer-missing-params": _missing_params,
     "double-softmax": _double_softmax,
-    "lr-too-high": _first(_schedule_peak, _lr("high")),
+    "lr-too-high": _first(_schedule_peak, _replay_ramp, _lr("high")),
     "lr-too-low": _lr("low"),
     "no-grad-missing": _no_grad,
     "target-not-detached": _target_detach,
