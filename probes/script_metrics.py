@@ -34,6 +34,7 @@ from nnwizard.probes.api import ProbeContext, cannot_run, failed, passed, probe,
 from nnwizard.probes.evaluation import _Reductions
 
 MAX_SAMPLES = 50_000      # evaluation outputs kept (rows)
+CAPTURE_BATCHES = 4       # batches per DataLoader pass (and slice loop) in the evaluation-capture rerun
 # an accuracy in a printed line: "val accuracy 0.8125", "Accuracy: 9823/10000 (98%)", "acc=87.5%"
 _ACC = re.compile(r"(?P<name>(?:(?:val(?:id(?:ation)?)?|test|eval(?:uation)?|dev)[ _\-]?)?acc(?:uracy)?)\b"
                   r"[^0-9\-+.\n]{0,12}?(?P<value>[-+]?\d*\.?\d+(?:[eE][-+]?\d+)?)\s*(?:/\s*(?P<total>\d+))?\s*(?P<pct>%)?",
@@ -106,6 +107,7 @@ class MetricTap:
         self.phases = 0
         self.lines: list[tuple[int, str]] = []      # (evaluation pass it follows, line)
         self.outputs: list[torch.Tensor] = []       # evaluation outputs of the first pass, CPU copies
+        self.inputs: list[torch.Tensor | None] = []  # the model's first argument at those forwards (leakage audit)
         self.targets: list[torch.Tensor | None] = []
         self.derived: dict[int, Any] = {}           # id -> weakref of tensors computed from evaluation outputs
         self.compares: list[dict] = []
@@ -194,6 +196,8 @@ class MetricTap:
         self.derived[id(t)] = weakref.ref(t)
         self._pending[id(t)] = len(self.outputs)
         self.outputs.append(t.detach().to("cpu", copy=True))
+        x = args[0] if args and isinstance(args[0], torch.Tensor) and args[0].dim() and len(args[0]) == len(t) else None
+        self.inputs.append(x.detach().to("cpu", copy=True) if x is not None else None)
         self.targets.append(self._paired(args))
         self.rows += len(t)
 
@@ -269,6 +273,26 @@ def _recount(target, outputs: list[torch.Tensor], targets: list) -> tuple[float,
     return (round(correct), samples, batches) if samples else None
 
 
+def evaluation_capture(ctx: ProbeContext, target) -> tuple[MetricTap, Any]:
+    """The script rerun to the end of its first evaluation pass with a :class:`MetricTap` (its outputs, inputs,
+    targets, comparisons and printed lines), made once per diagnosis and shared by the probes that read it."""
+    from nnwizard.probes.intervene import _limit_s
+
+    cached = getattr(target, "_evaluation_capture", None)
+    if cached is not None:
+        return cached
+    tap = MetricTap(target.script.files)
+    steps = max(len(target.recording.steps), 1)
+    ctx.progress(0.0, "rerunning the script to its first evaluation with its predictions kept")
+    # passes of at most CAPTURE_BATCHES batches: the run reaches its first evaluation (and the line it prints after
+    # it) in a few steps, not after a whole observed run's worth of training
+    run = target.rerun(max_steps=steps, time_limit_s=_limit_s(target, steps), listeners=[tap], patches=[tap],
+                       seed=ctx.seed, limit_batches=CAPTURE_BATCHES,
+                       what="its first evaluation's inputs, predictions and printed lines kept")
+    target._evaluation_capture = (tap, run)
+    return tap, run
+
+
 def observed_accuracy_lines(run) -> list[str]:
     return [line for line in run.output if printed_accuracy(line)]
 
@@ -288,8 +312,6 @@ def observed_accuracy_lines(run) -> list[str]:
     cost=4,
 )
 def script_metric_audit(ctx: ProbeContext):
-    from nnwizard.probes.intervene import _limit_s
-
     target = ctx.target
     if getattr(target, "mode", "module") != "script" or not hasattr(target, "rerun"):
         return skipped("script mode only: module mode audits the user's evaluate (metric-audit)")
@@ -297,11 +319,7 @@ def script_metric_audit(ctx: ProbeContext):
     if not printed:
         return passed("the script printed no accuracy: nothing to recompute", "no-accuracy")
     rec = target.recording
-    tap = MetricTap(target.script.files)
-    steps = max(len(rec.steps), 1)
-    ctx.progress(0.0, "rerunning the script to its first evaluation with its predictions kept")
-    run = target.rerun(max_steps=steps, time_limit_s=_limit_s(target, steps), listeners=[tap], patches=[tap],
-                       seed=ctx.seed, what="its first evaluation's predictions and printed lines kept (script-metric-audit)")
+    tap, run = evaluation_capture(ctx, target)
     data: dict[str, Any] = dict(printed=printed[:3], rerun_steps=len(run.recording.steps), compares=tap.compares[:3])
     after = [(phase, line) for phase, line in tap.lines if phase >= 1]
     report = next((printed_accuracy(line) for phase, line in after if phase == 1 and printed_accuracy(line)), None)
