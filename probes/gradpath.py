@@ -197,7 +197,10 @@ def _module_walk(ctx: ProbeContext):
     lookup = {n: trained_params[k] for k, n in names.items()}
     batch = target.batch()
     first: dict[str, Any] = {}
-    hook = model.register_forward_hook(lambda m, a, out: first.setdefault("io", (a, out)))
+    def keep(module, args, out) -> None:   # (a hook that returns a value would replace the output)
+        first.setdefault("io", (args, out))
+
+    hook = model.register_forward_hook(keep)
     walk = GradWalk(files=user_source_files(target))
     how = "the user's train_step" if target.user_train_step else "the model and loss_fn"
     try:
