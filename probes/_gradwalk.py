@@ -346,7 +346,7 @@ class GradWalk:
                     reached |= 1 << index[id(var)]
                 elif var is not None:
                     leaves_in_graph.append(var)
-        found: dict[str, Any] = dict(ops=self.ops, nodes=len(self._graph), truncated=self.truncated,
+        found: dict[str, Any] = dict(ops=self.ops, nodes=len(self._graph), truncated=self.truncated, backwards=len(self.roots),
                                      trained=len(trained), reached=bin(reached).count("1"))
         unreached = [i for i in range(len(trained)) if not reached >> i & 1]
         # parameters reached whose whole gradient is zero / non-finite

@@ -68,7 +68,7 @@ def _modules(names: list[str]) -> str:
 
 def _read(found: dict[str, Any], output_rows: dict | None, values: dict[str, int], total: int, how: str):
     """The probe's result from what the walk found (shared by both modes)."""
-    data: dict[str, Any] = dict(how=how, ops=found.get("ops", 0), nodes=found.get("nodes", 0),
+    data: dict[str, Any] = dict(how=how, ops=found.get("ops", 0), nodes=found.get("nodes", 0), backward_ran=found.get("backwards", 0) > 0,
                                 trained_tensors=found.get("trained", 0), reached_tensors=found.get("reached", 0),
                                 trained_values=total)
     unreached, zero, nonfinite = found.get("unreached", []), found.get("zero", []), found.get("nonfinite", [])
