@@ -24,13 +24,15 @@ class Verdict:
 
 
 def explain(value: float, correct: float, counts: dict[str, int]) -> str | None:
-    """Which count, divided into the correct predictions, gives the reported number."""
+    """Which count, divided into the correct predictions, gives the reported number. A number above 1 that is the
+    percentage is read as one first (with batches of 100 samples, correct / batches gives the same number)."""
+    samples = counts.get("samples")
+    percentage = samples and value > 1 and abs(correct * 100 / samples - value) <= 0.5
+    if percentage:
+        return f"{correct:.0f} correct / {samples} samples x 100 = {correct * 100 / samples:.4g} (a percentage)"
     for what, d in counts.items():
         if d and abs(correct / d - value) <= 0.005 * max(1.0, abs(value)):
             return f"{correct:.0f} correct / {d} ({what}) = {correct / d:.4g}"
-    if counts.get("samples") and abs(correct * 100 / counts["samples"] - value) <= 0.5:
-        return (f"{correct:.0f} correct / {counts['samples']} samples x 100 = {correct * 100 / counts['samples']:.4g} "
-                f"(a percentage)")
     return None
 
 
