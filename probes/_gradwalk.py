@@ -177,6 +177,7 @@ class GradWalk:
         self.exits_dropped = 0
         self.leaves: list[Leaf] = []
         self.roots: list[Any] = []                       # the loss tensors watched
+        self.root_leaves: list[Any] = []                 # of them, those that are leaves (no graph at all)
         self.nodes: dict[int, dict] = {}                 # id(node) -> what its hook saw (filled by the backward)
         self.saved: dict[int, tuple[str, dict]] = {}     # id(node) -> (cause, saved numbers), read before the backward
         self._graph: dict[int, Any] = {}                 # id(node) -> node, every node of the watched graphs
@@ -297,9 +298,12 @@ class GradWalk:
     # -- the backward ---------------------------------------------------------------------------------
     def watch(self, loss: torch.Tensor) -> None:
         """Walk the graph ``loss`` hangs from and hook each node; call before its backward runs."""
-        if not isinstance(loss, torch.Tensor) or loss.grad_fn is None:
+        if not isinstance(loss, torch.Tensor):
             return
         self.roots.append(loss)
+        if loss.grad_fn is None:   # the loss is itself a new leaf (torch.tensor(value, requires_grad=True))
+            self.root_leaves.append(loss)
+            return
         frontier = [(loss.grad_fn, 0)]
         while frontier:
             node, depth = frontier.pop(0)
@@ -338,7 +342,7 @@ class GradWalk:
         names = list(trained.values())
         memo: dict[int, int] = {}
         reached = 0
-        leaves_in_graph = []
+        leaves_in_graph = list(self.root_leaves)
         for node in self._graph.values():
             if type(node).__name__ == "AccumulateGrad" or _is_accumulate(node):
                 var = getattr(node, "variable", None)
