@@ -1,6 +1,6 @@
 """Broken: a stack of residual blocks that starts from a learned initial state. The loop was meant to
-start from the embedded input (``h = self.embed(x)``) but starts from ``self.h0`` and never reads ``x``
-again: every sample gets the same prediction. Every parameter still gets a gradient, so the loop looks
+start from the embedded input (``h = self.embed(x)``) but starts from ``self.h0`` and never reads ``x``:
+every sample gets the same prediction. The blocks and the head still get gradients, so the loop looks
 sound; the loss falls to what a constant prediction scores and stops there."""
 
 import torch
@@ -20,11 +20,10 @@ class Residual(nn.Module):
         self.head = nn.Linear(width, 4)
 
     def forward(self, x):
-        e = self.embed(x)
-        h = self.h0.expand(len(x), -1)          # meant: h = e
+        h = self.h0.expand(len(x), -1)          # meant: h = self.embed(x)
         for block in self.blocks:
             h = h + torch.tanh(block(h))
-        return self.head(h) + 0.0 * e.sum()     # (e kept only for a shape check that was later removed)
+        return self.head(h)
 
 
 def build_model():

@@ -152,6 +152,8 @@ class _Mode(TorchFunctionMode):
         attached = [t for t in _tensors(args) if t.requires_grad] + [t for t in _tensors(kwargs) if t.requires_grad]
         out = func(*args, **kwargs)
         try:
+            if walk._from_input:
+                walk._follow(args, kwargs, out)
             walk._observe(name, attached, out)
         except Exception:  # noqa: BLE001 - the walk must never break the user's computation
             walk.errors += 1
@@ -187,6 +189,7 @@ class GradWalk:
         self._attached: list[nn.Module] = []
         self._user: dict[str, bool] = {}
         self.truncated = False
+        self._from_input: dict[int, Any] = {}            # id -> tensor computed from the tracked input (kept alive)
         self._mode = _Mode(self)
 
     # -- context ------------------------------------------------------------------------------------
@@ -249,6 +252,29 @@ class GradWalk:
                 return f"{Path(filename).name}:{frame.f_lineno} in {frame.f_code.co_name}"
             frame = frame.f_back
         return None
+
+    # -- what the model's input reaches --------------------------------------------------------------
+    def track(self, inputs) -> None:
+        """Follow ``inputs`` (the model's input) through the ops: ``depends(output)`` then says whether the output
+        was computed from it at all (a structural question: a layer whose weights are zero right now still
+        passes its input on)."""
+        for t in _tensors(inputs):
+            self._from_input[id(t)] = t
+
+    def _follow(self, args, kwargs, out) -> None:
+        seen = self._from_input
+        if any(id(t) in seen and seen[id(t)] is t for t in _tensors(args)) or \
+                any(id(t) in seen and seen[id(t)] is t for t in _tensors(kwargs)):
+            for t in _tensors(out):
+                if len(seen) < MAX_NODES:
+                    seen[id(t)] = t
+
+    def depends(self, output) -> bool | None:
+        """Whether ``output`` was computed from the tracked input (None: no input was tracked)."""
+        if not self._from_input:
+            return None
+        seen = self._from_input
+        return any(id(t) in seen and seen[id(t)] is t for t in _tensors(output))
 
     # -- observing ------------------------------------------------------------------------------------
     def _observe(self, name: str, attached: list[torch.Tensor], out) -> None:

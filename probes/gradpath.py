@@ -12,8 +12,10 @@ from the graph, and follows the backward node by node. The probe names
   passed on only zeros (a softmax over a dimension of size 1, a ReLU dead for every sample, a saturated
   sigmoid, tanh or clamp, a step function such as round);
 - ``nonfinite``: the same for a gradient that turns NaN/Inf;
-- ``constant-output``: the gradient flows, but the model gives every sample the same output although
-  their inputs differ (the output does not depend on the input).
+- ``constant-output``: the model gives every sample the same output although their inputs differ, and no op
+  on the way to the output read the input (followed op by op from the model's argument): the output does
+  not depend on the input. A model whose output is constant from its input (a head initialised at zero,
+  dead units) is not this.
 
 Its cost is one step: module mode one forward and backward, script mode one rerun stopped once every
 optimizer has stepped (at most ``WINDOW`` steps). Script mode reruns only when the recording shows a
@@ -74,6 +76,14 @@ def _read(found: dict[str, Any], output_rows: dict | None, values: dict[str, int
     unreached, zero, nonfinite = found.get("unreached", []), found.get("zero", []), found.get("nonfinite", [])
     if found.get("truncated"):
         data["truncated"] = True
+    if output_rows is not None:   # the forward never reads its input: the root cause of whatever else is cut
+        data.update(output_rows)
+        data.update(cause="constant-output", op="?", where="?")
+        unused = f"; {len(unreached)} trained tensors the loss never reaches follow from it" if unreached else ""
+        return failed("constant-output", f"the model gives all {output_rows['rows']} samples the same output "
+                      f"({output_rows['value']:.4g}, output {output_rows['output_shape']}) although "
+                      f"{output_rows['distinct_inputs']} of their inputs differ, and no op on the way to the output "
+                      f"read the input: the output does not depend on the input{unused}", **data)
     rows = [[n, "not reached (cut)"] for n in unreached[:20]] + [[n, "exactly 0"] for n in zero[:20]] + \
         [[n, "NaN/Inf"] for n in nonfinite[:20]]
     table = [Table("grad-path", "Trained parameters whose gradient never arrives", ["parameter", "gradient"], rows)] if rows else []
@@ -126,17 +136,22 @@ def _read(found: dict[str, Any], output_rows: dict | None, values: dict[str, int
         return failed(kind, text, table, **data)
     else:
         quiet = None
-    if output_rows is not None:
-        data.update(output_rows)
-        data.update(cause="constant-output", op="?", where="?")
-        return failed("constant-output", f"the gradient reaches all {found.get('trained')} trained tensors, but the model "
-                      f"gives all {output_rows['rows']} samples the same output ({output_rows['value']:.4g}, output "
-                      f"{output_rows['output_shape']}) although {output_rows['distinct_inputs']} of their inputs differ: "
-                      f"the output does not depend on the input", **data)
     if quiet is not None:
         return quiet
     return passed(f"one backward followed over {found.get('nodes', 0)} graph nodes: every one of the "
                   f"{found.get('trained')} trained tensors gets a nonzero, finite gradient", **data)
+
+
+def _ignored_input(walk: GradWalk, io) -> dict | None:
+    """The output's rows all the same while the input's differ, and the output not computed from the input at all
+    (a model whose weights are zero right now, or whose units are dead, gives constant rows too, but from its input)."""
+    if io is None:
+        return None
+    args, output = io
+    rows = constant_rows(output, args)
+    if rows is None or walk.depends(output) is not False:
+        return None
+    return rows
 
 
 def _numbers(node: dict) -> str:
@@ -206,6 +221,7 @@ def _module_walk(ctx: ProbeContext):
     try:
         with walk, _Backwards(walk) as backwards:
             walk.attach(model)
+            walk.track(batch[0])
             if target.user_train_step:
                 target.train_step(model, batch, optimizer)
             else:
@@ -222,7 +238,7 @@ def _module_walk(ctx: ProbeContext):
     if not walk.roots and not walk.exits:
         return skipped(f"{how} ran no backward (see step-audit)", "no-backward")
     found = walk.report(names)
-    rows = constant_rows(first["io"][1], first["io"][0]) if "io" in first else None
+    rows = _ignored_input(walk, first.get("io"))
     values = {n: p.numel() for n, p in lookup.items()}
     return _read(found, rows, values, sum(values.values()), f"{how} on a fresh model and one real batch")
 
@@ -264,6 +280,7 @@ class _ScriptWalk:
             self.walk.attach(module)
         if self.io is None and torch.is_grad_enabled() and module.training and self._hook is None:
             self._hook = module.register_forward_hook(self._seen)
+            self.walk.track(args)
 
     def _seen(self, module, args, output) -> None:
         if self.io is None and torch.is_grad_enabled():
@@ -347,7 +364,7 @@ def _script_walk(ctx: ProbeContext, target):
     for k, p in listener.trained.items():
         names.setdefault(k, f"(tensor {list(p.shape)})")
     found = walk.report(names)
-    rows = constant_rows(listener.io[1], listener.io[0]) if listener.io is not None else None
+    rows = _ignored_input(walk, listener.io)
     values = {names[k]: p.numel() for k, p in listener.trained.items()}
     result = _read(found, rows, values, sum(values.values()),
                    f"the script rerun for {len(run.recording.steps)} step(s) ({why or 'asked for'})")
@@ -364,7 +381,7 @@ def _script_walk(ctx: ProbeContext, target):
               "cut": "trained parameters the loss's graph never reaches: the op where their values left the graph",
               "zero": "the gradient becomes exactly zero at an op on its way to the parameters",
               "nonfinite": "the gradient becomes NaN/Inf at an op on its way to the parameters",
-              "constant-output": "the gradient flows but the model's output is the same for every input",
+              "constant-output": "the model's output is the same for every input and computed without reading it",
               "no-backward": "the step ran no backward"},
     timeout_s=90,
     cost=3,

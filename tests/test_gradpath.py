@@ -127,6 +127,18 @@ def test_module_examples(name, outcome, cause):
         assert f"{name}.py:" in result.data["where"], result.summary
 
 
+def test_a_head_initialised_at_zero_gives_constant_rows_from_its_input_and_is_not_flagged(tmp_path):
+    path = tmp_path / "zero_head.py"
+    path.write_text("import torch\nfrom torch import nn\nfrom torch.utils.data import TensorDataset\n"
+                    "g = torch.Generator().manual_seed(0)\nx, y = torch.randn(256, 8, generator=g), torch.randn(256, 1, generator=g)\n"
+                    "def build_model():\n    m = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 1))\n"
+                    "    nn.init.zeros_(m[2].weight)\n    nn.init.zeros_(m[2].bias)\n    return m\n"
+                    "def build_data():\n    return TensorDataset(x[:200], y[:200]), TensorDataset(x[200:], y[200:])\n"
+                    "loss_fn = nn.MSELoss()\n", encoding="utf-8")
+    result = PROBES["grad-path"](ProbeContext(load_target(str(path), "cpu"), params={}))
+    assert result.status == "passed", result.summary   # (every row is 0 at the first step, computed from the input)
+
+
 def test_a_zero_initialised_layer_is_not_a_fault():
     class ZeroHead(nn.Module):
         def __init__(self):
