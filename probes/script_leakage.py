@@ -61,7 +61,8 @@ def script_leakage(ctx: ProbeContext):
     if train is None or held is None:
         info = main_model(rec)
         train_x = _stack([a[0] for i, a in rec.model_inputs if info is not None and i == info.index and a])
-        if train_x is None or not any(f.grad_enabled is False or f.training is False for f in rec.forwards):
+        evaluates = any(not f.trained and (f.grad_enabled is False or f.training is False) for f in rec.forwards)
+        if train_x is None or not evaluates:
             return skipped("the script ran no evaluation on inputs separate from its training batches", "no-val")
         tap, _ = evaluation_capture(ctx, target)
         val_x = _stack(tap.inputs)

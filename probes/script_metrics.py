@@ -114,6 +114,7 @@ class MetricTap:
         self.rows = 0
         self._batch = None
         self._pending: dict[int, int] = {}          # id(output) -> its index in outputs (awaiting a comparison)
+        self._pass_start = 0                        # outputs kept before the pass under way
         self._hook = None
         self._mode = _EvalWatch(self)
         self._stdout = None
@@ -163,8 +164,20 @@ class MetricTap:
         if not self.in_eval:
             self.in_eval = True
             self.phases += 1
+            self._pass_start = len(self.outputs)
         if self.phases == 1 and self._hook is None and self.rows < MAX_SAMPLES:
             self._hook = info.module.register_forward_hook(lambda m, a, out: self._output(a, out))
+
+    def on_backward(self, rec, loss) -> None:
+        """A backward in a pass taken for an evaluation (a training loop in eval mode): its forwards were training
+        forwards after all; what was kept of them is dropped."""
+        if self.in_eval:
+            self.in_eval = False
+            self.phases -= 1
+            self.lines = [(phase, line) for phase, line in self.lines if phase <= self.phases]
+            del self.outputs[self._pass_start:], self.inputs[self._pass_start:], self.targets[self._pass_start:]
+            self.rows = sum(len(o) for o in self.outputs)
+            self._unhook()
 
     def on_step_post(self, rec, optimizer, step) -> None:
         from nnwizard.recorder import StopRun

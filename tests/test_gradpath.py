@@ -202,7 +202,8 @@ def test_torch_tensor_of_a_list_of_tensors_is_a_round_trip_with_the_fix_stack():
     from nnwizard.probes._crash import classify_exception
 
     model = nn.Linear(4, 3)
-    scores = [model(torch.randn(5, 4))[:, k] for k in range(3)]
+    with torch.enable_grad():   # (whatever grad mode an earlier test left behind)
+        scores = [model(torch.randn(5, 4))[:, k] for k in range(3)]
     try:
         torch.tensor(scores)
     except ValueError as exc:
