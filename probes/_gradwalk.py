@@ -146,7 +146,8 @@ class _Mode(TorchFunctionMode):
         kwargs = kwargs or {}
         walk = self.walk
         name = getattr(func, "__name__", None) or "" if walk.enabled else ""
-        if not walk.enabled or name in _SKIP or (name == "__get__" and _property(func) != "data"):
+        if not walk.enabled or name in _SKIP or (name == "__get__" and _property(func) != "data") \
+                or (name.startswith("_") and not name.startswith("__")):   # torch's private helpers (Module.to's checks)
             return func(*args, **kwargs)
         # which inputs hang from the graph, read before the op runs (requires_grad_() changes its own input)
         attached = [t for t in _tensors(args) if t.requires_grad] + [t for t in _tensors(kwargs) if t.requires_grad]
@@ -172,6 +173,9 @@ class GradWalk:
     def __init__(self, files: list[Path] | None = None):
         self.files = {str(Path(f).resolve()) for f in files or []}
         self.enabled = True
+        # exits and new leaves are noted once armed: a script's own set-up before its first forward (building the
+        # model, moving it to a device, an optimizer) handles parameters without being part of any step
+        self.armed = True
         self.errors = 0
         self.ops = 0
         self.sites: dict[int, tuple[Any, Site]] = {}     # id(node) -> (node, where it was made)
@@ -283,7 +287,7 @@ class GradWalk:
         grad_on = torch.is_grad_enabled()
         if attached:
             kept = [t for t in outs if t.requires_grad]
-            if not kept and (outs or out is not None):
+            if not kept and (outs or out is not None) and self.armed:
                 # the inputs hung from the graph, nothing that comes out does (unless nnwizard's machinery read them)
                 kind = EXIT_KINDS.get(name)
                 if not grad_on:
@@ -298,7 +302,7 @@ class GradWalk:
                 if node is not None and id(node) not in self.sites:
                     module, mtype = self._stack[-1] if self._stack else ("", "")
                     self.sites[id(node)] = (node, Site(name, module, mtype, self.where(), self.ops, bool(self._stack)))
-        elif grad_on:
+        elif grad_on and self.armed:
             for t in outs:
                 if t.requires_grad and t.grad_fn is None and not isinstance(t, nn.Parameter):
                     where = self.where()

@@ -261,6 +261,7 @@ class _ScriptWalk:
         self._hook = None
 
     def __enter__(self):
+        self.walk.armed = False   # until the script's first model forward
         self.walk.__enter__()
         return self
 
@@ -273,6 +274,7 @@ class _ScriptWalk:
     def on_forward(self, rec, info, args) -> None:
         if not self.walk.enabled:
             return
+        self.walk.armed = True
         module = info.owner or info.module
         if not any(m is module for m in self.models):
             self.models.append(module)

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from nnwizard.probes._metrics import judge
-from nnwizard.probes.api import ProbeContext, cannot_run, failed, passed, probe, skipped
+from nnwizard.probes.api import ProbeContext, failed, passed, probe, skipped
 from nnwizard.probes.evaluation import _Reductions
 
 MAX_SAMPLES = 50_000      # evaluation outputs kept (rows)
@@ -206,6 +206,14 @@ class MetricTap:
             if isinstance(out, (tuple, list)) else None
         if t is None or not t.is_floating_point() or not t.dim():
             return
+        first = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        chained = self._root(first) if first is not None and id(first) in self.derived and self.derived[id(first)]() is first \
+            else None
+        if chained is not None:   # a model fed another's evaluation output (head(encoder(x))): the chain's last output
+            self.derived[id(t)] = weakref.ref(t)
+            self._pending[id(t)] = chained
+            self.outputs[chained] = t.detach().to("cpu", copy=True)
+            return
         self.derived[id(t)] = weakref.ref(t)
         self._pending[id(t)] = len(self.outputs)
         self.outputs.append(t.detach().to("cpu", copy=True))
@@ -336,12 +344,13 @@ def script_metric_audit(ctx: ProbeContext):
     data: dict[str, Any] = dict(printed=printed[:3], rerun_steps=len(run.recording.steps), compares=tap.compares[:3])
     after = [(phase, line) for phase, line in tap.lines if phase >= 1]
     report = next((printed_accuracy(line) for phase, line in after if phase == 1 and printed_accuracy(line)), None)
+    # what the audit cannot read adds no evidence either way: skipped, with why (the script's own metric code)
     if not tap.outputs:
-        return cannot_run("the rerun ran no evaluation forward (eval mode or no_grad) before it ended", reason="precondition",
-                          **data)
+        return skipped("the rerun ran no evaluation forward (eval mode or no_grad) before it ended: nothing to recount",
+                       **data)
     if report is None:
-        return cannot_run("no accuracy was printed after the first evaluation pass of the rerun", reason="precondition",
-                          **data)
+        return skipped("no accuracy was printed right after the first evaluation pass of the rerun (printed later, or "
+                       "of something else): nothing to compare", **data)
     data.update(line=report["line"], key=report["name"], first=report["value"])
     recount = _recount(target, tap.outputs, tap.targets)
     on_rows = sum(len(o) for o in tap.outputs)
@@ -352,8 +361,8 @@ def script_metric_audit(ctx: ProbeContext):
                       f"a dimension of size 1 (input {shape}): every prediction is class 0, so {report['name']} = "
                       f"{report['value']:.4g} is the share of class-0 targets whatever the model learns", **data)
     if recount is None:
-        return cannot_run(f"the evaluation's targets could not be paired with its {on_rows} outputs (no comparison with "
-                          f"them, no (inputs, targets) batch): nothing to recount", reason="precondition", **data)
+        return skipped(f"the evaluation's targets could not be paired with its {on_rows} outputs (no comparison with "
+                       f"them, no (inputs, targets) batch): nothing to recount", **data)
     correct, samples, batches = recount
     loader = _eval_loader(rec)
     counts = {"samples": samples, "batches": batches}

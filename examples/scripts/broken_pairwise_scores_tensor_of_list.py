@@ -1,5 +1,5 @@
 # nnwizard-expect: disconnected-parameters
-# nnwizard-symptom: auto
+# nnwizard-symptom: crash
 # A pairwise ranking model: each query scores its candidate documents one at a time, and the scores of a
 # query are gathered with torch.tensor(list) as one would gather Python numbers. The script raises
 # "only one element tensors can be converted to Python scalars"; with one document per call it would
