@@ -272,24 +272,28 @@ class MetricTap:
 
 
 def _recount(target, outputs: list[torch.Tensor], targets: list) -> tuple[float, int, int] | None:
-    """(correct, samples, batches) recounted by the wizard's own accuracy on the captured pairs."""
+    """(correct, samples, batches) recounted by the wizard's own accuracy on the captured pairs; None when a pair
+    is not one it can read (its target missing, or shapes that are no class scores against class ids)."""
     from nnwizard import reference
 
     correct, samples, batches = 0.0, 0, 0
     for out, y in zip(outputs, targets):
         if y is None or not isinstance(y, torch.Tensor):
             return None
-        if out.dim() >= 2 and out.shape[1] >= 2 and not y.is_floating_point():
-            task = "classification"
-        elif out.reshape(-1).shape == y.reshape(-1).shape:
-            task = "binary"
-        else:
-            task = getattr(target, "task", "classification")
-        acc = reference.accuracy(out, y, task)
-        if acc is None:
+        try:
+            if out.dim() >= 2 and tuple(out.shape[:-1]) == tuple(y.shape) and out.shape[-1] >= 2 and not y.is_floating_point():
+                right, n = float((out.argmax(-1) == y).sum()), y.numel()   # class scores on the last axis (time-first too)
+            elif out.reshape(-1).shape == y.reshape(-1).shape:
+                acc = reference.accuracy(out, y, "binary")
+                right, n = (acc * y.numel() if acc is not None else None), y.numel()
+            else:
+                return None
+        except RuntimeError:
             return None
-        correct += acc * len(y)
-        samples += len(y)
+        if right is None:
+            return None
+        correct += right
+        samples += n
         batches += 1
     return (round(correct), samples, batches) if samples else None
 
