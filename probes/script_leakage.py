@@ -21,6 +21,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from nnwizard.probes.api import ProbeContext, passed, probe, skipped
+from nnwizard.probes.intervene import _on_script
 from nnwizard.probes.leakage import leakage_audit
 from nnwizard.script_target import main_model
 
@@ -49,12 +50,10 @@ def _stack(parts: list) -> torch.Tensor | None:
     timeout_s=90,
     cost=3,
 )
-def script_leakage(ctx: ProbeContext):
+@_on_script
+def script_leakage(ctx: ProbeContext, target):
     from nnwizard.probes.script_metrics import evaluation_capture
 
-    target = ctx.target
-    if getattr(target, "mode", "module") != "script" or not hasattr(target, "rerun"):
-        return skipped("script mode only: module mode runs leakage-audit on build_data()'s splits")
     rec = target.recording
     train, held = _loaders(rec)
     how = "the datasets of its training and evaluation DataLoaders"

@@ -32,6 +32,7 @@ import torch
 from nnwizard.probes._metrics import judge
 from nnwizard.probes.api import ProbeContext, failed, passed, probe, skipped
 from nnwizard.probes.evaluation import _Reductions
+from nnwizard.probes.intervene import _on_script
 
 MAX_SAMPLES = 50_000      # evaluation outputs kept (rows)
 CAPTURE_BATCHES = 4       # batches per DataLoader pass (and slice loop) in the evaluation-capture rerun
@@ -336,10 +337,8 @@ def observed_accuracy_lines(run) -> list[str]:
     timeout_s=90,
     cost=4,
 )
-def script_metric_audit(ctx: ProbeContext):
-    target = ctx.target
-    if getattr(target, "mode", "module") != "script" or not hasattr(target, "rerun"):
-        return skipped("script mode only: module mode audits the user's evaluate (metric-audit)")
+@_on_script
+def script_metric_audit(ctx: ProbeContext, target):
     printed = observed_accuracy_lines(target.run)
     if not printed:
         return passed("the script printed no accuracy: nothing to recompute", "no-accuracy")
