@@ -286,7 +286,13 @@ class GradWalk:
         outs = list(_tensors(out))
         grad_on = torch.is_grad_enabled()
         if attached:
-            kept = [t for t in outs if t.requires_grad]
+            if any(t is a for t in outs for a in attached):   # in place (an update under no_grad): no exit
+                return
+            # a new leaf made from tensors with a graph (torch.tensor(loss, requires_grad=True)) keeps nothing of it
+            kept = [t for t in outs if t.requires_grad and t.grad_fn is not None]
+            fresh = [t for t in outs if t.requires_grad and t.grad_fn is None and not isinstance(t, nn.Parameter)]
+            if fresh and self.armed and len(self.leaves) < MAX_EXITS:
+                self.leaves.append(Leaf(name, self.where(), self.ops, fresh[0]))
             if not kept and (outs or out is not None) and self.armed:
                 # the inputs hung from the graph, nothing that comes out does (unless nnwizard's machinery read them)
                 kind = EXIT_KINDS.get(name)

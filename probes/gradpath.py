@@ -351,7 +351,7 @@ def _script_walk(ctx: ProbeContext, target):
     if why is None and not ctx.param("always", False):
         return passed("the recording shows gradients on every trained tensor, parameters that change and a loss that "
                       "moves: no step followed back", "not-needed")
-    walk = GradWalk(files=target.script.files)
+    walk = GradWalk(files=list(target.script.files) + list(getattr(target.run, "own_files", []) or []))
     listener = _ScriptWalk(walk)
     ctx.progress(0.0, "rerunning the script's first step with its backward followed op by op")
     run = target.rerun(max_steps=WINDOW, time_limit_s=_limit_s(target, WINDOW), listeners=[listener], patches=[listener],

@@ -307,7 +307,7 @@ def evaluation_capture(ctx: ProbeContext, target) -> tuple[MetricTap, Any]:
     cached = getattr(target, "_evaluation_capture", None)
     if cached is not None:
         return cached
-    tap = MetricTap(target.script.files)
+    tap = MetricTap(list(target.script.files) + list(getattr(target.run, "own_files", []) or []))
     steps = max(len(target.recording.steps), 1)
     ctx.progress(0.0, "rerunning the script to its first evaluation with its predictions kept")
     # passes of at most CAPTURE_BATCHES batches: the run reaches its first evaluation (and the line it prints after
