@@ -44,6 +44,8 @@ MODULE_METHODS = sorted(
 )
 
 _PATTERNS: list[tuple[str, str]] = [
+    # torch.tensor(...) given tensors of several elements: it converts each to a Python number
+    ("tensor-list", r"only one element tensors can be converted to Python scalars"),
     ("rnn-hidden", r"Expected hidden(\[\d\])? size \(\d+, \d+, \d+\), got \[\d+, \d+, \d+\]"),
     ("inplace", r"modified by an inplace operation"),
     ("second-backward", r"backward through the graph a second time|saved tensors after they have already been freed"),
@@ -178,6 +180,7 @@ class Classification:
     exception: str                  # "RuntimeError: first line of the message"
     operands: list[Operand] = field(default_factory=list)
     sentence: str = ""
+    subject: str | None = None      # the variable the fix names (a list of tensors handed to torch.tensor)
 
     @property
     def shapes(self) -> list:
@@ -448,8 +451,10 @@ def classify_exception(exc: BaseException, *, model: nn.Module | None = None, lo
         except Exception:  # noqa: BLE001
             shadows = []
 
-    hypothesis, detail = None, ""
-    if kind == "inplace":
+    hypothesis, detail, subject = None, "", None
+    if kind == "tensor-list":
+        hypothesis, detail, subject = _tensor_list(code, frame)
+    elif kind == "inplace":
         hypothesis = "inplace-modification"
     elif kind == "second-backward":
         hypothesis = "graph-retained"
@@ -543,7 +548,7 @@ def classify_exception(exc: BaseException, *, model: nn.Module | None = None, lo
     line = f" `{code}`" if code else ""
     ops = f"; operands: {', '.join(o.describe() for o in operands[:4])}" if operands else ""
     sentence = f"{head} raised{at}{line}: {message}{ops}" + (f"; {detail}" if detail else "")
-    return Classification(hypothesis, kind, op, phase_name, where, code, message, operands, sentence)
+    return Classification(hypothesis, kind, op, phase_name, where, code, message, operands, sentence, subject)
 
 
 # ------------------------------------------------------------------------------- coarse kinds
@@ -585,3 +590,34 @@ def expected_input(module: nn.Module) -> str | None:
     if isinstance(module, nn.Embedding):
         return f"integer indices in [0, {module.num_embeddings})"
     return None
+
+
+def _tensor_list(code: str | None, frame) -> tuple[str, str, str | None]:
+    """``torch.tensor(xs)`` where ``xs`` holds tensors of several elements: the values are copied one number
+    at a time, which fails for them and, for one-element tensors, silently leaves the graph. On the path of
+    the loss (the tensors carry a graph) the parameters behind them would get no gradient: disconnected;
+    elsewhere (data preparation) it is a tensor built the wrong way: op-shape-mismatch. Both: torch.stack."""
+    found = None
+    tree = _parse(code) if code else None
+    for node in ast.walk(tree) if tree is not None else []:
+        if isinstance(node, (ast.Name, ast.Attribute)) and isinstance(getattr(node, "ctx", None), ast.Load):
+            name = _dotted(node)
+            value = _resolve(name, frame) if name and frame is not None else None
+            if isinstance(value, (list, tuple)) and value and any(isinstance(v, torch.Tensor) for v in value[:64]):
+                found = (name, value)
+                break
+    if found is None:
+        return ("op-shape-mismatch", "torch.tensor() converts every element to a Python number: it was given "
+                "tensors of several elements; build the tensor with torch.stack (or torch.cat)", None)
+    name, value = found
+    tensors = [v for v in value[:64] if isinstance(v, torch.Tensor)]
+    shapes = sorted({tuple(t.shape) for t in tensors})
+    shown = ", ".join(str(list(s)) for s in shapes[:3])
+    graph = any(t.requires_grad for t in tensors)
+    what = f"{name}, a list of {len(value)} tensors of shape {shown}"
+    if graph:
+        return ("disconnected-parameters", f"torch.tensor() copies values out of the graph one number at a time; it was "
+                f"given {what} that carry the model's graph: it cannot convert them, and with one-element tensors it "
+                f"would run and cut the graph (no gradient would reach the model); use torch.stack({name})", name)
+    return ("op-shape-mismatch", f"torch.tensor() converts every element to a Python number; it was given {what}: use "
+            f"torch.stack({name}) (or torch.cat) to build one tensor from them", name)

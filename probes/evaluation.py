@@ -14,6 +14,7 @@ from torch import nn
 from nnwizard import reference
 from nnwizard.record.frames import first_line
 from nnwizard.record.tracers import Reductions
+from nnwizard.probes._metrics import judge
 from nnwizard.probes.api import ProbeContext, cannot_run, failed, passed, probe, skipped
 
 BATCHES = 3
@@ -170,16 +171,6 @@ def _reference_counts(model, loader, target, max_batches: int | None = None) -> 
                 accuracy=correct / samples if scored and samples else None, loss=loss_sum / max(samples, 1))
 
 
-def _explain(value: float, correct: float, counts: dict[str, int]) -> str | None:
-    """Which count, divided into the correct predictions, gives the user's number."""
-    for what, d in counts.items():
-        if d and abs(correct / d - value) <= 0.005 * max(1.0, abs(value)):
-            return f"{correct:.0f} correct / {d} ({what}) = {correct / d:.4g}"
-    if abs(correct * 100 / counts["samples"] - value) <= 0.5:
-        return f"{correct:.0f} correct / {counts['samples']} samples x 100 = {correct * 100 / counts['samples']:.4g} (a percentage)"
-    return None
-
-
 @probe(
     "metric-audit",
     title="What the user's evaluate reports, against the same metrics computed on the same batches",
@@ -247,22 +238,12 @@ def metric_audit(ctx: ProbeContext):
         value = first[k]
         if ref["correct"] is None:
             continue
-        arithmetic = _explain(value, ref["correct"], counts)
-        if value > 1:
-            if arithmetic and "percentage" in arithmetic:
-                data.update(percent=True, key=k, first=value)
-                return passed(f"evaluate reports {k} = {value:.4g} in percent: {arithmetic} on {on}; read as "
-                              f"{value / 100:.4f}", "percent", **data)
-            data.update(key=k, first=value, arithmetic=arithmetic or "")
-            how = f": {arithmetic}" if arithmetic else ""
-            return failed("above-one", f"evaluate reports {k} = {value:.4g}, above 1, on {on} where "
-                          f"{ref['correct']:.0f} predictions are right{how}, not {ref['correct']:.0f} / "
-                          f"{ref['samples']} = {ref['accuracy']:.4f}", **data)
-        if abs(value - ref["accuracy"]) > 0.02 + 1.0 / max(ref["samples"], 1):
-            data.update(key=k, first=value, arithmetic=arithmetic or "")
-            how = f" ({arithmetic})" if arithmetic else ""
-            return failed("wrong-count", f"evaluate reports {k} = {value:.4g} on {on}; the same model gets "
-                          f"{ref['correct']:.0f} / {ref['samples']} = {ref['accuracy']:.4f} right{how}", **data)
+        verdict = judge(k, value, ref["correct"], counts, on)   # (probes/_metrics.py: script mode's rules too)
+        data.update(verdict.data)
+        if verdict.outcome == "percent":
+            return passed(f"evaluate reports {verdict.text}", "percent", **data)
+        if verdict.outcome is not None:
+            return failed(verdict.outcome, f"evaluate reports {verdict.text}", **data)
         if (third.get(k) == value and ref_other["accuracy"] is not None
                 and abs(ref_other["accuracy"] - ref["accuracy"]) * ref["samples"] >= 3):
             data.update(key=k, first=value, other_reference=ref_other["accuracy"])

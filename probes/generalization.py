@@ -226,6 +226,8 @@ def capacity_check(ctx):
     fits = lambda v: math.isfinite(v) and v < 0.3 * scale  # noqa: E731
     wide_better = math.isfinite(wide) and (not math.isfinite(plain) or (wide < 0.5 * plain and plain - wide > 0.1 * scale))
     data["wide_better"] = wide_better
+    # the model does at least as well with the user's optimizer as with plain Adam 1e-3: the rate is not its limit
+    data["own_not_slower"] = math.isfinite(own) and math.isfinite(plain) and own <= plain
     if steps < wanted and not (fits(plain) and fits(own)):
         # a fit the budget shortened that has not got there says nothing about capacity
         data["wanted_steps"] = wanted

@@ -200,6 +200,19 @@ def leakage_audit(ctx: ProbeContext):
     if base_rate > 0.05:
         copies = "exact copies" if categorical else "copies (exact or near)"
         text += f"; the training set holds {copies} of its own samples, so any random split leaks"
+    # twins that are transformed copies (noise, a flip, a shift: near, not byte-identical), with such copies inside
+    # the training set too: every sample was augmented into several before the data was split
+    transformed = [j for j in near if j not in set(exact)]
+    geometric = any(how[j] != "same" for j in transformed)   # a flipped or shifted twin is an augmented copy by itself
+    augmented = (not categorical and len(transformed) >= 3 and len(transformed) >= len(set(near) | set(exact)) / 2
+                 and (base_rate > 0.05 or geometric))
+    data["augmented_before_split"] = augmented
+    if augmented:
+        kinds = sorted({how[j] if how[j] != "same" else "noise" for j in transformed})
+        own = ", as the training set holds of its own samples" if base_rate > 0.05 else ""
+        text += (f"; {len(transformed)} of the twins are transformed copies ({', '.join(kinds)}){own}: the data was "
+                 f"augmented before it was split into training and validation, so augmented copies of one sample sit "
+                 f"on both sides")
     above_chance = val_rate > 3 * base_rate + 0.02
     exact_copies = len(exact) >= 3 and len(exact) / max(checked, 1) >= 0.05  # byte-identical floats are no accident
     if categorical:

@@ -150,6 +150,13 @@ def lr_sweep(ctx: ProbeContext):
         losses, curve, final = _run(ctx, 100.0, steps, eval_set=eval_set, every=max(1, steps // 10))
         runs[100.0] = dict(losses=losses, curve=curve, final=final, start=curve[0][1])
         d[100.0] = drop(100.0)
+        # still nothing, and lr*100 still below the rates this optimizer usually trains at: one more decade, so that a
+        # rate 1000x too low is measured rather than read as "no rate learns"
+        usual = usual_lr(probe_opt)
+        if d[100.0] < MOVES and math.isfinite(d[100.0]) and lr * 100 < usual and ctx.time_left() > 4:
+            losses, curve, final = _run(ctx, 1000.0, steps, eval_set=eval_set, every=max(1, steps // 10))
+            runs[1000.0] = dict(losses=losses, curve=curve, final=final, start=curve[0][1])
+            d[1000.0] = drop(1000.0)
     data = dict(lr=lr, steps=steps, wanted_steps=wanted, start_loss=start, loss_lr10=runs[0.1]["final"], loss_lr=runs[1.0]["final"],
                 loss_lrx10=runs[10.0]["final"], drop_lr10=d[0.1], drop_lr=d[1.0], drop_lrx10=d[10.0],
                 lr_low=lr * 0.1, lr_high=lr * 10)
@@ -173,18 +180,37 @@ def lr_sweep(ctx: ProbeContext):
 
     text = (f"{steps} steps from the same weights, share of the loss {start:.4g} removed: lr/10 ({lr * 0.1:.3g}) {pct(0.1)}, "
             f"lr ({lr:.3g}) {pct(1.0)}, lr*10 ({lr * 10:.3g}) {pct(10.0)}"
-            + (f", lr*100 ({lr * 100:.3g}) {pct(100.0)}" if 100.0 in d else ""))
+            + (f", lr*100 ({lr * 100:.3g}) {pct(100.0)}" if 100.0 in d else "")
+            + (f", lr*1000 ({lr * 1000:.3g}) {pct(1000.0)}" if 1000.0 in d else ""))
     data["text"] = text
     arts = [plot, table]
     outcome = sweep_outcome(d)
     if outcome in ("too-low", "too-high"):
         return failed(outcome, text, arts, **data)
     if outcome == "none-learns":
+        top = max(d)
+        if lr * top < usual_lr(probe_opt):   # the highest rate tried is still below what this optimizer usually needs
+            data.update(highest_tried=lr * top, usual_lr=usual_lr(probe_opt))
+            return cannot_run(f"{text}: no setting moved the loss, but the highest rate tried ({lr * top:.3g}) is still "
+                              f"below the {usual_lr(probe_opt):.3g} {type(probe_opt).__name__} usually trains at; a sweep "
+                              f"up to that rate would measure whether the rate is too low", **data, reason="not-measured")
         if steps < wanted:  # no setting moved it in the few steps the budget fits: not a finding
             return cannot_run(f"{text}: no setting moved the loss within the {steps} steps the budget fits (of "
                            f"{wanted}); too few to say none learns", **data, reason="budget")
         return failed("none-learns", text, arts, **data)
     return passed(text, artifacts=arts, **data)
+
+
+ADAPTIVE = ("Adam", "AdamW", "NAdam", "RAdam", "Adamax", "RMSprop", "Adagrad", "Adadelta", "Adafactor", "SparseAdam")
+
+
+def usual_lr(optimizer) -> float:
+    """The low end of the rates an optimizer of this kind usually trains at from scratch: 1e-3 for the adaptive
+    ones (Adam's default), 1e-2 for plain SGD and the rest."""
+    name = type(optimizer).__name__
+    if name == "Adadelta":
+        return 0.1
+    return 1e-3 if name in ADAPTIVE else 1e-2
 
 
 def _up(d: dict[float, float]) -> float:

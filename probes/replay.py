@@ -31,6 +31,7 @@ import torch
 from nnwizard.record.frames import first_line
 from nnwizard.record.optrace import OpTracer
 from nnwizard.probes.api import LinePlot, ProbeContext, Table, failed, passed, probe, skipped
+from nnwizard.probes.schedule_ahead import schedule_lines
 from nnwizard.target import user_source_files
 
 EXTREME = 100.0
@@ -364,6 +365,7 @@ def _diverged_from_start(points: list[dict]) -> tuple[str, dict] | None:
     "replay-history",
     title="The learning rate and gradient norm over the watch history before the anomaly",
     outcomes={"lr-rose": "the LR rose 10x or more over the run and kept rising after the best loss",
+              "ramp": "the LR was still rising at the anomaly (a warm-up or ramp under way)",
               "lr-steady": "the LR did not rise so",
               "diverged-from-start": "the loss left its starting level within the run's first steps at an LR that did not rise: the first updates broke the model",
               "no-history": "too little history", "no-bundle": "not a replay"},
@@ -400,6 +402,10 @@ def replay_history(ctx: ProbeContext):
     lr_plot = LinePlot("replay-lr", "Learning rate", {"lr": [h["lr"] for h in points]}, x=[h["step"] for h in points],
                        ylabel="lr", logy=all(h["lr"] > 0 for h in points))
     rose = best["step"] < target.bundle.step and data["lr_rise"] >= LR_RISE and data["lr_since_best"] > 1.2
+    data.update(_ramp(points, lr_now, target.bundle.step))
+    lines = schedule_lines([meta.get("script")] + [str(p) for p in user_source_files(target)])
+    data["schedule_line"] = lines[0] if lines else "?"
+    schedule = f"; the schedule is set at {lines[0]}" if lines else ""
     if rose:
         text = (f"the lr rose from {first['lr']:.3g} at step {first['step']} to {lr_now:.3g} at step {target.bundle.step} "
                 f"({data['lr_rise']:.3g}x); the loss was lowest ({best['loss']:.4g}) at step {best['step']} with lr "
@@ -409,5 +415,22 @@ def replay_history(ctx: ProbeContext):
                 f"({data['lr_rise']:.3g}x); the loss was lowest ({best['loss']:.4g}) at step {best['step']} with lr "
                 f"{best['lr']:.3g}")
     if rose:
-        return failed("lr-rose", text, [plot, lr_plot], **data)
+        return failed("lr-rose", text + schedule, [plot, lr_plot], **data)
+    if data["ramping"]:
+        return failed("ramp", f"{text}; at the anomaly the lr was still rising: {data['ramp_from']:.3g} -> {lr_now:.3g} "
+                      f"({data['ramp_rise']:.3g}x) over the last {data['ramp_steps']} steps{schedule}", [plot, lr_plot], **data)
     return passed(text, "lr-steady", artifacts=[plot, lr_plot], **data)
+
+
+RAMP_STEPS = 25      # the logged steps before the anomaly a ramp is read over
+RAMP_RISE = 1.1      # the rate rose at least this much over them, and never fell
+
+
+def _ramp(points: list[dict], lr_now: float, step: int) -> dict:
+    """Was the rate still climbing when the anomaly came? (a warm-up under way)"""
+    recent = [h for h in points if step - RAMP_STEPS <= h["step"] <= step]
+    lrs = [h["lr"] for h in recent] + [lr_now]
+    if len(recent) < 2 or not lrs[0] > 0:
+        return dict(ramping=False)
+    rising = all(b >= a * (1 - 1e-9) for a, b in zip(lrs, lrs[1:])) and lrs[-1] >= RAMP_RISE * lrs[0]
+    return dict(ramping=rising, ramp_from=lrs[0], ramp_rise=lrs[-1] / lrs[0], ramp_steps=step - recent[0]["step"])

@@ -140,6 +140,14 @@ class ReplayTarget(Target):
         ns.train_step = target._step
         return target
 
+    @property
+    def anomaly(self) -> str:
+        """What watch saw at this step (every bundle is saved at an anomaly): a replay that explains nothing of it
+        is inconclusive, never healthy."""
+        meta = self.bundle.meta
+        reason = meta.get("reason") or meta.get("trigger") or "an anomaly"
+        return f"{meta.get('trigger') or 'anomaly'} at step {self.bundle.step}: {reason}"
+
     # the user's step, as recorded: RNG of that step, forward, loss, backward, update
     def _step(self, model, batch, loss_fn, optimizer) -> torch.Tensor:
         optimizer.zero_grad()

@@ -63,6 +63,7 @@ class NotRun(BaseModel):
     probe: str
     status: str
     why: str  # errored | timed-out | raised | budget | not-needed | precondition | ... | training-raised | loss-unmoved
+    #          | anomaly-unexplained (replay: the bundle's anomaly, which no hypothesis explains)
     reason: str
 
 
@@ -153,6 +154,11 @@ def not_run(diagnosis: Diagnosis) -> list[NotRun]:
     if not _found(diagnosis):
         out += [NotRun(probe=r.id, status=r.status, why="loss-unmoved", reason=r.summary) for r in diagnosis.results
                 if r.id in CURVE_PROBES and r.status == "failed" and r.outcome == "flat"]
+        anomaly = getattr(diagnosis.target, "anomaly", None)
+        if anomaly:   # a replay: the run measured an anomaly at this step; nothing here explains it
+            tried = "; ".join(f"{r.id} ({r.outcome})" for r in diagnosis.results if r.status in ("passed", "failed"))
+            out.append(NotRun(probe="replay", status="failed", why="anomaly-unexplained",
+                              reason=f"{anomaly}; not explained by what the replay tried: {tried or 'nothing could run'}"))
     for r in diagnosis.results:
         if could_not_run(r):
             why = "timed-out" if "timeout_s" in r.data else "errored" if r.status == "errored" else str(r.data["cannot_run"])

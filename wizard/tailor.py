@@ -264,7 +264,115 @@ def _probe_fix(*probes: str) -> Callable:
     return make
 
 
+# what to change at the line grad-path names, by what stopped the gradient there
+_GRAD_FIXES = {
+    "cut": "keep the tensor in the graph there: compute the loss from the model's output tensor itself, with torch "
+           "ops only (no `.item()`, `.tolist()`, `.numpy()`, `.detach()`, `.data`, `torch.tensor(...)` of its values, "
+           "argmax or an integer cast before the loss); to gather per-sample outputs use `torch.stack(outputs)` or "
+           "`torch.cat`",
+    "softmax-size1": "a softmax over a dimension of size 1 is exactly 1 for every sample: with one output unit use "
+                     "`torch.sigmoid` (or `BCEWithLogitsLoss` on the raw output), with several normalise `dim=-1`",
+    "relu-dead": "every unit of that ReLU is 0 for every sample: look at the layer before it (its bias or inputs "
+                 "far below zero), lower the learning rate, or use LeakyReLU",
+    "clamp-saturated": "every value reaching that clamp lies beyond its bounds, so nothing passes back: widen or "
+                       "remove the clamp, or fix the scale of what it receives",
+    "squash-saturated": "every value there sits in the flat tails of the sigmoid/tanh: scale down what reaches it "
+                        "(initialisation, input normalisation) or give the loss the raw logits",
+    "softmax-saturated": "the softmax there gives one-hot rows, whose gradient is 0: scale its input down (a "
+                         "temperature) or give the loss the logits",
+    "step-function": "the gradient of a step function (round, floor, sign) is 0 everywhere: give the loss the "
+                     "unrounded values and round only where the metric is computed",
+    "constant-output": "the model gives every sample the same output: follow the input through `forward`, each layer "
+                       "must take the previous one's output",
+}
+
+
+def _grad_path(results, rec) -> str:
+    r = results.get("grad-path")
+    if r is None or r.status != "failed":
+        return ""
+    cause, where, op = r.data.get("cause"), r.data.get("where"), r.data.get("op")
+    fix = _GRAD_FIXES.get("cut" if cause == "cut" else cause)
+    if fix is None or not where or where == "?":
+        return ""
+    restart = r.data.get("restart_where")
+    also = f" (the loss's graph then starts again at {restart}: remove that re-wrapping too)" if restart and restart != "?" else ""
+    return f"at {where} (`{op}`){also}: {fix}."
+
+
+def _tensor_list(results, rec) -> str:
+    for pid in ("trace-crash", "training-crash"):
+        r = results.get(pid)
+        if r is None or r.status != "failed" or r.data.get("kind") != "tensor-list":
+            continue
+        at = f" at {r.data['where']}" if r.data.get("where") else ""
+        name = r.data.get("subject") or "the list"
+        return (f"`torch.tensor(...)`{at} is given tensors, which it can only copy as numbers: build the tensor "
+                f"with `torch.stack({name})` (or `torch.cat`), which keeps their graph.")
+    return ""
+
+
+def _metric(results, rec) -> str:
+    r = results.get("script-metric-audit")
+    if r is None or r.status != "failed":
+        return ""
+    where = r.data.get("compare_where")
+    if r.outcome == "fixed" and where and where != "?" and r.data.get("compare_scores"):
+        return (f"the comparison at {where} compares scores with labels: compare predicted classes, e.g. "
+                f"`(torch.sigmoid(out) > 0.5).float() == y` for one output, `out.argmax(1) == y` for several.")
+    if r.outcome == "fraction-as-percent":
+        return "print the fraction times 100 where it is followed by a % sign (or drop the sign)."
+    if r.outcome == "wrong-count" and r.data.get("arithmetic"):
+        return f"divide the correct predictions by the number of samples evaluated, not as now ({r.data['arithmetic']})."
+    return ""
+
+
+def _schedule_peak(results, rec) -> str:
+    r = results.get("schedule-ahead")
+    if r is None or r.status != "failed" or r.outcome not in ("overshoot", "above-trainable"):
+        return ""
+    d = r.data
+    entry = next((e for e in getattr(rec, "schedulers", None) or [] if e.get("name") == d.get("scheduler")), None)
+    at = f" (stepped at {entry['where']})" if entry and entry.get("where") else ""
+    if r.outcome == "overshoot":
+        return (f"`{d['scheduler']}`{at} multiplies the rate up to {_g(d['peak_factor'])}x (lr {_g(d['peak_lr'])} at "
+                f"scheduler step {d['peak_step']}): make its factor end at 1.0, so the warm-up reaches the optimizer's lr "
+                f"{_g(d['base_lr'])} and stops there.")
+    return (f"`{d['scheduler']}`{at} peaks at lr {_g(d['peak_lr'])}, at or above {_g(d['sweep_ceiling'])} where the lr "
+            f"sweep measured the rate as too high: lower its peak (max_lr, or the warm-up's target) below that.")
+
+
+def _replay_ramp(results, rec) -> str:
+    r = results.get("replay-history")
+    if r is None or r.status != "failed" or r.outcome not in ("ramp", "lr-rose"):
+        return ""
+    line = r.data.get("schedule_line")
+    if not line or line == "?":
+        return ""
+    return (f"the rate was {'still rising' if r.data.get('ramping') else 'raised ' + _g(r.data.get('lr_rise', 0)) + 'x'} when "
+            f"the run broke; the schedule is set at {line}: lower its peak or lengthen its warm-up so that the rate "
+            f"stays below {_g(r.data.get('lr_at_best', r.data.get('lr_now', 0)))}, where the loss was last at its best.")
+
+
+def _first(*makers: Callable) -> Callable:
+    def make(results, rec) -> str:
+        for m in makers:
+            text = m(results, rec)
+            if text:
+                return text
+        return ""
+    return make
+
+
 TAILORS: dict[str, Callable] = {
+    "disconnected-parameters": _first(_grad_path, _tensor_list, _probe_fix("dist-unused-params")),
+    "metric-wrong": _metric,
+    "op-shape-mismatch": _tensor_list,
+    "softmax-wrong-dim": _grad_path,
+    "dead-relu": _grad_path,
+    "saturated-activations": _grad_path,
+    "loss-output-mismatch": _grad_path,
+    "output-ignores-input": _grad_path,
     "scheduler-misplaced": _scheduler,
     "sampler-epoch-not-set": _probe_fix("dist-sampler-epoch"),
     "data-not-sharded": _probe_fix("dist-sharding"),
@@ -273,14 +381,13 @@ TAILORS: dict[str, Callable] = {
     "rank-write-conflict": _probe_fix("dist-writes"),
     "ranks-diverged": _probe_fix("dist-replicas"),
     "collective-mismatch": _probe_fix("dist-collectives"),
-    "disconnected-parameters": _probe_fix("dist-unused-params"),
     "graph-retained": _graph_kept,
     "clip-misplaced": _clip,
     "missing-optimizer-step": _missing_step,
     "zero-grad-misplaced": _zero_grad_order,
     "optimizer-missing-params": _missing_params,
     "double-softmax": _double_softmax,
-    "lr-too-high": _lr("high"),
+    "lr-too-high": _first(_schedule_peak, _replay_ramp, _lr("high")),
     "lr-too-low": _lr("low"),
     "no-grad-missing": _no_grad,
     "target-not-detached": _target_detach,

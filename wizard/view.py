@@ -82,7 +82,7 @@ class TerminalView:
         c.print()
         shown = [h for h in report.hypotheses if h.confidence >= SHOWN][:8]
         if not shown:
-            c.print("[bold green]No hypothesis gathered more than weak evidence.[/]")
+            c.print(f"[{'bold green' if report.verdict == 'healthy' else 'bold yellow'}]No hypothesis gathered more than weak evidence.[/]")
         else:
             table = Table(title="Ranked hypotheses", show_lines=True, expand=True)
             table.add_column("#", width=2)
