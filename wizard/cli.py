@@ -6,7 +6,6 @@ from __future__ import annotations
 import functools
 import os
 import sys
-import tempfile
 import traceback
 from pathlib import Path
 from typing import List, Optional
@@ -97,18 +96,26 @@ def diagnose(
     budget: Optional[float] = typer.Option(None, "--budget", help="Seconds for the whole diagnosis; probes that train plan their steps from it (default: max(20 s, 40 plain steps; a script's: its reruns with their start-up) less a fifth, printed at the start)."),
     save_answers_path: Optional[Path] = typer.Option(None, "--save-answers", help="Where an interactive session saves its answers (default nnwizard-answers.yaml)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Only the final table."),
+    isolation: str = typer.Option("auto", "--isolation", help="How the program is kept from your files: auto (os where the system allows it, else python), os (Linux namespaces and copy-on-write overlays), python (patched file functions), none (its side effects are real)."),
+    keep_scratch: bool = typer.Option(False, "--keep-scratch", help="Keep nnwizard's scratch folder (what the program wrote, the worker's log) and print where it is."),
 ) -> None:
     """Diagnose a training module or script: ask what you see, measure, and rank the hypotheses."""
-    from nnwizard.session import Options, run_session
+    from nnwizard.options import Options
 
-    code = run_session(Options(
+    opts = Options(
         module=module, symptoms=list(symptom or []), answers=answers, json_path=json_path, report_path=report_path,
         device=device, seed=seed, fail_on=parse_fail_on(fail_on),
         interactive=not non_interactive and sys.stdin.isatty(), trees_dir=trees, probe_timeout=probe_timeout,
         budget=budget, save_answers=save_answers_path, quiet=quiet, script=script, script_args=list(script_args or []),
         max_steps=max_steps,
-    ))
-    raise typer.Exit(int(code))
+    )
+    if os.environ.get("NNWIZARD_IN_PROCESS") == "1":   # (internal: the former design, for benchmarks/supervisor_overhead.py)
+        from nnwizard.session import run_session
+
+        raise typer.Exit(int(run_session(opts)))
+    from nnwizard.supervisor import diagnose as supervised
+
+    raise typer.Exit(supervised(opts, isolation, keep_scratch))
 
 
 @trees_app.command("list")
@@ -187,9 +194,16 @@ def watch(
                                         "10 at which a line costs at most 1 percent of the steps between two; the triggers check every step)."),
 ) -> None:
     """Watch the real run: log per-step health to DIR/watch.jsonl, save a replay bundle at each anomaly."""
-    from nnwizard.watch_cmd import run
+    from nnwizard.script_file import load_script
+    from nnwizard.supervisor import passthrough
 
-    raise typer.Exit(run(script, list(ctx.args), out, on_anomaly, every))
+    if on_anomaly not in ("stop", "continue"):
+        raise UsageError(f"--on-anomaly {on_anomaly!r}: choose stop or continue")
+    if every is not None and every < 1:
+        raise UsageError(f"--every {every}: must be 1 or more")
+    load_script(script, import_names=False)
+    raise typer.Exit(passthrough({"command": "watch", "options": {"script": script, "args": list(ctx.args), "out": str(out),
+                                                                    "on_anomaly": on_anomaly, "every": every}}))
 
 
 @app.command()
@@ -203,9 +217,14 @@ def replay(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Only the final table."),
 ) -> None:
     """Diagnose exactly the step a watch bundle saved: the op and line, the batch, lr/10 and clipping."""
-    from nnwizard.replay import run
+    from nnwizard.supervisor import passthrough
 
-    raise typer.Exit(run(bundle, json_path, report_path, device, seed, quiet))
+    for flag, path in (("--json", json_path), ("--report", report_path)):
+        if path is not None and not path.resolve().parent.is_dir():
+            raise UsageError(f"{flag} {path}: the folder {path.resolve().parent} does not exist")
+    raise typer.Exit(passthrough({"command": "replay", "options": {
+        "bundle": str(bundle), "json_path": json_path and str(json_path), "report_path": report_path and str(report_path),
+        "device": device, "seed": seed, "quiet": quiet}}))
 
 
 @probes_app.command("list")
@@ -223,18 +242,19 @@ def probes_list() -> None:
 
 
 def _crash(exc: BaseException) -> int:
-    log = Path(tempfile.gettempdir()) / "nnwizard-crash.log"
-    log.write_text(
-        f"nnwizard {nnwizard.__version__} python {sys.version.split()[0]}\n{' '.join(sys.argv)}\n\n"
-        + "".join(traceback.format_exception(exc)),
-        encoding="utf-8",
-    )
+    from nnwizard.supervisor import crash_log
+
+    log = crash_log("".join(traceback.format_exception(exc)))
     print(f"nnwizard: internal error: {type(exc).__name__}: {exc}. This is a bug in nnwizard; the traceback "
           f"is in {log}.", file=sys.stderr)
     return int(ExitCode.INTERNAL)
 
 
 def main(argv: list[str] | None = None) -> None:
+    if argv is None:   # the nnwizard command itself: what its workers' trees orphan is adopted, and ended with them
+        from nnwizard.supervisor import become_subreaper
+
+        become_subreaper()
     try:
         code = app(args=argv, standalone_mode=False, prog_name="nnwizard")
         code = int(code or 0)

@@ -3,9 +3,10 @@ table, and the probes' plots and tables (PNG files in a folder next to the .md).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from typing import Any, Iterable
 
-from nnwizard.engine import Diagnosis
 from nnwizard.plots import render
 from nnwizard.probes.api import Table
 from nnwizard.ranking import FINDING
@@ -14,8 +15,29 @@ from nnwizard.report import Report
 STATUS_MARK = {"passed": "✅ passed", "failed": "❌ failed", "errored": "⚠️ errored", "skipped": "⏭ skipped"}
 
 
+_CODE = re.compile(r"(`+)(.+?)\1")
+_SPECIAL = re.compile(r"([\\*_\[\]<>|#])")
+
+
+def text(value) -> str:
+    """Text that came from the program or was measured in it (errors, printed lines, names), shown as itself: the
+    characters markdown reads as emphasis, links, HTML or table cells are escaped, except inside `code spans`."""
+    value, out, last = str(value), [], 0
+    for span in _CODE.finditer(value):
+        out += [_SPECIAL.sub(r"\\\1", value[last:span.start()]), span.group(0)]
+        last = span.end()
+    out.append(_SPECIAL.sub(r"\\\1", value[last:]))
+    return "".join(out)
+
+
+def fence(lines: list[str]) -> str:
+    """A code fence longer than any run of backticks in ``lines`` (printed output may hold some)."""
+    longest = max((len(run) for line in lines for run in re.findall(r"`+", line)), default=0)
+    return "`" * max(3, longest + 1)
+
+
 def _cell(value) -> str:
-    return str(value).replace("|", "\\|").replace("\n", " ")
+    return text(value).replace("\n", " ")
 
 
 def _table(columns: list[str], rows: list[list], marked: list[int] = ()) -> list[str]:
@@ -37,7 +59,15 @@ def _took(report) -> str:
     return f"{report.duration_s:.1f} s"
 
 
-def render_markdown(report: Report, diagnosis: Diagnosis, path: str | Path) -> Path:
+def artifacts_of(diagnosis) -> list[tuple[str, Any]]:
+    """A diagnosis's plots and tables, each with the id of the probe that made it."""
+    return [(result.id, artifact) for result in diagnosis.results for artifact in result.artifacts]
+
+
+def render_markdown(report: Report, artifacts: Iterable[tuple[str, Any]] | Any, path: str | Path) -> Path:
+    """Write the markdown report; ``artifacts``: (probe id, plot or table) pairs, or the Diagnosis that holds them."""
+    if hasattr(artifacts, "results"):
+        artifacts = artifacts_of(artifacts)
     path = Path(path)
     assets = path.parent / f"{path.stem}_files"
     out: list[str] = [f"# nnwizard diagnosis: `{report.module}`", ""]
@@ -49,8 +79,8 @@ def render_markdown(report: Report, diagnosis: Diagnosis, path: str | Path) -> P
     verdict_line = {
         "problems-found": f"**{len(findings)} problem{'s' if len(findings) != 1 else ''} found**",
         "healthy": "**Healthy**: no hypothesis reached 0.5 confidence",
-        "inconclusive": (f"**Inconclusive**: {raised}, and no hypothesis explains it (a crash is never healthy)" if raised
-                         else f"**Inconclusive**: {unmoved}, and no hypothesis reached 0.5 to explain it (a loss that "
+        "inconclusive": (f"**Inconclusive**: {text(raised)}, and no hypothesis explains it (a crash is never healthy)" if raised
+                         else f"**Inconclusive**: {text(unmoved)}, and no hypothesis reached 0.5 to explain it (a loss that "
                          "does not move is not a clean bill of health)" if unmoved
                          else f"**Inconclusive**: no finding, but {len(report.not_run)} check{'s' if len(report.not_run) != 1 else ''} "
                          "could not run (see *Not run*), so this is not a clean bill of health" if report.not_run
@@ -80,10 +110,10 @@ def render_markdown(report: Report, diagnosis: Diagnosis, path: str | Path) -> P
         for i, h in enumerate(report.hypotheses):
             tag = "finding" if h.confidence >= FINDING else "weak"
             out += [f"### {i + 1}. {h.title} (`{h.id}`, {h.confidence:.2f}, {tag})", "", h.meaning, "", "Evidence (weight, measured):", ""]
-            out += [f"- {m.weight:+.2f} {m.text} _(tree `{m.tree}`, node `{m.node}`)_" for m in h.moves]
+            out += [f"- {m.weight:+.2f} {text(m.text)} _(tree `{m.tree}`, node `{m.node}`)_" for m in h.moves]
             out += ["", f"**Fix.** {h.fix}", ""]
             if h.fix_here:
-                out += [f"**In this program.** {h.fix_here}", ""]
+                out += [f"**In this program.** {text(h.fix_here)}", ""]
             if h.snippet:
                 out += ["```python", h.snippet.rstrip(), "```", ""]
     if report.not_run:
@@ -102,13 +132,12 @@ def render_markdown(report: Report, diagnosis: Diagnosis, path: str | Path) -> P
         ["probe", "status", "outcome", "summary", "seconds"],
         [[f"`{p.id}`", STATUS_MARK[p.status], p.outcome, p.summary, f"{p.duration_s:.2f}"] for p in report.probes],
     ) + [""]
-    for result in diagnosis.results:
-        for artifact in result.artifacts:
-            if isinstance(artifact, Table):
-                out += [f"### {artifact.title} (`{result.id}`)", "", *_table(artifact.columns, artifact.rows, artifact.marked), ""]
-                continue
-            png = render(artifact, assets, result.id)
-            if png is not None:
-                out += [f"### {artifact.title} (`{result.id}`)", "", f"![{artifact.title}]({assets.name}/{png.name})", ""]
+    for probe, artifact in artifacts:
+        if isinstance(artifact, Table):
+            out += [f"### {artifact.title} (`{probe}`)", "", *_table(artifact.columns, artifact.rows, artifact.marked), ""]
+            continue
+        png = render(artifact, assets, probe)
+        if png is not None:
+            out += [f"### {artifact.title} (`{probe}`)", "", f"![{artifact.title}]({assets.name}/{png.name})", ""]
     path.write_text("\n".join(out) + "\n", encoding="utf-8")
     return path

@@ -7,13 +7,16 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Literal
 
+from typing import TYPE_CHECKING
+
 from pydantic import BaseModel
 
 import nnwizard
-from nnwizard.engine import Diagnosis
-from nnwizard.environment import collect
 from nnwizard.probes.api import could_not_run
 from nnwizard.ranking import FINDING
+
+if TYPE_CHECKING:  # (the supervisor reads and writes reports without importing torch)
+    from nnwizard.engine import Diagnosis
 
 Verdict = Literal["problems-found", "healthy", "inconclusive"]
 
@@ -83,6 +86,8 @@ class Report(BaseModel):
     mode: str = "module"                 # "script" for --script (CONTRACT §6)
     script: dict[str, Any] | None = None  # script mode: what the run did (models, optimizers, trace, output)
     budget: dict[str, Any] = {}  # the cost model: step time measured, budget, plain steps used
+    isolation: dict[str, Any] = {}  # how the program was kept from the user's files: mode, why, notes, what it wrote
+    ended: dict[str, Any] = {}     # a diagnosis cut short: how the process running the program ended (why, text)
 
 
 CURVE_PROBES = ("triage-run", "trace-run")   # the run's own loss curve (module mode, script mode)
@@ -139,6 +144,8 @@ def _jsonable(value: Any) -> Any:
 
 
 def build(diagnosis: Diagnosis) -> Report:
+    from nnwizard.environment import collect
+
     missing = not_run(diagnosis)
     return Report(
         nnwizard_version=nnwizard.__version__,

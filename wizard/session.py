@@ -4,60 +4,21 @@ engine, the prompters, the view and the report writers."""
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from nnwizard import cuda_lost
 from nnwizard.budget import calibrate
 from nnwizard.catalog import load_catalog
 from nnwizard.engine import Diagnosis, Engine, Event
-from nnwizard.errors import ExitCode, UsageError
 from nnwizard.isolation import preserved_state, seed_everything
+from nnwizard.options import Options, check_outputs, check_target, exit_code
 from nnwizard.prompts import SYMPTOMS_KEY, QuestionaryPrompter, ScriptedPrompter, load_answers, save_answers
 from nnwizard.report import build, write_json
 from nnwizard.target import load_target
-from nnwizard.tree import SYMPTOMS, load_trees, question_keys
+from nnwizard.tree import load_trees, question_keys
 
 
-@dataclass
-class Options:
-    module: str | None = None
-    symptoms: list[str] = field(default_factory=list)
-    answers: Path | None = None
-    json_path: Path | None = None
-    report_path: Path | None = None
-    device: str = "auto"
-    seed: int = 0
-    fail_on: float | None = None
-    interactive: bool = False
-    trees_dir: Path | None = None
-    probe_timeout: float | None = None
-    budget: float | None = None  # seconds for the whole diagnosis (None: from the measured step time)
-    save_answers: Path | None = None
-    quiet: bool = False
-    script: str | None = None          # script mode (CONTRACT §6): the script path or dotted name
-    script_args: list[str] = field(default_factory=list)
-    max_steps: int | None = None
-
-
-def _check_outputs(opts: Options) -> None:
-    for flag, path in (("--json", opts.json_path), ("--report", opts.report_path)):
-        if path is not None and not Path(path).resolve().parent.is_dir():
-            raise UsageError(f"{flag} {path}: the folder {Path(path).resolve().parent} does not exist")
-    if opts.budget is not None and not opts.budget > 0:
-        raise UsageError(f"--budget {opts.budget}: expected a positive number of seconds")
-    unknown = [s for s in opts.symptoms if s not in SYMPTOMS]
-    if unknown:
-        raise UsageError(f"--symptom {unknown[0]!r}: unknown; choose from {', '.join(SYMPTOMS)}")
-
-
-def _check_target(opts: Options) -> None:
-    if bool(opts.module) == bool(opts.script):
-        raise UsageError("give either --module M (the training-module contract) or --script train.py (an unmodified script)")
-    if opts.module and opts.script_args:
-        raise UsageError(f"arguments after the options ({' '.join(opts.script_args)}) are passed to a --script; --module takes none")
-    if opts.max_steps is not None and opts.max_steps < 1:
-        raise UsageError(f"--max-steps {opts.max_steps}: expected at least 1")
+_check_outputs, _check_target = check_outputs, check_target
 
 
 ONE_STEPS = 0.8   # a one-epoch script's second observed run: its pass takes at most this share of the step budget
@@ -98,10 +59,11 @@ def _load_script_target(opts: Options, listener):
         mixing = SampleMixing()  # the reshape between model and loss, judged on the live graph (probes/mixing.py)
         firsts = FirstForwards()  # each model's first training call, keyword arguments too (probes/next_token.py)
         children = ChildProcesses()
+        shown = [_Progress(listener)] if listener is not None else []
         try:
             run = run_script(script, opts.script_args, RunOptions(
                 max_steps=steps, seed=opts.seed, limit_batches=limit_batches, cap_passes=passes, patches=[children],
-                listeners=[StepFit(extend=not opts.max_steps), mixing, firsts]))
+                listeners=[StepFit(extend=not opts.max_steps), mixing, firsts, *shown]))
         except ScriptInterrupted as stop:
             stop.result.recording.child_processes = children.started
             raise
@@ -132,6 +94,34 @@ def _load_script_target(opts: Options, listener):
     return target
 
 
+class _Progress:
+    """A recorder listener that shows the observed run's progress (``script-progress`` events, at most every half
+    second) and says when the script went on after nnwizard stopped it (it catches BaseException)."""
+
+    EVERY_S = 0.5
+
+    def __init__(self, listener):
+        self.listener, self.last, self.said = listener, 0.0, False
+
+    def on_backward(self, rec, loss) -> None:
+        stopped = rec.recording.stopped
+        if stopped and not self.said:   # (a backward pass after the stop: the script trains on)
+            self.said = True
+            note = (f"the script went on training after nnwizard stopped its run ({stopped}) after step "
+                    f"{rec.recording.total_steps}: it catches the stop (a BaseException) and carries on")
+            rec.recording.notes.append(note)
+            self.listener(Event("script-note", data={"text": note}))
+
+    def on_step_post(self, rec, optimizer, step) -> None:
+        import time
+
+        now = time.monotonic()
+        if now - self.last >= self.EVERY_S:
+            self.last = now
+            self.listener(Event("script-progress", data={"step": step.step, "loss": step.loss,
+                                                         "max_steps": rec.max_steps}))
+
+
 def select_trees(trees: dict, target) -> dict:
     """The trees for this kind of target (``modes`` in the tree files)."""
     if getattr(target, "mode", "module") != "script":
@@ -141,13 +131,16 @@ def select_trees(trees: dict, target) -> dict:
     return {k: t for k, t in trees.items() if wanted & set(t.modes)}
 
 
-def diagnose(opts: Options, listener=None) -> Diagnosis:
-    """Load everything, run the engine; raises NNWizardError on bad input. No files are written."""
+def diagnose(opts: Options, listener=None, prompter=None, checkpoint=None) -> Diagnosis:
+    """Load everything, run the engine; raises NNWizardError on bad input. No files are written. ``prompter``:
+    the Prompter class to ask with (given the answers known); ``checkpoint``: gets the partial Diagnosis as it
+    grows (after the observed run, then after each probe)."""
     _check_target(opts)
     _check_outputs(opts)
     trees = load_trees(opts.trees_dir)
     catalog = load_catalog(str(opts.trees_dir) if opts.trees_dir else None)
     answers = load_answers(opts.answers, question_keys(trees)) if opts.answers else {}
+    answers.update(opts.preset_answers or {})
     if opts.symptoms:
         answers[SYMPTOMS_KEY] = list(opts.symptoms)
     with cuda_lost.guard("while loading or running the target"), preserved_state():
@@ -162,13 +155,15 @@ def diagnose(opts: Options, listener=None) -> Diagnosis:
             if script_problem(target):  # nothing trained: one sentence (in the reports) and inconclusive
                 return Diagnosis(target, opts.seed, symptoms=[], given_symptoms=list(opts.symptoms),
                                  answers={k: v for k, v in answers.items() if k != SYMPTOMS_KEY})
-        prompter = QuestionaryPrompter(answers) if opts.interactive else ScriptedPrompter(answers)
+        prompter = (prompter or (QuestionaryPrompter if opts.interactive else ScriptedPrompter))(answers)
         budget = calibrate(target, opts.budget, min(60.0, opts.probe_timeout or 60.0))
         target.sample_limit = budget.batch
         if listener is not None:
             listener(Event("budget", data={"text": budget.describe(), "budget": budget}))
+        if checkpoint is not None:
+            checkpoint(Diagnosis(target, opts.seed, symptoms=[], given_symptoms=list(opts.symptoms), budget=budget))
         engine = Engine(target, trees, catalog, prompter, seed=opts.seed, probe_timeout=opts.probe_timeout,
-                        listener=listener, budget=budget)
+                        listener=listener, budget=budget, checkpoint=checkpoint)
         preset = {k: v for k, v in answers.items() if k != SYMPTOMS_KEY}
         return engine.run(answers.get(SYMPTOMS_KEY), preset)
 
@@ -205,8 +200,4 @@ def run_session(opts: Options) -> int:
         return cuda_lost.rerun_on_cpu(opts, lost)
     report, written = write_reports(diagnosis, opts)
     view.summary(report, written)
-    if diagnosis.interrupted:
-        return ExitCode.INTERRUPTED
-    if opts.fail_on is not None and any(h.confidence >= opts.fail_on for h in report.hypotheses):
-        return ExitCode.FINDINGS
-    return ExitCode.OK
+    return exit_code(report, opts)
