@@ -205,6 +205,7 @@ class RunResult:
     import_s: float = 0.0   # seconds spent importing modules that were not loaded yet
     own_files: list[Path] = field(default_factory=list)   # the script's own modules it imported (its folder's .py files)
     deleted: list[str] = field(default_factory=list)      # paths the script deleted (its view only: they are still there)
+    ended_by: str | None = None   # the script ended its own process: "called os._exit(0) at train.py:40 after 12 ..."
 
     @property
     def crashed(self) -> bool:
@@ -460,7 +461,7 @@ def _run_once(script: Script, args: list[str], opts: RunOptions, evaluation_caps
                 sys.stdout, sys.stderr = out, err
                 live = dict(_LIVE)
                 _LIVE.update(stdout=out, stderr=err)
-            pid, files = os.getpid(), isolate.RunFiles()
+            pid, files, ended_by = os.getpid(), isolate.RunFiles(), None
             try:
                 with isolation.run(opts.sandbox, scratch) as files, _timed_imports(imports, fresh if ranges else None), \
                         _process_group(), recorder, _entered(opts.patches), (_eager(recorder) if recorder.full else _null()), \
@@ -479,11 +480,11 @@ def _run_once(script: Script, args: list[str], opts: RunOptions, evaluation_caps
                         if exc.code not in (None, 0) and not isinstance(exc.code, int):
                             lines.append(str(exc.code)[:300])
                     except ScriptExited as exc:
-                        code = exc.code
-                        exit_kind = "finished" if code == 0 else "exited"
-                        recorder.recording.notes.append(f"the script {exc.how} at {exc.where or '?'} after "
-                                                        f"{recorder.recording.total_steps} optimizer steps: its process "
-                                                        f"ended there, without the rest of the program")
+                        code, exit_kind = exc.code, "exited"
+                        ended_by = (f"{exc.how} at {exc.where or '?'} after {recorder.recording.total_steps} optimizer "
+                                    f"steps")
+                        recorder.recording.notes.append(f"the script {ended_by}: its process ended there, without the "
+                                                        f"rest of the program")
                     except KeyboardInterrupt as exc:
                         if watchdog.interrupts_by_message() and not watchdog.interrupt_requested():
                             exit_kind = "raised"   # the script's own KeyboardInterrupt (it raised it, or signalled
@@ -508,7 +509,7 @@ def _run_once(script: Script, args: list[str], opts: RunOptions, evaluation_caps
     result = RunResult(script, args, recorder.recording, exit_kind, code, list(lines),
                        files.written(), scratch, round(time.monotonic() - started, 3),
                        list(dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught))[:8],
-                       round(imports[0], 3), sorted(set(own_files)), files.deleted())
+                       round(imports[0], 3), sorted(set(own_files)), files.deleted(), ended_by)
     if exit_kind == "interrupted":
         raise ScriptInterrupted(result)
     return result, recorder.evaluation_capped or (ranges is not None and ranges._control.evaluation_capped)

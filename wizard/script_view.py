@@ -55,7 +55,7 @@ def observed(target) -> dict[str, Any]:
                   if rec.error else None),
         "capture": target.capture_problem or "ok",
         "trace": trace, "written": [{"path": a, "saved_as": b} for a, b in run.written],
-        "deleted": list(getattr(run, "deleted", []) or []),
+        "deleted": list(getattr(run, "deleted", []) or []), "ended_by": getattr(run, "ended_by", None),
         "scratch": str(run.scratch) if run.scratch else None,
         "output_tail": run.output[-OUTPUT_TAIL:], "warnings": run.warnings, "note": note,
         "reruns": [{"what": r.what, "max_steps": r.max_steps, "steps": r.steps, "seconds": r.seconds, "exit": r.exit}
@@ -153,6 +153,8 @@ def _ended(obs: dict) -> str:
     if obs["error"]:
         e = obs["error"]
         return f"raised {e['type']} at {e['where'] or '?'} after {e['step']} steps"
+    if obs.get("ended_by"):
+        return f"ended its own process: {obs['ended_by']}"
     if obs["stopped"]:
         return f"stopped by nnwizard: {obs['stopped']}"
     return {"finished": "ran to its end", "exited": f"exited with code {obs['exit_code']}",

@@ -595,7 +595,7 @@ def _files(session: Session) -> dict:
     changes = session.worker.changes if session.worker else {}
     if changes:
         ours = str(session.folder)
-        return {"written": [p for p in changes.get("written", []) if not p.startswith(ours)][:500],
+        return {"written": [p for p in changes.get("written", []) if not p.startswith(ours) and not p.endswith("/")][:500],
                 "deleted": changes.get("deleted", [])[:500]}
     obs = (session.report or {}).get("script") or session.observed or {}
     return {"written": [w["path"] for w in obs.get("written") or []], "deleted": list(obs.get("deleted") or [])}

@@ -253,13 +253,23 @@ class Layers:
                     except OSError:
                         continue
                     where = os.path.join(shown, name)
+                    lower = os.path.join(f"/proc/self/fd/{unit.source}", rel, name)
                     if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
                         deleted.append(where)
                     elif not stat.S_ISDIR(st.st_mode):
                         written.append(where)
-                    elif not os.path.lexists(os.path.join(f"/proc/self/fd/{unit.source}", rel, name)):
+                    elif not os.path.lexists(lower):
                         written.append(where + "/")   # a folder the program made (its files are listed too)
+                    elif self._opaque(full) and os.path.isdir(lower):   # deleted and made again: what was in it is gone
+                        deleted += [os.path.join(where, n) for n in os.listdir(lower) if not os.path.lexists(os.path.join(full, n))]
         return {"written": sorted(written), "deleted": sorted(deleted)}
+
+    def _opaque(self, path: str) -> bool:
+        name = ("user." if self.user_namespace else "trusted.") + "overlay.opaque"
+        try:
+            return os.getxattr(path, name, follow_symlinks=False) == b"y"
+        except OSError:
+            return False
 
     def keep(self, folder: str) -> None:
         """``--keep-scratch``: copy the upper layers that live in memory into ``folder`` (whiteouts left out)."""

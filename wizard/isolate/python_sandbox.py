@@ -118,8 +118,14 @@ class Sandbox:
     # -- the run ------------------------------------------------------------------------------------
     def begin(self, scratch: Path | None, cwd: str | None = None, removed: list[str] | None = None) -> None:
         self.scratch = Path(scratch).resolve() if scratch is not None else None
+        if self.scratch is not None:
+            _real["makedirs"](str(self.scratch), exist_ok=True)
         self.map: dict[str, Path] = {}   # real absolute path -> scratch path
-        self.removed: set[str] = set(removed or [])
+        self.removed: set[str] = set(removed or [])   # deleted by the script (the originals stay)
+        self.opaque: set[str] = set()                  # folders deleted and made again: originals below them are gone
+        self._log_size = -1                            # (deletions are shared with child processes through a file)
+        self._shared = ENV in os.environ
+        self._read_log()
         self.cwd = Path(cwd or os.getcwd()).resolve()
         self._exempt = [os.devnull, "/proc", "/sys", "/dev"] + ([str(self.scratch)] if self.scratch else [])
         home = Path.home()
@@ -187,14 +193,31 @@ class Sandbox:
             rel = Path("_abs") / p.relative_to(p.anchor)
         return self.scratch / rel
 
+    def _log(self) -> str | None:
+        return str(self.scratch / ".nnwizard-removed") if self.scratch is not None else None
+
+    def _read_log(self) -> None:
+        """Deletions made by the script's multiprocessing children (and theirs, by the parent)."""
+        log = self._log()
+        try:
+            size = os.stat(log).st_size if log else -1
+        except OSError:
+            return
+        if size != self._log_size:
+            self._log_size = size
+            with _real["open"](log, encoding="utf-8") as f:
+                self.removed |= {line.rstrip("\n") for line in f if line.strip()}
+
     def gone(self, path: str) -> bool:
         """Deleted by the script (itself or a folder above it), and not written again since."""
-        if not self.removed or path in self.map:
+        if self._shared:
+            self._read_log()
+        if not self.removed or path in self.map or _real["lexists"](str(self.mirror(path))):
             return False
         probe = path
         while True:
-            if probe in self.removed:
-                return not _real["lexists"](str(self.mirror(path)))
+            if probe in self.removed and (probe not in self.opaque or probe != path):
+                return True
             parent = os.path.dirname(probe)
             if parent == probe:
                 return False
@@ -244,8 +267,12 @@ class Sandbox:
             _real["rmtree"](str(mirrored), ignore_errors=True)
         elif _real["lexists"](str(mirrored)):
             _real["unlink"](str(mirrored))
+        self.opaque -= {o for o in self.opaque if o == path or o.startswith(path.rstrip(os.sep) + os.sep)}
         if _real["lexists"](path):
             self.removed.add(path)
+            if self._shared:
+                with _real["open"](self._log(), "a", encoding="utf-8") as f:
+                    f.write(path + "\n")
 
     def written(self) -> list[tuple[str, str]]:
         out = []
@@ -320,7 +347,10 @@ class Sandbox:
                     p = sb._abs(path, dir_fd)
                     if p is not None and flags & os.O_EXCL and flags & os.O_CREAT and sb._seen(p) not in (None, p):
                         raise FileExistsError(errno.EEXIST, "File exists", os.fspath(path))
+                    existed = p is not None and not sb._exempted(p) and _real["exists"](sb._seen(p) or "")
                     target = sb.redirect_write(path, copy_existing=not flags & os.O_TRUNC, dir_fd=dir_fd)
+                    if existed and target is not path and not _real["exists"](target):   # (truncated: an empty copy)
+                        os.close(_real["os_open"](target, os.O_WRONLY | os.O_CREAT, 0o666))
                 else:
                     target = sb.redirect_read(path, dir_fd=dir_fd)
                 if target is not path:
@@ -340,7 +370,8 @@ class Sandbox:
                 raise FileNotFoundError(errno.ENOENT, "No such file or directory", os.fspath(path))
             target = sb.mirror(p)
             sb.map[p] = target
-            sb.removed.discard(p)
+            if p in sb.removed:
+                sb.opaque.add(p)
             _real["makedirs"](str(target), exist_ok=True)
 
         self._set(os, "mkdir", mkdir)
@@ -639,12 +670,24 @@ class Sandbox:
 
         while self._child_undo:
             self._child_undo.pop()()
+        import multiprocessing.process as mp_process
+
         wrapper = self.scratch and _child_launcher(self.scratch)
         if wrapper:
-            previous = mp_spawn.get_executable()
+            sb, previous, start = self, mp_spawn.get_executable(), mp_process.BaseProcess.start
+
+            def started(process, *args, **kwargs):
+                if not sb._shared:   # from now on, deletions go through the shared log
+                    sb._shared = True
+                    with _real["open"](sb._log(), "a", encoding="utf-8") as f:
+                        f.writelines(p + "\n" for p in sorted(sb.removed))
+                return start(process, *args, **kwargs)
+
             mp_spawn.set_executable(wrapper)
+            mp_process.BaseProcess.start = started
             os.environ[ENV] = json.dumps({"scratch": str(self.scratch), "cwd": str(self.cwd)})
-            self._child_undo += [lambda: mp_spawn.set_executable(previous), lambda: os.environ.pop(ENV, None)]
+            self._child_undo += [lambda: mp_spawn.set_executable(previous), lambda: os.environ.pop(ENV, None),
+                                 lambda: setattr(mp_process.BaseProcess, "start", start)]
 
 
 def _listing(sb: Sandbox, path: str) -> dict[str, bool] | None:
@@ -672,6 +715,7 @@ def _child_launcher(scratch: Path) -> str | None:
     path = str(Path(scratch).parent / "nnwizard-python-child")
     if not _real["exists"](path):
         try:
+            _real["makedirs"](str(Path(scratch).parent), exist_ok=True)
             fd = _real["os_open"](path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o755)
             with _real["open"](fd, "w", encoding="utf-8") as out:
                 out.write(f"#!{sys.executable}\nfrom nnwizard.isolate.python_sandbox import child_main\nchild_main()\n")
