@@ -110,7 +110,7 @@ class _Progress:
             note = (f"the script went on training after nnwizard stopped its run ({stopped}) after step "
                     f"{rec.recording.total_steps}: it catches the stop (a BaseException) and carries on")
             rec.recording.notes.append(note)
-            self.listener(Event("script-note", data={"text": note}))
+            self.listener(Event("script-note", data={"text": note, "kind": "stop-caught"}))
 
     def on_step_post(self, rec, optimizer, step) -> None:
         import time

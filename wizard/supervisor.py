@@ -319,7 +319,7 @@ class Session:
                 self.decision = Decision("python", self.decision.asked,
                                          why=f"OS isolation is not available here ({why})", trackers=self.decision.trackers)
                 return self._start()
-        self.announce(self.decision)
+        self.announced = False   # (said with the first event: a worker that stops at once on bad input says only why)
 
     def _relay(self) -> None:
         exited_at = None
@@ -342,6 +342,9 @@ class Session:
     def _handle(self, conn, message: dict) -> None:
         kind = message.get("t")
         if kind == "event":
+            if not self.announced:
+                self.announced = True
+                self.announce(self.decision)
             event = channel.decode_event(message)
             self._track(event)
             if self.view is not None:
@@ -379,6 +382,9 @@ class Session:
             self.progress = event.data
         elif event.kind == "script-note":
             self.notes.append(event.data.get("text", ""))
+            if event.data.get("kind") == "stop-caught":   # the run goes on after its stop: it is stopped now
+                for deadline in self.deadlines.values():
+                    deadline["at"] = min(deadline["at"], time.monotonic() + 1.0)
         elif event.kind == "probe-start":
             self.phase = f"probe {event.data.get('probe')}"
         elif event.kind == "probe-end":
@@ -431,7 +437,7 @@ class Session:
         for ident, d in list(self.deadlines.items()):
             if now < d["at"]:
                 continue
-            if d["stop"] and d["stopped"] is None:
+            if d["stop"] and (d["stopped"] is None or now - d["stopped"] >= 0.5):   # (again: a stop may be caught)
                 d["stopped"] = now
                 d["conn"].send({"t": "stop", "id": ident})
             if now >= d["at"] + STOP_GRACE_S and self.worker.poll() is None:
