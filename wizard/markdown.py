@@ -73,6 +73,9 @@ def render_markdown(report: Report, artifacts: Iterable[tuple[str, Any]] | Any, 
     out: list[str] = [f"# nnwizard diagnosis: `{report.module}`", ""]
     if report.interrupted:
         out += ["> **Interrupted**: this is a partial report of what was measured before Ctrl-C.", ""]
+    if report.ended:
+        out += [f"> **Cut short**: {text(report.ended.get('text', ''))}", ""]
+        out += [f">     {line}" for line in report.ended.get("stack") or []] + ([""] if report.ended.get("stack") else [])
     findings = [h for h in report.hypotheses if h.confidence >= FINDING]
     raised = next((n.reason for n in report.not_run if n.why == "training-raised"), None)
     unmoved = next((n.reason for n in report.not_run if n.why == "loss-unmoved"), None)
@@ -92,6 +95,9 @@ def render_markdown(report: Report, artifacts: Iterable[tuple[str, Any]] | Any, 
         + f". Task: {report.task}" + (f" ({report.task_source})" if report.task_source else "")
         + f". Seed {report.seed}, {_took(report)}.",
         "",
+        *([f"Isolation: {report.isolation.get('mode')}" + (f" ({text(report.isolation['why'])})" if report.isolation.get("why") else "")
+           + (f"; {report.isolation['trackers']}" if report.isolation.get("trackers") else "") + ".", ""]
+          if report.isolation else []),
         "## Environment",
         "",
         *_table(["", ""], [[k, v] for k, v in report.environment.items()]),

@@ -581,7 +581,7 @@ def _finish(session: Session, opts, view) -> int:
         for item in data["script"].get("written") or []:
             item["saved_as"] = ""
         data["script"]["scratch"] = None
-    if session.interrupts:
+    if session.interrupts and (ended is not None or not session.final):   # (a diagnosis that had finished stands)
         data["interrupted"] = True
     report = Report.model_validate(data)
     written = _write(report, session, opts)

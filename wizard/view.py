@@ -54,7 +54,17 @@ class TerminalView:
             d = event.data
             c.print(f"[bold cyan]▶ Running {escape(d['script'] + ' ' + ' '.join(d['args']))}[/] [dim](at most {d['max_steps']} "
                     f"optimizer steps; {escape(d.get('kept') or 'its output and files are kept aside')})[/]", highlight=False)
+            self._status = c.status("the script is running…", spinner="dots")
+            self._status.start()
+        elif event.kind == "script-progress" and self._status is not None:
+            d = event.data
+            loss = f", loss {d['loss']:.4g}" if isinstance(d.get("loss"), (int, float)) else ""
+            self._status.update(f"the script is running: optimizer step {d['step']}"
+                                + (f" of at most {d['max_steps']}" if d.get("max_steps") else "") + loss)
+        elif event.kind == "script-note":
+            c.print(f"  [yellow]{escape(event.data.get('text', ''))}[/]", highlight=False)
         elif event.kind == "script-observed":
+            self._stop()
             from nnwizard.script_view import print_observed
 
             print_observed(c, event.data["observed"])
@@ -94,6 +104,10 @@ class TerminalView:
                     f"{'is' if weaker == 1 else 'are'} listed in the reports.[/]")
         if "ambiguous" in report.task_source:
             c.print(f"[yellow]Task: {escape(report.task)} ({escape(report.task_source)}).[/]")
+        if report.ended:
+            c.print(f"[bold yellow]The diagnosis was cut short: {escape(report.ended.get('text', ''))}[/]", highlight=False)
+            for line in (report.ended.get("stack") or [])[:4]:
+                c.print(f"  [dim]{escape(line)}[/]", highlight=False)
         verdict_style = {"problems-found": "bold red", "healthy": "bold green", "inconclusive": "bold yellow"}[report.verdict]
         c.print(f"Verdict: [{verdict_style}]{report.verdict}[/]" + (" (interrupted: partial)" if report.interrupted else ""))
         if report.not_run:

@@ -8,7 +8,7 @@ deleted as gone while the originals stay. Intercepted: ``open``/``io.open``/``io
 ``os.mkdir``/``makedirs``, ``os.remove``/``unlink``/``rmdir`` (with ``dir_fd`` too), ``shutil.rmtree``,
 ``os.rename``/``replace`` (``shutil.move``), ``os.truncate``, ``os.chmod``/``chown``/``utime``,
 ``os.link``/``symlink``, ``tempfile`` (through ``os.open``/``os.mkdir``), ``torch.save``/``load``,
-``numpy.load`` and its text loaders, ``sqlite3.connect``, ``h5py.File``. Child processes cannot be followed:
+``numpy.load`` and its text loaders, ``sqlite3.connect``, ``h5py.File``, ``safetensors.torch`` files. Child processes cannot be followed:
 ``subprocess``, ``os.system``, ``os.exec*``, ``os.posix_spawn`` are refused with ``PermissionError`` (and
 listed); ``multiprocessing`` children (spawn, forkserver) start through a wrapper that installs the same
 sandbox in them. What it cannot see: writes by C code that opens files itself (other than the libraries
@@ -135,6 +135,11 @@ class Sandbox:
         # its own and transient, so it is made for real (and removed at the end); what was there before is redirected
         self._tmp = {os.path.abspath(tempfile.gettempdir()), os.path.realpath(tempfile.gettempdir())}
         self._tmp_new: set[str] = set()
+        self._touched: set[str] = set()
+        self._exempt_set = set(self._exempt)
+        self._exempt_prefixes = tuple(e.rstrip(os.sep) + os.sep for e in self._exempt)
+        self._tmp_prefixes = tuple(t.rstrip(os.sep) + os.sep for t in self._tmp)
+        self._cwd_prefix = str(self.cwd).rstrip(os.sep) + os.sep
         if self._undo:
             self._children()
 
@@ -174,9 +179,9 @@ class Sandbox:
         return os.path.abspath(raw)
 
     def _exempted(self, path: str) -> bool:
-        if any(path == e or path.startswith(e.rstrip(os.sep) + os.sep) for e in self._exempt):
+        if path in self._exempt_set or path.startswith(self._exempt_prefixes):
             return True
-        if not any(path.startswith(t.rstrip(os.sep) + os.sep) for t in self._tmp) or path.startswith(str(self.cwd) + os.sep):
+        if not path.startswith(self._tmp_prefixes) or path.startswith(self._cwd_prefix):
             return False  # the user's own folder is sandboxed even when it lies under the temp folder
         if any(path == n or path.startswith(n + os.sep) for n in self._tmp_new):
             return True
@@ -186,12 +191,14 @@ class Sandbox:
         return True
 
     def mirror(self, path: str) -> Path:
-        p = Path(path)
-        try:
-            rel = p.relative_to(self.cwd)
-        except ValueError:
-            rel = Path("_abs") / p.relative_to(p.anchor)
-        return self.scratch / rel
+        if path.startswith(self._cwd_prefix):
+            return self.scratch / path[len(self._cwd_prefix):]
+        return self.scratch / "_abs" / path.lstrip(os.sep)
+
+    def _touch(self, path: str) -> None:
+        """``path`` has a scratch copy now: its folder's listing and its own lookups consult the scratch folder."""
+        self._touched.add(path)
+        self._touched.add(os.path.dirname(path))
 
     def _log(self) -> str | None:
         return str(self.scratch / ".nnwizard-removed") if self.scratch is not None else None
@@ -229,8 +236,10 @@ class Sandbox:
             return None
         target = self.map.get(path)
         if target is None:
+            if not self._shared and path not in self._touched and os.path.dirname(path) not in self._touched:
+                return path   # (nothing was written there: no scratch copy to look for)
             mirrored = self.mirror(path)
-            if _real["lexists"](str(mirrored)):   # (written by a child process that shares the scratch folder)
+            if _real["lexists"](str(mirrored)):   # (a folder with written files in it, or a child process's write)
                 return str(mirrored)
             return path
         return str(target)
@@ -246,6 +255,7 @@ class Sandbox:
             if copy_existing and not self.gone(path) and _real["isfile"](path) and not _real["lexists"](str(target)):
                 shutil.copy2(path, target)
             self.map[path] = target
+            self._touch(path)
         self.removed.discard(path)
         return str(target)
 
@@ -370,6 +380,7 @@ class Sandbox:
                 raise FileNotFoundError(errno.ENOENT, "No such file or directory", os.fspath(path))
             target = sb.mirror(p)
             sb.map[p] = target
+            sb._touch(p)
             if p in sb.removed:
                 sb.opaque.add(p)
             _real["makedirs"](str(target), exist_ok=True)
@@ -422,6 +433,7 @@ class Sandbox:
                         _real["makedirs"](str(target), exist_ok=True)
                         shutil.copystat(p, target)
                         sb.map[p] = target
+                        sb._touch(p)
                     else:
                         sb.redirect_write(p, copy_existing=True)
                     seen = str(sb.map[p])
@@ -498,9 +510,11 @@ class Sandbox:
                     sb.remove(s)
                 if not sb._exempted(d):
                     sb.map[d] = Path(target)
+                    sb._touch(d)
                     sb.removed.discard(d)
                     for known, rel in below.items():   # ... now lies below the new name
                         sb.map[d + known[len(s):]] = Path(target) / rel
+                        sb._touch(d + known[len(s):])
                 return None
             return rename
 
@@ -599,9 +613,22 @@ class Sandbox:
             pass
 
     def _patch_databases(self) -> None:
-        """sqlite3 and h5py open their files in C: the path they get is redirected (a copy, written in place)."""
+        """sqlite3, h5py and safetensors open their files in native code: the path they get is redirected (for
+        writing, a copy of the original, changed in place)."""
         sb = self
+        import importlib.util
         import sqlite3
+
+        if importlib.util.find_spec("safetensors") is not None:
+            try:
+                import safetensors.torch as st   # (its module globals, which save_file and load_file look up at each call)
+
+                real_serialize, real_safe_open = st.serialize_file, st.safe_open
+                self._set(st, "serialize_file", lambda tensors, filename, *a, **k: real_serialize(
+                    tensors, sb.redirect_write(filename), *a, **k))
+                self._set(st, "safe_open", lambda filename, *a, **k: real_safe_open(sb.redirect_read(filename), *a, **k))
+            except (ImportError, AttributeError):
+                pass
 
         real_connect = sqlite3.connect
 
