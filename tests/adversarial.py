@@ -231,6 +231,21 @@ def clobber(path):
                 os._exit(0)
         train(hook=hook)
     """, python=False),
+    Case("segfault", """
+        import ctypes
+        def hook(step):
+            if step == 10:
+                ctypes.string_at(0)   # a native crash (SIGSEGV) mid-training
+        train(hook=hook)
+    """, python=False, raises=True),
+    Case("exit_in_thread", """
+        def hook(step):
+            if step == 10:
+                t = threading.Thread(target=os._exit, args=(0,))
+                t.start()
+                t.join()
+        train(hook=hook)
+    """, python=False, raises=True),
     Case("fork", """
         def hook(step):
             if step == 5:

@@ -358,3 +358,40 @@ def test_a_healthy_hugging_face_trainer_reads_healthy_to_the_end_of_training(mod
     report = outcome.report
     assert report["script"]["error"] is None, report["script"]["error"]
     assert report["verdict"] == "healthy", (report["not_run"], [(h["id"], h["confidence"]) for h in report["hypotheses"][:3]])
+
+
+def _namespaces_refused(monkeypatch):
+    """A machine where the kernel refuses the namespaces (a locked-down container): the launcher reports it."""
+    from nnwizard import supervisor
+
+    real = supervisor.Worker.__init__
+
+    def init(self, launch, decision, folder, inbox, roots, keep):
+        if decision.mode != "os":
+            return real(self, launch, decision, folder, inbox, roots, keep)
+        self.decision, self.failed, self._control, self.killed = decision, "unshare(user, mount namespaces): Operation not permitted", None, None
+        self.ready = __import__("threading").Event()
+        self.ready.set()
+        self.proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(97)"])
+        self.pgid = self.proc.pid
+
+    monkeypatch.setattr(supervisor.Worker, "__init__", init)
+    monkeypatch.setattr(supervisor, "static_reason", lambda: None)
+
+
+def test_auto_falls_back_to_python_isolation_and_says_why(monkeypatch, capsys, tmp_path):
+    from nnwizard.cli import main
+
+    _namespaces_refused(monkeypatch)
+    js = tmp_path / "r.json"
+    with pytest.raises(SystemExit) as info:
+        main(["diagnose", "-m", str(ROOT / "examples" / "healthy_mlp.py"), "--non-interactive", "-s", "flat",
+              "--json", str(js)])
+    err = capsys.readouterr().err
+    assert info.value.code == 0, err
+    isolation = json.loads(js.read_text())["isolation"]
+    assert isolation["mode"] == "python" and isolation["asked"] == "auto"
+    assert "Operation not permitted" in isolation["why"] and "isolation: python" in err and "Operation not permitted" in err
+    with pytest.raises(SystemExit) as refused:
+        main(["diagnose", "-m", str(ROOT / "examples" / "healthy_mlp.py"), "--non-interactive", "--isolation", "os"])
+    assert refused.value.code == 2 and "--isolation os: the namespaces could not be made" in capsys.readouterr().err

@@ -351,12 +351,12 @@ class Session:
                 self.view(event)
         elif kind in ("ask", "symptoms"):
             self._ask(conn, message)
-        elif kind == "deadline":
-            self.deadlines[message["id"]] = {"at": time.monotonic() + float(message["seconds"]), "what": message["what"],
-                                             "seconds": float(message["seconds"]), "stop": message.get("stop", True),
-                                             "stopped": None, "conn": conn}
+        elif kind == "deadline":   # (keyed by connection too: every rank of a distributed run counts its own)
+            self.deadlines[(id(conn), message["id"])] = {
+                "at": time.monotonic() + float(message["seconds"]), "what": message["what"], "id": message["id"],
+                "seconds": float(message["seconds"]), "stop": message.get("stop", True), "stopped": None, "conn": conn}
         elif kind == "clear":
-            self.deadlines.pop(message.get("id"), None)
+            self.deadlines.pop((id(conn), message.get("id")), None)
         elif kind == "report":
             self.report, self.final = message["report"], bool(message.get("final"))
             if message.get("final"):
@@ -394,6 +394,8 @@ class Session:
         from nnwizard.events import Question
 
         started = time.monotonic()
+        if self.view is not None and hasattr(self.view, "close"):
+            self.view.close()   # (no spinner over the question)
         try:
             if self.prompter is None:
                 raise KeyboardInterrupt
@@ -434,12 +436,12 @@ class Session:
 
     def _check_deadlines(self) -> None:
         now = time.monotonic()
-        for ident, d in list(self.deadlines.items()):
+        for d in list(self.deadlines.values()):
             if now < d["at"]:
                 continue
             if d["stop"] and (d["stopped"] is None or now - d["stopped"] >= 0.5):   # (again: a stop may be caught)
                 d["stopped"] = now
-                d["conn"].send({"t": "stop", "id": ident})
+                d["conn"].send({"t": "stop", "id": d["id"]})
             if now >= d["at"] + STOP_GRACE_S and self.worker.poll() is None:
                 self.deadlines.clear()
                 self.worker.kill(f"{d['what']} passed its time limit of {d['seconds']:.0f} s and did not stop when asked "

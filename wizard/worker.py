@@ -29,7 +29,7 @@ from pathlib import Path
 from nnwizard import channel, watchdog
 from nnwizard.errors import ExitCode, NNWizardError
 
-CHECKPOINT_S = 0.5   # a partial report at most this often (and always the last one)
+CHECKPOINT_S = 0.1   # a partial report at most this often (and always the last one): each costs a few ms
 
 _real_exit = os._exit
 

@@ -85,6 +85,7 @@ def main(spec: dict) -> int:
         enter(user_namespace)
         units = overlay.plan(overlay.mounts(), spec.get("roots", []), os.getuid(), os.getgid(), user_namespace)
         layers = overlay.Layers(units, spec["scratch"], user_namespace)
+        layers.keep_all = bool(spec.get("keep"))
         _check(_libc.unshare(CLONE_NEWPID), "unshare(pid namespace)")
     except OSError as exc:
         status.send(t="failed", why=str(exc.strerror or exc))

@@ -178,6 +178,7 @@ class Layers:
             if unit.kind in ("overlay", "keep"):
                 unit.source = os.open(unit.path, os.O_PATH | (os.O_DIRECTORY if os.path.isdir(unit.path) else 0))
         self.generation = 0
+        self.keep_all = False   # --keep-scratch: every generation's upper layers stay (g<N>-<unit>-u)
 
     def base(self, unit: Unit) -> str:
         return f"/proc/self/fd/{self._memory if unit.path in self._in_memory else self._disk}"
@@ -232,7 +233,7 @@ class Layers:
             umount(unit.path)
         self.generation += 1
         problems = self.mount_all()
-        for upper in old:   # the old upper layers' files (a checkpoint in memory) are let go
+        for upper in old if not self.keep_all else []:   # the old upper layers' files (a checkpoint in memory) are let go
             remove_tree(upper)
             remove_tree(upper[:-1] + "w")
         return problems
