@@ -209,12 +209,12 @@ def clobber(path):
     """, python=False),
     Case("sigint_ignored", """
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        train(steps=2000, hook=lambda step: time.sleep(0.05))   # (slow steps: the probes' reruns take a while)
+        train(steps=2000, hook=lambda step: time.sleep(0.15))   # (slow steps: the probes' reruns take a while)
     """, python=False),
     Case("sigint_handler", """
         stop = []
         signal.signal(signal.SIGINT, lambda *a: stop.append(1))   # graceful-stop code
-        train(steps=2000, hook=lambda step: time.sleep(0.05))
+        train(steps=2000, hook=lambda step: time.sleep(0.15))
     """, python=False),
     Case("retry", """
         for epoch in range(3):

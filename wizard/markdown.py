@@ -16,12 +16,12 @@ STATUS_MARK = {"passed": "✅ passed", "failed": "❌ failed", "errored": "⚠�
 
 
 _CODE = re.compile(r"(`+)(.+?)\1")
-_SPECIAL = re.compile(r"([\\*_\[\]<>|#])")
+_SPECIAL = re.compile(r"([\\*_<>|])")
 
 
 def text(value) -> str:
     """Text that came from the program or was measured in it (errors, printed lines, names), shown as itself: the
-    characters markdown reads as emphasis, links, HTML or table cells are escaped, except inside `code spans`."""
+    characters markdown reads as emphasis, HTML or table cells are escaped, except inside `code spans`."""
     value, out, last = str(value), [], 0
     for span in _CODE.finditer(value):
         out += [_SPECIAL.sub(r"\\\1", value[last:span.start()]), span.group(0)]

@@ -20,6 +20,7 @@ import ctypes
 import faulthandler
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -34,8 +35,17 @@ CHECKPOINT_S = 0.1   # a partial report at most this often (and always the last 
 _real_exit = os._exit
 
 
+INTERRUPT = signal.SIGUSR2   # the supervisor's Ctrl-C, delivered to the main thread (the script's own SIGINT handling
+                             # plays no part); a signal, not an asynchronous exception, which CPython may hand to a
+                             # thread the main thread is starting at that moment
+
+
 def _raise_in(thread_id: int, exc_type: type) -> None:
     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), ctypes.py_object(exc_type))
+
+
+def _interrupted(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 class Control:
@@ -60,7 +70,7 @@ class Control:
         kind = message.get("t")
         if kind == "interrupt":
             watchdog.request_interrupt()
-            _raise_in(threading.main_thread().ident, KeyboardInterrupt)
+            signal.pthread_kill(threading.main_thread().ident, INTERRUPT)
         elif kind == "stop" and message.get("id") in self.deadlines:
             from nnwizard.recorder import StopRun
 
@@ -200,6 +210,7 @@ def main(argv: list[str]) -> None:
     if client is None:
         sys.stderr.write("nnwizard.worker: started without a supervisor (NNWIZARD_CHANNEL is not set)\n")
         _real_exit(int(ExitCode.USAGE))
+    signal.signal(INTERRUPT, _interrupted)
     Control(client)
     faulthandler.enable()   # (stderr is the worker's log: a crash leaves Python's stack there)
     sys.dont_write_bytecode = True   # (no __pycache__ of the user's modules in their folders)

@@ -114,6 +114,7 @@ class PythonWorker:
         self.folder, self.count = folder, 0
         self.sandbox = Sandbox(None)
         self.sandbox.install()
+        self.sandbox.begin(self.scratch())   # (module mode's code, run outside any script run, is inside it too)
 
     def scratch(self) -> Path:
         self.count += 1
