@@ -1,11 +1,13 @@
 """What the supervisor and isolation add: to a whole diagnosis, and to one training step.
 
-1. Diagnosis: each bundled script of examples/scripts/ diagnosed through the real CLI (``nnwizard diagnose --script
+1. Start-up: a script that trains nothing, diagnosed in each mode (the fixed cost of the supervisor, the worker
+   process and the namespaces), repeated and interleaved.
+2. Diagnosis: each bundled script of examples/scripts/ diagnosed through the real CLI (``nnwizard diagnose --script
    PATH --non-interactive``), under ``--isolation os``, ``--isolation python``, and the former design (everything in
    the process the user started, ``NNWIZARD_IN_PROCESS=1``), the three runs of a script one after the other so that
    the machine's load weighs on each alike. Prints the median seconds of each mode and the medians of the
    per-script differences to the in-process run.
-2. Step: a training loop that reads its batches from files (a DataLoader over .pt files: open, stat and read on every
+3. Step: a training loop that reads its batches from files (a DataLoader over .pt files: open, stat and read on every
    step, what the Python sandbox patches) timed plainly, with the Python sandbox installed as a worker installs it,
    and inside the namespaces and overlays of ``--isolation os``: the median step time of each.
 
@@ -106,6 +108,25 @@ def diagnosis_overhead(only: list[str] | None, limit: int | None) -> dict:
     return {"rows": rows, "summary": summary}
 
 
+EMPTY = "import sys\nprint('nothing to train')\nsys.exit(0)\n"
+
+
+def startup_overhead(repeats: int) -> dict:
+    """The fixed cost: a script that trains nothing (the diagnosis ends after its observed run), through the CLI in
+    each mode, ``repeats`` times interleaved; the median seconds of each."""
+    times: dict[str, list[float]] = {m: [] for m in MODES}
+    with tempfile.TemporaryDirectory(prefix="nnwizard-bench-start-") as scratch:
+        script = Path(scratch) / "empty.py"
+        script.write_text(EMPTY)
+        for _ in range(repeats):
+            for mode in MODES:
+                times[mode].append(diagnose(script, mode, Path(scratch)))
+    out = {m: round(statistics.median(v), 3) for m, v in times.items()}
+    print("start-up, median seconds of a diagnosis that ends after its observed run: "
+          + ", ".join(f"{m} {v:.2f}" for m, v in out.items()), flush=True)
+    return out
+
+
 def step_overhead(steps: int) -> dict:
     import torch
 
@@ -144,10 +165,11 @@ def main() -> int:
     parser.add_argument("--only", nargs="*")
     parser.add_argument("--limit", type=int)
     parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--skip-diagnosis", action="store_true")
     parser.add_argument("--json")
     args = parser.parse_args()
-    result = {"step_ms": step_overhead(args.steps)}
+    result = {"step_ms": step_overhead(args.steps), "startup_s": startup_overhead(args.repeats)}
     if not args.skip_diagnosis:
         result["diagnosis"] = diagnosis_overhead(args.only, args.limit)
         print(json.dumps(result["diagnosis"]["summary"]))

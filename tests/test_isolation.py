@@ -395,3 +395,50 @@ def test_auto_falls_back_to_python_isolation_and_says_why(monkeypatch, capsys, t
     with pytest.raises(SystemExit) as refused:
         main(["diagnose", "-m", str(ROOT / "examples" / "healthy_mlp.py"), "--non-interactive", "--isolation", "os"])
     assert refused.value.code == 2 and "--isolation os: the namespaces could not be made" in capsys.readouterr().err
+
+
+WATCHED = '''
+import signal, sys, time
+import torch
+from torch import nn
+
+if "--ignore-sigint" in sys.argv:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+torch.manual_seed(0)
+model = nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x, y = torch.randn(64, 4), torch.randint(0, 2, (64,))
+for step in range(int(sys.argv[1])):
+    opt.zero_grad()
+    nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+    if "--slow" in sys.argv:
+        print("step", step, flush=True)
+        time.sleep(0.1)
+sys.exit(3)
+'''
+
+
+def test_watch_runs_the_real_script_in_a_worker_and_keeps_its_exit_code(tmp_path):
+    (tmp_path / "train.py").write_text(WATCHED)
+    done = subprocess.run([sys.executable, "-m", "nnwizard", "watch", "--script", "train.py", "--out", "w", "--", "30"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 3, done.stderr
+    assert "30 optimizer steps watched" in done.stderr
+    assert len((tmp_path / "w" / "watch.jsonl").read_text().splitlines()) >= 3
+
+
+@pytest.mark.slow
+def test_ctrl_c_ends_a_watched_run_that_ignores_sigint(tmp_path):
+    (tmp_path / "train.py").write_text(WATCHED)
+    tag = os.urandom(6).hex()
+    proc = subprocess.Popen([sys.executable, "-m", "nnwizard", "watch", "--script", "train.py", "--out", "w", "--",
+                             "100000", "--slow", "--ignore-sigint"], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "NNWIZARD_TEST_TAG": tag})
+    first = proc.stdout.readline()
+    assert first.startswith("step"), first + proc.stderr.read()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    time.sleep(0.3)
+    assert not leftovers(tag)

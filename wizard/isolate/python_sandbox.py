@@ -124,8 +124,7 @@ class Sandbox:
         self.removed: set[str] = set(removed or [])   # deleted by the script (the originals stay)
         self.opaque: set[str] = set()                  # folders deleted and made again: originals below them are gone
         self._log_size = -1                            # (deletions are shared with child processes through a file)
-        self._shared = ENV in os.environ
-        self._read_log()
+        self._shared = False                           # (True once a child process was started, and in a child)
         self.cwd = Path(cwd or os.getcwd()).resolve()
         self._exempt = [os.devnull, "/proc", "/sys", "/dev"] + ([str(self.scratch)] if self.scratch else [])
         home = Path.home()
@@ -207,7 +206,7 @@ class Sandbox:
         """Deletions made by the script's multiprocessing children (and theirs, by the parent)."""
         log = self._log()
         try:
-            size = os.stat(log).st_size if log else -1
+            size = _real["stat"](log).st_size if log else -1
         except OSError:
             return
         if size != self._log_size:
@@ -755,8 +754,10 @@ def child_main() -> None:
     """A multiprocessing child: install the parent's sandbox, then run ``-c CODE`` as the interpreter would."""
     config = json.loads(os.environ.get(ENV) or "{}")
     if config.get("scratch"):
-        sandbox = Sandbox(Path(config["scratch"]))
+        sandbox = Sandbox(None)
         sandbox.begin(Path(config["scratch"]), config.get("cwd"))
+        sandbox._shared = True   # (what the parent and its other children delete, this one sees gone, and the reverse)
+        sandbox._read_log()
         sandbox.install()
     args = sys.argv[1:]
     code = args[args.index("-c") + 1] if "-c" in args else ""
@@ -793,7 +794,7 @@ _real = {
     "open": builtins.open, "FileIO": io.FileIO, "os_open": os.open, "mkdir": os.mkdir, "makedirs": _real_makedirs,
     "rmtree": shutil.rmtree, "unlink": os.unlink, "rmdir": os.rmdir, "rename": os.rename, "replace": os.replace,
     "listdir": os.listdir, "scandir": os.scandir, "link": os.link, "symlink": os.symlink,
-    "exists": _real_test(lambda mode: True), "lexists": _real_test(lambda mode: True, follow=False),
+    "stat": os.stat, "exists": _real_test(lambda mode: True), "lexists": _real_test(lambda mode: True, follow=False),
     "isdir": _real_test(_stat.S_ISDIR), "isfile": _real_test(_stat.S_ISREG),
     "islink": _real_test(_stat.S_ISLNK, follow=False),
 }
