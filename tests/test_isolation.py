@@ -376,7 +376,7 @@ def _namespaces_refused(monkeypatch):
         self.pgid = self.proc.pid
 
     monkeypatch.setattr(supervisor.Worker, "__init__", init)
-    monkeypatch.setattr(supervisor, "static_reason", lambda: None)
+    monkeypatch.setattr("nnwizard.isolate.static_reason", lambda: None)
 
 
 def test_auto_falls_back_to_python_isolation_and_says_why(monkeypatch, capsys, tmp_path):

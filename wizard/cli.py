@@ -242,7 +242,7 @@ def probes_list() -> None:
 
 
 def _crash(exc: BaseException) -> int:
-    from nnwizard.supervisor import crash_log
+    from nnwizard.processes import crash_log
 
     log = crash_log("".join(traceback.format_exception(exc)))
     print(f"nnwizard: internal error: {type(exc).__name__}: {exc}. This is a bug in nnwizard; the traceback "
@@ -252,7 +252,7 @@ def _crash(exc: BaseException) -> int:
 
 def main(argv: list[str] | None = None) -> None:
     if argv is None:   # the nnwizard command itself: what its workers' trees orphan is adopted, and ended with them
-        from nnwizard.supervisor import become_subreaper
+        from nnwizard.processes import become_subreaper
 
         become_subreaper()
     try:

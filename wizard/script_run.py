@@ -45,7 +45,6 @@ from typing import Any, Callable
 import torch
 
 from nnwizard import isolate, watchdog
-from nnwizard.errors import UsageError
 from nnwizard.isolate.python_sandbox import Sandbox  # noqa: F401 - (its home was here)
 from nnwizard.recorder import Recorder, Recording, StopRun, plain_text
 from nnwizard.script_file import Script, load_script  # noqa: F401 - (their home was here)

@@ -206,7 +206,8 @@ COMMANDS = {"diagnose": diagnose, "watch": watch, "replay": replay}
 
 def main(argv: list[str]) -> None:
     job = json.loads(argv[0])
-    client = channel.Client.from_env({"role": "worker", "command": job["command"]})
+    client = channel.Client.from_env({"role": "worker", "command": job["command"],   # (a rank of a distributed run says which)
+                                      "rank": os.environ.get("RANK"), "world_size": os.environ.get("WORLD_SIZE")})
     if client is None:
         sys.stderr.write("nnwizard.worker: started without a supervisor (NNWIZARD_CHANNEL is not set)\n")
         _real_exit(int(ExitCode.USAGE))

@@ -12,6 +12,7 @@ files written and deleted after it.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import socket
@@ -20,6 +21,8 @@ import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from nnwizard.errors import UsageError
 
 MODES = ("auto", "os", "python", "none")
 OVERLAY_ENV = "NNWIZARD_OVERLAY_FD"      # (namespaces.CONTROL_ENV) init's control socket, in the worker
@@ -67,6 +70,40 @@ def static_reason() -> str | None:
     return None
 
 
+TRACKERS = "experiment trackers offline, writing into nnwizard's scratch folder (wandb, MLflow, Comet, Neptune, ClearML, SwanLab)"
+
+
+def decide(asked: str) -> Decision:
+    if asked not in MODES:
+        raise UsageError(f"--isolation {asked!r}: choose one of {', '.join(MODES)}")
+    if asked in ("python", "none"):
+        return Decision(asked, asked)
+    reason = static_reason()
+    if reason is None:
+        return Decision("os", asked)
+    if asked == "os":
+        raise UsageError(f"--isolation os: {reason}; use --isolation python")
+    return Decision("python", asked, why=f"OS isolation is not available ({reason})")
+
+
+def tracker_env(folder: Path, mode: str) -> dict[str, str]:
+    """The experiment trackers' documented switches: offline, into ``folder`` (wandb's offline mode runs a
+    background process, which ``--isolation python`` cannot follow: there it is disabled)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    return {"WANDB_MODE": "disabled" if mode == "python" else "offline", "WANDB_DIR": str(folder), "WANDB_SILENT": "true",
+            "MLFLOW_TRACKING_URI": f"file:{folder / 'mlruns'}", "COMET_START_ONLINE": "false",
+            "COMET_OFFLINE_DIRECTORY": str(folder / "comet"), "NEPTUNE_MODE": "offline", "CLEARML_OFFLINE_MODE": "1",
+            "SWANLAB_MODE": "offline", "PYTHONDONTWRITEBYTECODE": "1"}
+
+
+def write_roots(opts_script: str | None) -> list[str]:
+    """Places a script likely writes: the working folder, its own folder, home, the temp folders."""
+    roots = [os.getcwd(), str(Path.home()), tempfile.gettempdir(), "/var/tmp", os.environ.get("XDG_RUNTIME_DIR", "")]
+    if opts_script and Path(opts_script).exists():
+        roots.append(str(Path(opts_script).resolve().parent))
+    return [r for r in dict.fromkeys(roots) if r and os.path.isdir(r)]
+
+
 # ------------------------------------------------------------------------------------------- worker side
 class RunFiles:
     """What one run wrote (``[(path as the script used it, where the content is kept)]``) and deleted."""
@@ -87,7 +124,9 @@ class InProcess:
     mode = "python"
 
     def scratch(self) -> Path:
-        return Path(tempfile.mkdtemp(prefix="nnwizard-script-"))
+        path = Path(tempfile.mkdtemp(prefix="nnwizard-script-"))
+        atexit.register(_remove, path)   # (the runs of this process may read it until it ends; then it goes)
+        return path
 
     @contextmanager
     def run(self, sandboxed: bool, scratch: Path | None):
@@ -191,6 +230,12 @@ class NoIsolation:
     @contextmanager
     def run(self, sandboxed: bool, scratch: Path | None):
         yield RunFiles()
+
+
+def _remove(path: Path) -> None:
+    from nnwizard.isolate.overlay import remove_tree
+
+    remove_tree(str(path))
 
 
 def _shown(path: str, home: str) -> str:
