@@ -58,6 +58,7 @@ class Session:
         self.exit_code: int | None = None
         self.cuda_lost: dict | None = None
         self.worker: Worker | None = None
+        self.stop_caught: str | None = None   # the script caught its run's stop and went on (the worker said so)
 
     # -- running ---------------------------------------------------------------------------------
     def run(self) -> None:
@@ -158,6 +159,7 @@ class Session:
         elif event.kind == "script-note":
             self.notes.append(event.data.get("text", ""))
             if event.data.get("kind") == "stop-caught":   # the run goes on after its stop: it is stopped now
+                self.stop_caught = event.data.get("text")
                 for deadline in self.deadlines.values():
                     deadline["at"] = min(deadline["at"], time.monotonic() + 1.0)
         elif event.kind == "probe-start":
@@ -219,9 +221,14 @@ class Session:
                 d["conn"].send({"t": "stop", "id": d["id"]})
             if now >= d["at"] + STOP_GRACE_S and self.worker.poll() is None:
                 self.deadlines.clear()
-                self.worker.kill(f"{d['what']} passed its time limit of {d['seconds']:.0f} s and did not stop when asked "
-                                 f"(the script may catch BaseException, or block in native code): nnwizard ended its "
-                                 f"processes {STOP_GRACE_S:.0f} s later")
+                if self.stop_caught:
+                    why = (f"{d['what']} went on after nnwizard stopped it: the script catches BaseException (nnwizard's "
+                           f"stop, and with it KeyboardInterrupt and SystemExit) and carries on, and did not stop when "
+                           f"asked again")
+                else:
+                    why = (f"{d['what']} passed its time limit of {d['seconds']:.0f} s and did not stop when asked (the "
+                           f"script may catch BaseException, or block in native code)")
+                self.worker.kill(f"{why}: nnwizard ended its processes {STOP_GRACE_S:.0f} s later")
                 return
 
     def cleanup(self) -> None:

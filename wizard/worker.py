@@ -48,6 +48,19 @@ def _interrupted(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
+def _deadline_stop() -> type:
+    """The run's StopRun, as raised at the supervisor's deadline (an asynchronous exception is raised as its class:
+    the class carries the message)."""
+    from nnwizard.recorder import StopRun
+
+    class DeadlineStop(StopRun):
+        def __str__(self) -> str:
+            return ("nnwizard's time limit for the run passed and the script was still running (its own alarm or "
+                    "signal handling, or a loop that catches BaseException, kept it going)")
+
+    return DeadlineStop
+
+
 class Control:
     """Acts on the supervisor's messages: Ctrl-C (a KeyboardInterrupt in the main thread), a deadline passed (the
     run's StopRun in the thread that armed it); the supervisor gone (the worker ends)."""
@@ -72,9 +85,7 @@ class Control:
             watchdog.request_interrupt()
             signal.pthread_kill(threading.main_thread().ident, INTERRUPT)
         elif kind == "stop" and message.get("id") in self.deadlines:
-            from nnwizard.recorder import StopRun
-
-            _raise_in(self.deadlines[message["id"]], StopRun)
+            _raise_in(self.deadlines[message["id"]], _deadline_stop())
         elif kind == "gone" and not self.client.closing:   # (the supervisor died: nothing left to work for)
             _real_exit(int(ExitCode.INTERRUPTED))
 

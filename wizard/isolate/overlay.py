@@ -29,8 +29,9 @@ SKIPPED_ROOTS = ("/proc", "/sys", "/dev")   # top-level folders that hold pseudo
 FRESH_TMPFS = ("/dev/shm",)                 # shared memory: an empty tmpfs of its own (nothing there is the user's)
 
 _libc = ctypes.CDLL(None, use_errno=True)
-_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
-_libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+if hasattr(_libc, "umount2"):   # (Linux: elsewhere only remove_tree is used)
+    _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+    _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
 
 
 def _b(value):
