@@ -21,7 +21,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from nnwizard.probes.api import ProbeContext, passed, probe, skipped
-from nnwizard.probes.intervene import _on_script
+from nnwizard.probes.intervene import on_script
 from nnwizard.probes.leakage import leakage_audit
 from nnwizard.script_target import main_model
 
@@ -50,7 +50,7 @@ def _stack(parts: list) -> torch.Tensor | None:
     timeout_s=90,
     cost=3,
 )
-@_on_script
+@on_script
 def script_leakage(ctx: ProbeContext, target):
     from nnwizard.probes.script_metrics import evaluation_capture
 

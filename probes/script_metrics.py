@@ -32,7 +32,7 @@ import torch
 from nnwizard.probes._metrics import judge
 from nnwizard.probes.api import ProbeContext, failed, passed, probe, skipped
 from nnwizard.record.tracers import Reductions as _Reductions
-from nnwizard.probes.intervene import _on_script
+from nnwizard.probes.intervene import on_script
 
 MAX_SAMPLES = 50_000      # evaluation outputs kept (rows)
 CAPTURE_BATCHES = 4       # batches per DataLoader pass (and slice loop) in the evaluation-capture rerun
@@ -337,7 +337,7 @@ def observed_accuracy_lines(run) -> list[str]:
     timeout_s=90,
     cost=4,
 )
-@_on_script
+@on_script
 def script_metric_audit(ctx: ProbeContext, target):
     printed = observed_accuracy_lines(target.run)
     if not printed:

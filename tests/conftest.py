@@ -54,3 +54,35 @@ def example():
 @pytest.fixture
 def probe_on():
     return run_probe_on
+
+
+def patch_worker(monkeypatch, code: str) -> None:
+    """Run ``code`` first in every worker that the CLI called in this process starts (the worker is a process of
+    its own: a monkeypatch here does not reach it)."""
+    import json
+
+    from nnwizard import supervisor
+
+    def argv(self):
+        return [sys.executable, "-c", f"{code}\nimport sys\nfrom nnwizard.worker import main\nmain(sys.argv[1:])",
+                json.dumps(self.job)]
+
+    monkeypatch.setattr(supervisor.Launch, "argv", argv)
+
+
+def signal_when(monkeypatch, wanted) -> None:
+    """Send this process SIGINT (what Ctrl-C sends) once the live view gets an event for which ``wanted(event)``
+    is true: a Ctrl-C at a chosen point of a diagnosis whose supervisor is this process."""
+    import signal
+
+    from nnwizard.view import TerminalView
+
+    real, sent = TerminalView.__call__, []
+
+    def view(self, event):
+        real(self, event)
+        if not sent and wanted(event):
+            sent.append(event)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(TerminalView, "__call__", view)

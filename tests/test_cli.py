@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import time
 
 import pytest
 
@@ -104,37 +106,31 @@ def test_trees_and_probes_commands(capsys):
 
 
 def test_internal_error_exit_3_with_crash_log(capsys, monkeypatch):
-    import nnwizard.session as session
+    from tests.conftest import patch_worker
 
-    def explode(opts, listener=None):
-        raise AttributeError("an nnwizard bug")
-
-    monkeypatch.setattr(session, "diagnose", explode)
+    patch_worker(monkeypatch, "import nnwizard.session as s\ndef explode(*a, **k):\n    raise AttributeError('an nnwizard bug')\n"
+                              "s.diagnose = explode")
     code, _, err = cli(capsys, "diagnose", "-m", HEALTHY, "--non-interactive")
-    assert code == 3 and "internal error" in err and "nnwizard-crash.log" in err
+    assert code == 3 and "internal error: AttributeError: an nnwizard bug" in err and "nnwizard-crash-" in err
+    log = err.split("the traceback is in ")[1].split()[0].rstrip(".")
+    assert "an nnwizard bug" in open(log).read()
 
 
 def test_interrupt_writes_partial_report_and_exits_130(capsys, tmp_path, monkeypatch):
-    import nnwizard.engine as engine_module
+    from tests.conftest import signal_when
 
-    real, calls = engine_module.run_probe, {"n": 0}
-
-    def interrupt_third(spec, ctx, timeout=None, *rest):
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise KeyboardInterrupt
-        return real(spec, ctx, timeout, *rest)
-
-    monkeypatch.setattr(engine_module, "run_probe", interrupt_third)
+    ended = []
+    signal_when(monkeypatch, lambda event: event.kind == "probe-end" and len(ended.append(1) or ended) == 2)
     js, md = tmp_path / "p.json", tmp_path / "p.md"
-    code, _, _ = cli(capsys, "diagnose", "-m", NO_STEP, "--non-interactive", "-s", "flat", "--json", str(js), "--report", str(md), "-q")
+    code, _, _ = cli(capsys, "diagnose", "-m", NO_STEP, "--non-interactive", "-s", "flat", "--json", str(js), "--report", str(md))
     assert code == 130
     report = json.loads(js.read_text())
-    assert report["interrupted"] is True and len(report["probes"]) == 2
+    assert report["interrupted"] is True and len(report["probes"]) >= 2
     assert "Interrupted" in md.read_text()
 
 
 SCRIPT = '''
+import time
 import torch
 from torch import nn
 
@@ -142,40 +138,59 @@ torch.manual_seed(0)
 model = nn.Linear(4, 2)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 x, y = torch.randn(32, 4), torch.randint(0, 2, (32,))
-for step in range(100):
+for step in range(100000):
     opt.zero_grad()
     loss = nn.functional.cross_entropy(model(x), y)
     loss.backward()
     opt.step()
-    if step == STOP:
-        raise KeyboardInterrupt  # what Ctrl-C raises in the script's own frame
+    if step >= STOP:
+        time.sleep(0.05)  # the user presses Ctrl-C about here
 '''
 
 
 @pytest.mark.parametrize("stop", [4, -1])
-def test_ctrl_c_in_the_observed_run_writes_what_was_recorded_and_exits_130(capsys, tmp_path, stop):
+def test_ctrl_c_in_the_observed_run_writes_what_was_recorded_and_exits_130(capsys, tmp_path, monkeypatch, stop):
+    from tests.conftest import signal_when
+
     path = tmp_path / "train.py"
-    body = SCRIPT.replace("STOP", str(stop)) if stop >= 0 else SCRIPT.replace("for step", "raise KeyboardInterrupt\nfor step")
-    path.write_text(body.replace("if step == -1:", "if False:"))
+    body = SCRIPT.replace("STOP", str(stop)) if stop >= 0 else SCRIPT.replace("for step", "while True:\n    time.sleep(0.05)\nfor step")
+    path.write_text(body)
+    if stop >= 0:
+        signal_when(monkeypatch, lambda event: event.kind == "script-progress" and event.data["step"] > stop)
+    else:
+        signal_when(monkeypatch, lambda event: event.kind == "script-start" and time.sleep(2) is None)
     js, md = tmp_path / "p.json", tmp_path / "p.md"
-    code, _, _ = cli(capsys, "diagnose", "--script", str(path), "--non-interactive", "--json", str(js), "--report", str(md), "-q")
+    code, _, _ = cli(capsys, "diagnose", "--script", str(path), "--non-interactive", "--json", str(js), "--report", str(md), "-q",
+                     "--max-steps", "100000")
     report = json.loads(js.read_text())
     assert code == 130 and report["interrupted"] is True and report["verdict"] != "healthy"
-    assert report["script"]["exit"] == "interrupted" and report["script"]["steps"] == max(stop + 1, 0)
+    assert report["script"]["exit"] == "interrupted" and (report["script"]["steps"] > stop if stop >= 0 else report["script"]["steps"] == 0)
     text = md.read_text()
     assert "interrupted (Ctrl-C)" in text
     assert ("nothing to diagnose yet" in text) == (stop < 0)
 
 
-def test_ctrl_c_before_anything_was_measured_is_one_line_and_130(capsys, monkeypatch):
-    import nnwizard.session as session
+def test_the_script_raising_keyboard_interrupt_itself_is_a_crash_not_a_ctrl_c(capsys, tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text(SCRIPT.replace("STOP", "4").replace("time.sleep(0.05)  # the user presses Ctrl-C about here",
+                                                      "raise KeyboardInterrupt"))
+    js = tmp_path / "p.json"
+    code, _, _ = cli(capsys, "diagnose", "--script", str(path), "--non-interactive", "--json", str(js), "-q")
+    report = json.loads(js.read_text())
+    assert code == 0 and report["interrupted"] is False and report["verdict"] == "inconclusive"
+    assert report["script"]["error"]["type"] == "KeyboardInterrupt"
 
-    def interrupted(*args, **kwargs):
-        raise KeyboardInterrupt
 
-    monkeypatch.setattr(session, "diagnose", interrupted)
-    code, _, err = cli(capsys, "diagnose", "-m", HEALTHY, "--non-interactive")
-    assert code == 130 and err.strip().endswith("nnwizard: interrupted")
+def test_ctrl_c_before_anything_was_measured_is_130(capsys, monkeypatch, tmp_path):
+    import signal
+    import threading
+
+    js = tmp_path / "p.json"
+    threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+    code, _, err = cli(capsys, "diagnose", "-m", HEALTHY, "--non-interactive", "--json", str(js))
+    assert code == 130 and "nnwizard: interrupted" in err
+    report = json.loads(js.read_text())
+    assert report["interrupted"] is True and report["verdict"] == "inconclusive" and not report["probes"]
 
 
 def test_a_script_that_raises_unexplained_says_so_in_the_verdict(capsys, tmp_path):

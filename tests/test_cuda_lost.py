@@ -44,11 +44,15 @@ MODULE = textwrap.dedent('''
 ''')
 
 
-# the CLI, in a process whose synchronize answers as a dead context does once the user's code has "asserted"
-# (set FAKE_CUDA_DEAD); the re-run it starts (python -m nnwizard, CUDA hidden) is the real CLI, unpatched
-FAKE_DEAD_CONTEXT = ("import os, sys; from nnwizard import cuda_lost; cuda_lost._context_error = lambda: RuntimeError("
-                     "'CUDA error: device-side assert triggered') if os.environ.get('FAKE_CUDA_DEAD') else None; "
-                     "from nnwizard.cli import main; main(sys.argv[1:])")
+# the CLI, whose workers' synchronize answers as a dead context does once the user's code has "asserted" (set
+# FAKE_CUDA_DEAD in that worker); the re-run on the CPU is a fresh worker (CUDA hidden), where it is not set
+_WORKER_PATCH = ("import os\nfrom nnwizard import cuda_lost\n"
+                 "cuda_lost._context_error = lambda: (RuntimeError('CUDA error: device-side assert triggered')\n"
+                 "                                    if os.environ.get('FAKE_CUDA_DEAD') else None)\n"
+                 "import sys\nfrom nnwizard.worker import main\nmain(sys.argv[1:])\n")
+FAKE_DEAD_CONTEXT = ("import json, sys\nfrom nnwizard import supervisor\n"
+                     f"supervisor.Launch.argv = lambda self: [sys.executable, '-c', {_WORKER_PATCH!r}, json.dumps(self.job)]\n"
+                     "from nnwizard.cli import main\nmain(sys.argv[1:])\n")
 
 
 def test_sticky_errors_are_told_from_others():

@@ -7,7 +7,6 @@ import difflib
 import functools
 import os
 import sys
-import tempfile
 import traceback
 from pathlib import Path
 from typing import List, Optional
@@ -114,6 +113,8 @@ def diagnose(
     save_answers_path: Optional[Path] = typer.Option(None, "--save-answers", help="Where an interactive session saves its answers (default nnwizard-answers.yaml)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Only the final table.", **_env("quiet")),
     nproc: Optional[int] = typer.Option(None, "--nproc", help="Script mode: run the script on N ranks as `torchrun --standalone --nproc_per_node=N` would (gloo on the CPU, nccl on GPUs) and audit the ranks against each other.", **_env("nproc")),
+    isolation: str = typer.Option("auto", "--isolation", help="How the program is kept from your files: auto (os where the system allows it, else python), os (Linux namespaces and copy-on-write overlays), python (patched file functions), none (its side effects are real).", **_env("isolation")),
+    keep_scratch: bool = typer.Option(False, "--keep-scratch", help="Keep nnwizard's scratch folder (what the program wrote, the worker's log) and print where it is."),
 ) -> None:
     """Diagnose a training module or script: ask what you see, measure, and rank the hypotheses.
 
@@ -128,9 +129,17 @@ def diagnose(
         max_steps=max_steps, nproc=nproc,
     )
     check(opts)   # bad usage is answered here, before torch is imported
-    from nnwizard.session import run_session
+    from nnwizard.distributed.env import in_torchrun
 
-    raise typer.Exit(int(run_session(opts)))
+    if opts.nproc or in_torchrun() or os.environ.get("NNWIZARD_IN_PROCESS") == "1":
+        # distributed training (CONTRACT §8): the launcher's ranks are the workers; NNWIZARD_IN_PROCESS (internal):
+        # the diagnosis in this process, for benchmarks/supervisor_overhead.py
+        from nnwizard.session import run_session
+
+        raise typer.Exit(int(run_session(opts)))
+    from nnwizard.supervisor import diagnose as supervised
+
+    raise typer.Exit(supervised(opts, isolation, keep_scratch))
 
 
 @trees_app.command("list")
@@ -219,16 +228,17 @@ def watch(
     args = _script_args(ctx)
     from nnwizard.script_spec import load_script
 
-    load_script(script)   # a missing script or a syntax error is answered before torch is imported
+    load_script(script, import_names=False)   # a missing script or a syntax error is answered before torch is imported
     from nnwizard.distributed.env import in_torchrun
 
     if nproc or in_torchrun():   # distributed training (CONTRACT §8)
         from nnwizard.distributed.watch import run_watch
 
         raise typer.Exit(run_watch(script, args, out, on_anomaly, every, nproc))
-    from nnwizard.watch_cmd import run
+    from nnwizard.supervisor import passthrough
 
-    raise typer.Exit(run(script, args, out, on_anomaly, every))
+    raise typer.Exit(passthrough({"command": "watch", "options": {"script": script, "args": args, "out": str(out),
+                                                                  "on_anomaly": on_anomaly, "every": every}}))
 
 
 @app.command()
@@ -242,9 +252,14 @@ def replay(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Only the final table.", **_env("quiet")),
 ) -> None:
     """Diagnose exactly the step a watch bundle saved: the op and line, the batch, lr/10 and clipping."""
-    from nnwizard.replay import run
+    from nnwizard.supervisor import passthrough
 
-    raise typer.Exit(run(bundle, json_path, report_path, device, seed, quiet))
+    for flag, path in (("--json", json_path), ("--report", report_path)):
+        if path is not None and not path.resolve().parent.is_dir():
+            raise UsageError(f"{flag} {path}: the folder {path.resolve().parent} does not exist")
+    raise typer.Exit(passthrough({"command": "replay", "options": {
+        "bundle": str(bundle), "json_path": json_path and str(json_path), "report_path": report_path and str(report_path),
+        "device": device, "seed": seed, "quiet": quiet}}))
 
 
 @probes_app.command("list")
@@ -262,12 +277,9 @@ def probes_list() -> None:
 
 
 def _crash(exc: BaseException) -> int:
-    log = Path(tempfile.gettempdir()) / "nnwizard-crash.log"
-    log.write_text(
-        f"nnwizard {nnwizard.__version__} python {sys.version.split()[0]}\n{' '.join(sys.argv)}\n\n"
-        + "".join(traceback.format_exception(exc)),
-        encoding="utf-8",
-    )
+    from nnwizard.processes import crash_log
+
+    log = crash_log("".join(traceback.format_exception(exc)))
     print(f"nnwizard: internal error: {type(exc).__name__}: {exc}. This is a bug in nnwizard; the traceback "
           f"is in {log}.", file=sys.stderr)
     return int(ExitCode.INTERNAL)
@@ -284,6 +296,10 @@ def _split_dashes(args: list[str]) -> tuple[list[str], list[str] | None]:
 
 def main(argv: list[str] | None = None) -> None:
     global _after_dashes
+    if argv is None:   # the nnwizard command itself: what its workers' trees orphan is adopted, and ended with them
+        from nnwizard.processes import become_subreaper
+
+        become_subreaper()
     try:
         args, _after_dashes = _split_dashes(list(sys.argv[1:] if argv is None else argv))
         defaults, _ = default_map()

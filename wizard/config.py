@@ -29,7 +29,7 @@ from nnwizard.errors import UsageError
 # the settings each command takes from the config file and the environment (its long flag names)
 SETTINGS: dict[str, tuple[str, ...]] = {
     "diagnose": ("symptom", "device", "seed", "fail-on", "strict", "max-steps", "non-interactive", "budget",
-                 "probe-timeout", "trees", "quiet", "json", "report"),
+                 "probe-timeout", "trees", "quiet", "json", "report", "isolation"),
     "watch": ("out", "on-anomaly", "every"),
     "replay": ("device", "seed", "quiet", "json", "report"),
 }

@@ -15,6 +15,7 @@ from nnwizard.catalog import Catalog
 from nnwizard.isolation import GRACE_S, run_probe
 from nnwizard.probes.api import ProbeContext, ProbeResult, cannot_run, could_not_run, get, moot_result
 from nnwizard.cuda_lost import CudaContextLost
+from nnwizard.events import Event, Question  # noqa: F401 - (re-exported: their home was here)
 from nnwizard.ranking import Evidence, Ranked, rank
 from nnwizard.tailor import tailor
 from nnwizard.target import Target
@@ -26,27 +27,10 @@ MAX_TREES = 64
 CONFIRMED = 0.85
 
 
-@dataclass
-class Question:
-    key: str
-    text: str
-    choices: dict[str, str]
-    default: str | None = None
-    help: str | None = None
-
-
 class Prompter(Protocol):
     def choose_symptoms(self, choices: dict[str, str]) -> list[str]: ...
 
     def ask(self, question: Question) -> str: ...
-
-
-@dataclass
-class Event:
-    kind: str  # budget | tree-start | question | answer | probe-start | probe-progress | probe-end | conclusion | tree-end
-    tree: str = ""
-    node: str = ""
-    data: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -114,8 +98,10 @@ class Engine:
         probe_timeout: float | None = None,
         listener: Callable[[Event], None] | None = None,
         budget: Budget | None = None,
+        checkpoint: Callable[[Diagnosis], None] | None = None,
     ):
         self.target, self.trees, self.catalog, self.prompter = target, trees, catalog, prompter
+        self.checkpoint = checkpoint  # gets a partial Diagnosis after each probe (a worker streams it to its supervisor)
         self.seed, self.probe_timeout, self.budget = seed, probe_timeout, budget
         self.listener = listener or (lambda event: None)
         self._cache: dict[tuple, ProbeResult] = {}
@@ -130,8 +116,8 @@ class Engine:
     # ------------------------------------------------------------------------------------ public
     def run(self, symptoms: list[str] | None = None, answers: dict[str, str] | None = None) -> Diagnosis:
         given = list(symptoms or [])
-        diagnosis = Diagnosis(self.target, self.seed, symptoms=[], given_symptoms=given, answers=dict(answers or {}),
-                              budget=self.budget)
+        diagnosis = self._building = Diagnosis(self.target, self.seed, symptoms=[], given_symptoms=given,
+                                               answers=dict(answers or {}), budget=self.budget)
         try:
             if not given:
                 with paused(self.budget):
@@ -164,6 +150,17 @@ class Engine:
         tailor(diagnosis)
         diagnosis.duration_s = round(time.time() - diagnosis.started, 2)
         return diagnosis
+
+    def partial(self) -> Diagnosis:
+        """What the diagnosis under way holds now, ranked: the measurements so far, as a report would show them."""
+        d = self._building
+        snap = Diagnosis(d.target, d.seed, symptoms=list(d.symptoms), given_symptoms=list(d.given_symptoms),
+                         answers=dict(d.answers), evidence=list(d.evidence), trees=list(d.trees), budget=d.budget,
+                         started=d.started, results=list(d.results) + [r for k, r in self._cache.items() if k not in self._reported])
+        snap.ranked = rank(snap.evidence, self.catalog)
+        tailor(snap)
+        snap.duration_s = round(time.time() - snap.started, 2)
+        return snap
 
     # ---------------------------------------------------------------------------------- schedule
     def _cheap_first(self, trees: list[Tree]) -> None:
@@ -402,4 +399,6 @@ class Engine:
             self.budget.timeouts += 1
         self._cache[key] = result
         self.listener(Event("probe-end", tree.id, name, {"result": result}))
+        if self.checkpoint is not None and getattr(self, "_building", None) is not None:
+            self.checkpoint(self.partial())
         return result

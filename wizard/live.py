@@ -12,9 +12,24 @@ EVERY_S = 0.25
 
 
 class Progress:
+    """Also says, once, when the script went on training after nnwizard stopped its run (it catches the stop, a
+    BaseException): the supervisor then ends it at once instead of waiting for the deadline's grace."""
+
     def __init__(self, listener, every_s: float = EVERY_S):
         self.listener, self.every_s = listener, every_s
         self._last = 0.0
+        self._said = False
+
+    def on_backward(self, rec, loss) -> None:
+        stopped = rec.recording.stopped
+        if stopped and not self._said:   # (a backward pass after the stop: the script trains on)
+            from nnwizard.engine import Event
+
+            self._said = True
+            note = (f"the script went on training after nnwizard stopped its run ({stopped}) after step "
+                    f"{rec.recording.total_steps}: it catches the stop (a BaseException) and carries on")
+            rec.recording.notes.append(note)
+            self.listener(Event("script-note", data={"text": note, "kind": "stop-caught"}))
 
     def on_step_post(self, rec, optimizer, step) -> None:
         now = time.monotonic()

@@ -4,7 +4,9 @@ replay's report opens with the replayed step and the op it localised."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from typing import Any, Iterable
 
 from nnwizard.plots import render
 from nnwizard.probes.api import BarPlot, ImageGrid, LinePlot, Table
@@ -16,8 +18,29 @@ ARTIFACTS = {"line": LinePlot, "bar": BarPlot, "images": ImageGrid, "table": Tab
 STATUS_MARK = {"passed": "✅ passed", "failed": "❌ failed", "errored": "⚠️ errored", "skipped": "⏭ skipped"}
 
 
+_CODE = re.compile(r"(`+)(.+?)\1")
+_SPECIAL = re.compile(r"([\\*_<>|])")
+
+
+def text(value) -> str:
+    """Text that came from the program or was measured in it (errors, printed lines, names), shown as itself: the
+    characters markdown reads as emphasis, HTML or table cells are escaped, except inside `code spans`."""
+    value, out, last = str(value), [], 0
+    for span in _CODE.finditer(value):
+        out += [_SPECIAL.sub(r"\\\1", value[last:span.start()]), span.group(0)]
+        last = span.end()
+    out.append(_SPECIAL.sub(r"\\\1", value[last:]))
+    return "".join(out)
+
+
+def fence(lines: list[str]) -> str:
+    """A code fence longer than any run of backticks in ``lines`` (printed output may hold some)."""
+    longest = max((len(run) for line in lines for run in re.findall(r"`+", line)), default=0)
+    return "`" * max(3, longest + 1)
+
+
 def _cell(value) -> str:
-    return str(value).replace("|", "\\|").replace("\n", " ")
+    return text(value).replace("\n", " ")
 
 
 def markdown_table(columns: list[str], rows: list[list], marked: list[int] = ()) -> list[str]:
@@ -37,7 +60,7 @@ def _distributed_lines(d: dict) -> list[str]:
                            f"{d.get('device')}), {d.get('seconds', 0):.1f} s." + (f" {d['note']}." if d.get("note") else ""), ""]
     if d.get("aborted"):
         out += [f"The watchdog stopped every rank: {d['aborted'].get('text', '')}.", ""]
-    out += _table(["rank", "steps", "collectives", "ended", "files written"],
+    out += markdown_table(["rank", "steps", "collectives", "ended", "files written"],
                   [[r["rank"], r.get("steps"), r.get("collectives"), r["ended"], ", ".join(r.get("files_written", [])[:4])]
                    for r in d["ranks"]]) + [""]
     out += [f"Probes on every rank's recording: {', '.join(f'`{p}`' for p in d.get('probes_on_all_ranks', []))}."]
@@ -77,14 +100,17 @@ def render_markdown(report: Report, path: str | Path) -> Path:
         out += _replay_head(report)
     if report.interrupted:
         out += ["> **Interrupted**: this is a partial report of what was measured before Ctrl-C.", ""]
+    if report.ended:
+        out += [f"> **Cut short**: {text(report.ended.get('text', ''))}", ""]
+        out += [f">     {line}" for line in report.ended.get("stack") or []] + ([""] if report.ended.get("stack") else [])
     findings = [h for h in report.hypotheses if h.confidence >= FINDING]
     raised = next((n.reason for n in report.not_run if n.why == "training-raised"), None)
     unmoved = next((n.reason for n in report.not_run if n.why == "loss-unmoved"), None)
     verdict_line = {
         "problems-found": f"**{len(findings)} problem{'s' if len(findings) != 1 else ''} found**",
         "healthy": "**Healthy**: no hypothesis reached 0.5 confidence",
-        "inconclusive": (f"**Inconclusive**: {raised}, and no hypothesis explains it (a crash is never healthy)" if raised
-                         else f"**Inconclusive**: {unmoved}, and no hypothesis reached 0.5 to explain it (a loss that "
+        "inconclusive": (f"**Inconclusive**: {text(raised)}, and no hypothesis explains it (a crash is never healthy)" if raised
+                         else f"**Inconclusive**: {text(unmoved)}, and no hypothesis reached 0.5 to explain it (a loss that "
                          "does not move is not a clean bill of health)" if unmoved
                          else f"**Inconclusive**: no finding, but {len(report.not_run)} check{'s' if len(report.not_run) != 1 else ''} "
                          "could not run (see *Not run*), so this is not a clean bill of health" if report.not_run
@@ -96,6 +122,9 @@ def render_markdown(report: Report, path: str | Path) -> Path:
         + f". Task: {report.task}" + (f" ({report.task_source})" if report.task_source else "")
         + f". Seed {report.seed}, {_took(report)}.",
         "",
+        *([f"Isolation: {report.isolation.get('mode')}" + (f" ({text(report.isolation['why'])})" if report.isolation.get("why") else "")
+           + (f"; {report.isolation['trackers']}" if report.isolation.get("trackers") else "") + ".", ""]
+          if report.isolation else []),
         "## Environment",
         "",
         *markdown_table(["", ""], [[k, v] for k, v in report.environment.items()]),
@@ -114,10 +143,10 @@ def render_markdown(report: Report, path: str | Path) -> Path:
         for i, h in enumerate(report.hypotheses):
             tag = "finding" if h.confidence >= FINDING else "weak"
             out += [f"### {i + 1}. {h.title} (`{h.id}`, {h.confidence:.2f}, {tag})", "", h.meaning, "", "Evidence (weight, measured):", ""]
-            out += [f"- {m.weight:+.2f} {m.text} _(tree `{m.tree}`, node `{m.node}`)_" for m in h.moves]
+            out += [f"- {m.weight:+.2f} {text(m.text)} _(tree `{m.tree}`, node `{m.node}`)_" for m in h.moves]
             out += ["", f"**Fix.** {h.fix}", ""]
             if h.fix_here:
-                out += [f"**In this program.** {h.fix_here}", ""]
+                out += [f"**In this program.** {text(h.fix_here)}", ""]
             if h.snippet:
                 out += ["```python", h.snippet.rstrip(), "```", ""]
     if report.not_run:

@@ -8,7 +8,7 @@ program that raised; with ``strict`` (``fail_on`` 0.5 unless given) also an ``in
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,20 @@ class Options:
     strict: bool = False               # §5a: an inconclusive verdict fails too (fail_on 0.5 unless given)
     nproc: int | None = None           # distributed training (CONTRACT §8): run the script on N ranks
     distributed: object = None         # the ranks' merged recordings (nnwizard.distributed), for the cross-rank audits
+    preset_answers: dict[str, str] = field(default_factory=dict)   # answers given already (a CPU re-run's)
+
+    PATHS = ("answers", "json_path", "report_path", "trees_dir", "save_answers")
+
+    def to_json(self) -> dict:
+        """The options a worker is started with (``distributed``, an object in the process that merged the ranks,
+        does not travel)."""
+        values = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "distributed"}
+        return {k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v) for k, v in values.items()}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Options":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: (Path(v) if k in cls.PATHS and v is not None else v) for k, v in data.items() if k in known})
 
     @property
     def threshold(self) -> float | None:
@@ -95,10 +109,10 @@ def check(opts: Options, load: bool = True) -> None:
         raise UsageError(f"--device {opts.device!r}: choose auto, cpu or cuda")
     if opts.answers is not None and not Path(opts.answers).is_file():
         raise UsageError(f"--answers {opts.answers}: no such file")
-    if load and opts.script:
+    if load and opts.script:   # (a dotted name only as a file: importing its packages would run the user's code here)
         from nnwizard.script_spec import load_script
 
-        load_script(opts.script)
+        load_script(opts.script, import_names=False)
 
 
 def raised(report: Any) -> bool:

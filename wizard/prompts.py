@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from nnwizard.engine import Question
+from nnwizard.events import Question
 from nnwizard.errors import AnswersError, NeedsAnswer
 from nnwizard.tree import SYMPTOMS, Node
 from nnwizard.yamlsource import safe_load

@@ -8,16 +8,17 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, fields
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, PrivateAttr
 
 import nnwizard
-from nnwizard.engine import Diagnosis
-from nnwizard.environment import collect
 from nnwizard.jsonsafe import jsonable, plain_data
 from nnwizard.probes.api import could_not_run
 from nnwizard.ranking import FINDING
+
+if TYPE_CHECKING:  # (the supervisor reads and writes reports without importing torch)
+    from nnwizard.engine import Diagnosis
 
 Verdict = Literal["problems-found", "healthy", "inconclusive"]
 
@@ -113,6 +114,8 @@ class Report(BaseModel):
     localised: dict[str, Any] | None = None  # the op and line the replay names (probe, phase, op, where, text)
     verdict_note: str | None = None       # why the verdict is not healthy when no hypothesis reached 0.5
     artifacts: list[ArtifactOut] = []
+    isolation: dict[str, Any] = {}  # how the program was kept from the user's files: mode, why, notes, what it wrote
+    ended: dict[str, Any] = {}     # a diagnosis cut short: how the process running the program ended (why, text)
 
     def json_file(self) -> str:
         """The §4 JSON report as written to ``--json``: the replay fields only in a replay's report (and
@@ -191,6 +194,8 @@ def build(diagnosis: Diagnosis) -> Report:
 
 
 def _build(diagnosis: Diagnosis) -> Report:
+    from nnwizard.environment import collect
+
     missing = not_run(diagnosis)
     return Report(
         nnwizard_version=nnwizard.__version__,

@@ -16,9 +16,12 @@ The script runs with ``__name__ == "__main__"``, ``sys.argv = [path, *args]``, i
 ``sys.path`` and the current directory unchanged (a dotted name runs like ``python -m``). The budget
 (``max_steps`` optimizer steps, ``limit_batches`` per DataLoader pass, ``time_limit_s``) ends the run
 by raising :class:`~nnwizard.record.StopRun` (a BaseException) inside the script. ``sandbox=True``
-(diagnosis) sends every write to a scratch folder and redirects later reads of those files there, so
-existing files stay byte-identical; watch mode runs with ``sandbox=False``. sys.argv, sys.path,
-sys.modules (the script's own modules), stdout/stderr, the RNG states and grad mode are restored.
+(diagnosis) isolates the run's writes (wizard/isolate: in a worker, the isolation in force, a fresh view of
+the user's files for every run; used as a library, the Python sandbox), so existing files stay
+byte-identical; watch mode runs with ``sandbox=False``. sys.argv, sys.path, sys.modules (the script's own
+modules, and stubs it put in place of others), stdout/stderr, the working folder, signal handlers, torch's
+global settings, the RNG states and grad mode are restored; the script's exit handlers run when its run ends;
+a process the script forks never goes on as nnwizard.
 """
 
 from __future__ import annotations
@@ -29,10 +32,8 @@ import io
 import math
 import os
 import runpy
-import shutil
 import signal
 import sys
-import tempfile
 import threading
 import time
 import warnings
@@ -43,6 +44,8 @@ from typing import Any, Callable
 
 import torch
 
+from nnwizard import isolate, watchdog
+from nnwizard.isolate.python_sandbox import Sandbox  # noqa: F401 - (its home was here)
 from nnwizard.record import Recorder, Recording, StopRun, plain_text
 from nnwizard.script_ranges import capped_range, install as install_range
 from nnwizard.script_spec import Script, load_script  # noqa: F401 - (load_script: re-exported for its callers)
@@ -163,6 +166,8 @@ class StepFit:
         if threading.current_thread() is threading.main_thread() and hasattr(signal, "getitimer") \
                 and signal.getitimer(signal.ITIMER_REAL)[0] > 0:  # the run's alarm (_alarm) moves with it
             signal.setitimer(signal.ITIMER_REAL, (need - rec.now()) * 1.5 + 5)
+        if _MOVE[0] is not None:
+            _MOVE[0]((need - rec.now()) * 1.5 + 7)
 
 
 @dataclass
@@ -198,6 +203,8 @@ class RunResult:
     warnings: list[str] = field(default_factory=list)
     import_s: float = 0.0   # seconds spent importing modules that were not loaded yet
     own_files: list[Path] = field(default_factory=list)   # the script's own modules it imported (its folder's .py files)
+    deleted: list[str] = field(default_factory=list)      # paths the script deleted (its view only: they are still there)
+    ended_by: str | None = None   # the script ended its own process: "called os._exit(0) at train.py:40 after 12 ..."
 
     @property
     def crashed(self) -> bool:
@@ -260,251 +267,6 @@ def _shown(line: str) -> str:
     return ""
 
 
-# ------------------------------------------------------------------------------------ sandbox
-class Sandbox:
-    """Redirects the script's writes to ``scratch``; reads of redirected files follow them there."""
-
-    def __init__(self, scratch: Path):
-        self.scratch = scratch.resolve()
-        self.map: dict[str, Path] = {}   # real absolute path -> scratch path
-        self.removed: set[str] = set()
-        self._undo: list = []
-        self.cwd = Path.cwd().resolve()
-        self._exempt = [str(self.scratch), os.devnull]
-        home = Path.home()
-        for p in (home / ".cache", home / ".config" / "matplotlib", Path(sys.prefix)):
-            self._exempt.append(str(p))
-        self._local = threading.local()
-        # the system temp folder: what the script creates there (tempfile.TemporaryDirectory, mkstemp) is
-        # its own and transient, so it is made for real; files that were there before are still redirected
-        self._tmp = {os.path.abspath(tempfile.gettempdir()), os.path.realpath(tempfile.gettempdir())}
-        self._tmp_new: set[str] = set()
-
-    # -- mapping ------------------------------------------------------------------------------------
-    def _abs(self, file) -> str | None:
-        if isinstance(file, int):
-            return None
-        try:
-            raw = os.fspath(file)
-        except TypeError:
-            return None
-        if isinstance(raw, bytes):
-            raw = raw.decode(errors="replace")
-        return os.path.abspath(raw)
-
-    def _exempted(self, path: str) -> bool:
-        if any(path == e or path.startswith(e.rstrip(os.sep) + os.sep) for e in self._exempt):
-            return True
-        if not any(path.startswith(t.rstrip(os.sep) + os.sep) for t in self._tmp) or path.startswith(str(self.cwd) + os.sep):
-            return False  # the user's own folder is sandboxed even when it lies under the temp folder
-        if any(path == n or path.startswith(n + os.sep) for n in self._tmp_new):
-            return True
-        if path in self.map or os.path.lexists(path):
-            return False
-        self._tmp_new.add(path)  # new under the temp folder: the script's own
-        return True
-
-    def _scratch_for(self, path: str) -> Path:
-        p = Path(path)
-        try:
-            rel = p.relative_to(self.cwd)
-        except ValueError:
-            rel = Path("_abs") / p.relative_to(p.anchor)
-        return self.scratch / rel
-
-    def redirect_write(self, file, copy_existing: bool = False):
-        path = self._abs(file)
-        if path is None or self._exempted(path):
-            return file
-        target = self.map.get(path)
-        if target is None:
-            target = self._scratch_for(path)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            if copy_existing and os.path.isfile(path) and not target.exists():
-                shutil.copy2(path, target)
-            self.map[path] = target
-        self.removed.discard(path)
-        return str(target)
-
-    def redirect_read(self, file):
-        path = self._abs(file)
-        if path is not None and path in self.map:
-            return str(self.map[path])
-        return file
-
-    def known_dir(self, path: str) -> bool:
-        prefix = path.rstrip(os.sep) + os.sep
-        return any(k == path or k.startswith(prefix) for k in self.map)
-
-    # -- patches ------------------------------------------------------------------------------------
-    def _set(self, owner, name, value) -> None:
-        original = getattr(owner, name)
-        setattr(owner, name, value)
-        self._undo.append(lambda: setattr(owner, name, original))
-
-    def __enter__(self) -> "Sandbox":
-        sb = self
-        real_open = builtins.open
-
-        def sandboxed_open(file, mode="r", *args, **kwargs):
-            if isinstance(file, int) or getattr(sb._local, "busy", False):
-                return real_open(file, mode, *args, **kwargs)
-            if any(c in mode for c in "wax+"):
-                file = sb.redirect_write(file, copy_existing=("a" in mode or "+" in mode))
-            else:
-                file = sb.redirect_read(file)
-            return real_open(file, mode, *args, **kwargs)
-
-        self._set(builtins, "open", sandboxed_open)
-        self._set(io, "open", sandboxed_open)
-        # stdlib modules that bound the builtin open at import (`from builtins import open as bltn_open`): tarfile
-        # extracting an archive would make its folders in the scratch folder (os.makedirs) but write its files for real
-        import bz2
-        import tarfile
-        for owner, name in ((tarfile, "bltn_open"), (bz2, "_builtin_open")):
-            if getattr(owner, name, None) is real_open:
-                self._set(owner, name, sandboxed_open)
-        real_mkdir, real_makedirs = os.mkdir, os.makedirs
-
-        def mkdir(path, mode=0o777, *args, **kwargs):
-            p = sb._abs(path)
-            if p is None or sb._exempted(p):
-                return real_mkdir(path, mode, *args, **kwargs)
-            if os.path.isdir(p):
-                raise FileExistsError(17, "File exists", str(path))
-            target = sb._scratch_for(p)
-            sb.map.setdefault(p, target)
-            target.mkdir(parents=True, exist_ok=True)
-
-        def makedirs(name, mode=0o777, exist_ok=False):
-            p = sb._abs(name)
-            if p is None or sb._exempted(p):
-                return real_makedirs(name, mode, exist_ok)
-            if os.path.isdir(p) or p in sb.map:
-                if not exist_ok:
-                    raise FileExistsError(17, "File exists", str(name))
-                return None
-            target = sb._scratch_for(p)
-            sb.map.setdefault(p, target)
-            target.mkdir(parents=True, exist_ok=True)
-
-        self._set(os, "mkdir", mkdir)
-        self._set(os, "makedirs", makedirs)
-        real_exists, real_isdir, real_isfile = os.path.exists, os.path.isdir, os.path.isfile
-
-        def follow(real):
-            def check(path):
-                p = sb._abs(path)
-                if p is not None and p in sb.removed:
-                    return False
-                if p is not None and p in sb.map:
-                    return real(str(sb.map[p]))
-                return real(path)
-            return check
-
-        self._set(os.path, "exists", follow(real_exists))
-        self._set(os.path, "getsize", follow(os.path.getsize))
-        self._set(os.path, "getmtime", follow(os.path.getmtime))
-
-        def follow_first(real):
-            def call(path, *args, **kwargs):
-                p = sb._abs(path) if not isinstance(path, int) else None
-                if p is not None and p in sb.map:
-                    path = str(sb.map[p])
-                return real(path, *args, **kwargs)
-            return call
-
-        for name in ("chmod", "utime", "stat"):
-            self._set(os, name, follow_first(getattr(os, name)))
-        self._set(os.path, "isdir", follow(real_isdir))
-        self._set(os.path, "isfile", follow(real_isfile))
-
-        def guarded_remove(real):
-            def remove(path, *args, **kwargs):
-                p = sb._abs(path)
-                if p is None or sb._exempted(p):
-                    return real(path, *args, **kwargs)
-                if p in sb.map:
-                    target = sb.map.pop(p)
-                    if target.is_file():
-                        target.unlink()
-                    return None
-                if real_exists(p):
-                    sb.removed.add(p)   # the original stays; the script sees it gone
-                    return None
-                return real(path, *args, **kwargs)
-            return remove
-
-        self._set(os, "remove", guarded_remove(os.remove))
-        self._set(os, "unlink", guarded_remove(os.unlink))
-        real_rename, real_replace = os.rename, os.replace
-
-        def moved(real):
-            def rename(src, dst, *args, **kwargs):
-                s, d = sb._abs(src), sb._abs(dst)
-                if s is None or d is None or (sb._exempted(s) and sb._exempted(d)):
-                    return real(src, dst, *args, **kwargs)
-                source = sb.map.get(s)
-                if source is None:
-                    source_path = Path(s)
-                    target = Path(sb.redirect_write(dst))
-                    shutil.copy2(source_path, target) if source_path.is_file() else None
-                    sb.removed.add(s)
-                    return None
-                target = Path(sb.redirect_write(dst))
-                real(str(source), str(target))
-                sb.map.pop(s, None)
-                return None
-            return rename
-
-        self._set(os, "rename", moved(real_rename))
-        self._set(os, "replace", moved(real_replace))
-        real_save, real_load = torch.save, torch.load
-
-        def save(obj, f, *args, **kwargs):
-            if isinstance(f, (str, os.PathLike)):
-                f = sb.redirect_write(f)
-            return real_save(obj, f, *args, **kwargs)
-
-        def load(f, *args, **kwargs):
-            if isinstance(f, (str, os.PathLike)):
-                f = sb.redirect_read(f)
-            return real_load(f, *args, **kwargs)
-
-        self._set(torch, "save", save)
-        self._set(torch, "load", load)
-        try:
-            import numpy as np
-            real_np_load = np.load
-            self._set(np, "load", lambda file, *a, **k: real_np_load(sb.redirect_read(file), *a, **k))
-            from numpy.lib import _datasource  # genfromtxt / loadtxt open files with the io.open numpy kept at import
-            openers = _datasource._file_openers
-            openers._load()
-            table = openers._file_openers
-            real_np_open = table.get(None)
-            if real_np_open is not None:
-                table[None] = sandboxed_open
-                self._undo.append(lambda: table.__setitem__(None, real_np_open))
-        except (ImportError, AttributeError):  # pragma: no cover - another numpy layout: its text loaders are not followed
-            pass
-        return self
-
-    def __exit__(self, *exc) -> None:
-        while self._undo:
-            self._undo.pop()()
-
-    def written(self) -> list[tuple[str, str]]:
-        out = []
-        for real, target in sorted(self.map.items()):
-            if target.is_file():
-                try:
-                    shown = str(Path(real).relative_to(self.cwd))
-                except ValueError:
-                    shown = real
-                out.append((shown, str(target)))
-        return out
-
-
 # ------------------------------------------------------------------------------------ running
 @contextmanager
 def _script_environment(script: Script, args: list[str], own: list[Path] | None = None):
@@ -523,9 +285,11 @@ def _script_environment(script: Script, args: list[str], own: list[Path] | None 
         plt.show = lambda *a, **k: None
     saved_stdin = sys.stdin
     sys.stdin = io.StringIO("")
+    state = _global_state()
     try:
         yield
     finally:
+        _restore_global_state(state)
         sys.argv, sys.path[:] = saved_argv, saved_path
         sys.stdin = saved_stdin
         if saved_backend is None:
@@ -541,6 +305,48 @@ def _script_environment(script: Script, args: list[str], own: list[Path] | None 
                     own.append(Path(module.__file__))
 
 
+_SIGNALS = [getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGALRM", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGCHLD")
+            if hasattr(signal, name)]
+
+
+def _global_state() -> dict:
+    """What a script may change for the whole process and a run must not leave behind: the working folder, the
+    signal handlers, modules it replaced in sys.modules, torch's default dtype, threads, determinism and anomaly
+    mode."""
+    state = {"cwd": os.getcwd(), "modules": dict(sys.modules), "dtype": torch.get_default_dtype(),
+             "threads": torch.get_num_threads(), "deterministic": torch.are_deterministic_algorithms_enabled(),
+             "anomaly": torch.is_anomaly_enabled(), "cudnn": (torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic)}
+    if threading.current_thread() is threading.main_thread():
+        state["signals"] = {s: signal.getsignal(s) for s in _SIGNALS}
+    return state
+
+
+def _restore_global_state(state: dict) -> None:
+    try:
+        os.chdir(state["cwd"])
+    except OSError:
+        pass
+    for name, module in state["modules"].items():   # a stub the script put in place of a module nnwizard uses
+        if sys.modules.get(name) is not module:
+            sys.modules[name] = module
+    for name in [n for n, m in sys.modules.items() if n not in state["modules"]]:
+        module = sys.modules[name]
+        if not isinstance(module, type(sys)) or getattr(module, "__spec__", None) is None and not getattr(module, "__file__", None):
+            sys.modules.pop(name, None)   # (a stub of the script's own making, not an imported module)
+    torch.set_default_dtype(state["dtype"])
+    if torch.get_num_threads() != state["threads"]:
+        torch.set_num_threads(state["threads"])
+    torch.use_deterministic_algorithms(state["deterministic"])
+    torch.autograd.set_detect_anomaly(state["anomaly"])
+    torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = state["cudnn"]
+    for sig, handler in state.get("signals", {}).items():
+        if handler is not None and signal.getsignal(sig) is not handler:
+            try:
+                signal.signal(sig, handler)
+            except (ValueError, OSError, TypeError):
+                pass
+
+
 def _own_module(module, script: Script) -> bool:
     """Is ``module`` one of the script's own (a file in its folder, not an installed package)?"""
     origin = getattr(module, "__file__", None) or ""
@@ -549,21 +355,35 @@ def _own_module(module, script: Script) -> bool:
 
 @contextmanager
 def _alarm(seconds: float | None):
-    """A time limit for code that never calls torch (a hang in data loading): SIGALRM, main thread."""
-    if not seconds or threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+    """A time limit for code that never calls torch (a hang in data loading): SIGALRM on the main thread and, in a
+    worker, the supervisor's deadline a little later (the script may cancel the alarm or catch what it raises:
+    the supervisor then stops the run itself, and ends the process if that does not work)."""
+    if not seconds:
         yield
         return
+    with watchdog.armed(seconds + 2, "the script's run") as move:
+        _MOVE[0] = move
+        if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+            try:
+                yield
+            finally:
+                _MOVE[0] = None
+            return
 
-    def fire(signum, frame):
-        raise StopRun(f"the time limit of {seconds:.0f} s was reached")
+        def fire(signum, frame):
+            raise StopRun(f"the time limit of {seconds:.0f} s was reached")
 
-    previous = signal.signal(signal.SIGALRM, fire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        previous = signal.signal(signal.SIGALRM, fire)
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+        try:
+            yield
+        finally:
+            _MOVE[0] = None
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+
+
+_MOVE: list = [None]   # moves the supervisor's deadline of the run under way (StepFit raising the time limit)
 
 
 class ScriptInterrupted(KeyboardInterrupt):
@@ -603,10 +423,12 @@ def _run_once(script: Script, args: list[str], opts: RunOptions, evaluation_caps
 
     lines: collections.deque = collections.deque(maxlen=OUTPUT_LINES)
     out, err = _Capture(lines, "stdout"), _Capture(lines, "stderr")
+    isolation = isolate.current()
     scratch = None
     if opts.sandbox:
-        scratch = opts.scratch or Path(tempfile.mkdtemp(prefix="nnwizard-script-"))
-        scratch.mkdir(parents=True, exist_ok=True)
+        scratch = opts.scratch or isolation.scratch()
+        if scratch is not None:
+            scratch.mkdir(parents=True, exist_ok=True)
     listeners = list(opts.listeners)
     if opts.limit_batches and opts.time_limit_s:
         listeners.append(BatchCap(opts.limit_batches, opts.time_limit_s, opts.cap_passes))
@@ -614,7 +436,6 @@ def _run_once(script: Script, args: list[str], opts: RunOptions, evaluation_caps
                         limit_batches=opts.limit_batches, replace_batch=opts.replace_batch, listeners=listeners,
                         lr_scale=opts.lr_scale)
     exit_kind, code = "finished", None
-    sandbox = Sandbox(scratch) if scratch is not None else None
     # loops over range() in the script's own modules are capped like DataLoader passes (script_ranges)
     recorder.cap_evaluation = evaluation_caps
     ranges = capped_range(recorder, evaluation_caps) if opts.limit_batches and recorder.full else None
@@ -639,10 +460,11 @@ def _run_once(script: Script, args: list[str], opts: RunOptions, evaluation_caps
                 sys.stdout, sys.stderr = out, err
                 live = dict(_LIVE)
                 _LIVE.update(stdout=out, stderr=err)
+            pid, files, ended_by = os.getpid(), isolate.RunFiles(), None
             try:
-                with (sandbox or _null()), _timed_imports(imports, fresh if ranges else None), _process_group(), recorder, \
-                        _entered(opts.patches), (_eager(recorder) if recorder.full else _null()), \
-                        _alarm((opts.time_limit_s or 0) * 1.5 + 5 if opts.time_limit_s else None):
+                with isolation.run(opts.sandbox, scratch) as files, _timed_imports(imports, fresh if ranges else None), \
+                        _process_group(), recorder, _entered(opts.patches), (_eager(recorder) if recorder.full else _null()), \
+                        _alarm((opts.time_limit_s or 0) * 1.5 + 5 if opts.time_limit_s else None), _exit_handlers(), _running():
                     try:
                         if script.notebook is not None:   # a notebook's code cells, in order, as a kernel runs them
                             script.notebook.run(init_globals=own, notes=recorder.recording.notes, shell=not opts.sandbox)
@@ -658,11 +480,23 @@ def _run_once(script: Script, args: list[str], opts: RunOptions, evaluation_caps
                         exit_kind = "finished" if code == 0 else "exited"
                         if exc.code not in (None, 0) and not isinstance(exc.code, int):
                             lines.append(str(exc.code)[:300])
-                    except KeyboardInterrupt:
-                        exit_kind = "interrupted"
+                    except ScriptExited as exc:
+                        code, exit_kind = exc.code, "exited"
+                        ended_by = (f"{exc.how} at {exc.where or '?'} after {recorder.recording.total_steps} optimizer "
+                                    f"steps")
+                        recorder.recording.notes.append(f"the script {ended_by}: its process ended there, without the "
+                                                        f"rest of the program")
+                    except KeyboardInterrupt as exc:
+                        if watchdog.interrupts_by_message() and not watchdog.interrupt_requested():
+                            exit_kind = "raised"   # the script's own KeyboardInterrupt (it raised it, or signalled
+                            recorder.record_error(exc)   # itself), not the user's Ctrl-C: evidence
+                        else:
+                            exit_kind = "interrupted"
                     except Exception as exc:  # noqa: BLE001 - the script raising is evidence
                         exit_kind = "raised"
                         recorder.record_error(exc)
+                    if os.getpid() != pid:   # a child the script forked (os.fork) ended its part: never go on as nnwizard
+                        _forked_child_ends(exit_kind, code, recorder)
             except StopRun as stop:  # the alarm fired outside the script's own frames
                 exit_kind = "stopped"
                 recorder.recording.stopped = recorder.recording.stopped or str(stop)
@@ -674,9 +508,9 @@ def _run_once(script: Script, args: list[str], opts: RunOptions, evaluation_caps
                     out.ended = err.ended = True
                     _LIVE.update(live)
     result = RunResult(script, args, recorder.recording, exit_kind, code, list(lines),
-                       sandbox.written() if sandbox else [], scratch, round(time.monotonic() - started, 3),
+                       files.written(), scratch, round(time.monotonic() - started, 3),
                        list(dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught))[:8],
-                       round(imports[0], 3), sorted(set(own_files)))
+                       round(imports[0], 3), sorted(set(own_files)), files.deleted(), ended_by)
     if exit_kind == "interrupted":
         raise ScriptInterrupted(result)
     return result, recorder.evaluation_capped or (ranges is not None and ranges._control.evaluation_capped)
@@ -685,6 +519,77 @@ def _run_once(script: Script, args: list[str], opts: RunOptions, evaluation_caps
 @contextmanager
 def _null():
     yield None
+
+
+class ScriptExited(BaseException):
+    """Raised where the script ended its own process without Python's exit (``os._exit``, ``os.exec*``): in a
+    worker (wizard/worker.py) those calls end the run, as they would end the program, and the diagnosis goes on."""
+
+    def __init__(self, code: int, how: str, where: str | None):
+        super().__init__(how)
+        self.code, self.how, self.where = code, how, where
+
+
+_RUN = {"running": False}
+
+
+def running() -> bool:
+    """Whether the script is running now on this (the main) thread."""
+    return _RUN["running"] and threading.current_thread() is threading.main_thread()
+
+
+@contextmanager
+def _running():
+    _RUN["running"] = True
+    try:
+        yield
+    finally:
+        _RUN["running"] = False
+
+
+@contextmanager
+def _exit_handlers():
+    """Exit handlers the script registers (``atexit``) run when its run ends, as they would when the program
+    ends: inside the run's isolation, not when nnwizard's process ends, and once per run."""
+    import atexit
+
+    handlers: list = []
+    real_register, real_unregister = atexit.register, atexit.unregister
+
+    def register(func, *args, **kwargs):
+        handlers.append((func, args, kwargs))
+        return func
+
+    def unregister(func):
+        handlers[:] = [h for h in handlers if h[0] is not func]
+        real_unregister(func)
+
+    atexit.register, atexit.unregister = register, unregister
+    try:
+        yield
+    finally:
+        atexit.register, atexit.unregister = real_register, real_unregister
+        for func, args, kwargs in reversed(handlers):
+            try:
+                func(*args, **kwargs)
+            except BaseException:  # noqa: BLE001 - an exit handler's failure ends nothing here
+                pass
+
+
+def _forked_child_ends(exit_kind: str, code: int | None, recorder) -> None:
+    """End a process the script forked whose code came back here (``sys.exit`` or a return in the child): with
+    the code Python would have given it, at once."""
+    import traceback
+
+    if exit_kind == "raised" and recorder.recording.error is not None:
+        sys.__stderr__.write(recorder.recording.error.traceback or "")
+    for stream in (sys.__stdout__, sys.__stderr__):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+    del traceback
+    os._exit(1 if exit_kind == "raised" else int(code or 0))
 
 
 @contextmanager

@@ -35,8 +35,10 @@ class Script:
         return [self.path] if self.path else []
 
 
-def load_script(spec: str) -> Script:
-    """Find and syntax-check the script; UsageError (exit 2, one line) when it cannot run at all."""
+def load_script(spec: str, import_names: bool = True) -> Script | None:
+    """Find and syntax-check the script; UsageError (exit 2, one line) when it cannot run at all. A dotted name is
+    looked up as Python would find it (``import_names``: which imports its parent packages, running their code),
+    else only as a file below the working folder (None when it is not one: the worker looks it up)."""
     path = Path(spec)
     if path.suffix.lower() == ".ipynb":
         from nnwizard.notebook.cells import load_notebook
@@ -48,6 +50,12 @@ def load_script(spec: str) -> Script:
             raise UsageError(f"--script {spec}: no such file")
         _syntax_check(path, spec)
         return Script(spec, path.resolve(), None, path.resolve().parent)
+    if not import_names:
+        base = Path.cwd().joinpath(*spec.split("."))
+        for candidate in (base.with_suffix(".py"), base / "__main__.py"):
+            if candidate.is_file():
+                _syntax_check(candidate, spec)
+        return None
     cwd = str(Path.cwd())
     added = cwd not in sys.path
     if added:

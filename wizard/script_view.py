@@ -56,6 +56,7 @@ def observed(target) -> dict[str, Any]:
                   if rec.error else None),
         "capture": target.capture_problem or "ok",
         "trace": trace, "written": [{"path": a, "saved_as": b} for a, b in run.written],
+        "deleted": list(getattr(run, "deleted", []) or []), "ended_by": getattr(run, "ended_by", None),
         "scratch": str(run.scratch) if run.scratch else None,
         "output_tail": run.output[-OUTPUT_TAIL:], "warnings": run.warnings, "note": note,
         "reruns": [{"what": r.what, "max_steps": r.max_steps, "steps": r.steps, "seconds": r.seconds, "exit": r.exit}
@@ -153,6 +154,8 @@ def _ended(obs: dict) -> str:
     if obs["error"]:
         e = obs["error"]
         return f"raised {e['type']} at {e['where'] or '?'} after {e['step']} steps"
+    if obs.get("ended_by"):
+        return f"ended its own process: {obs['ended_by']}"
     if obs["stopped"]:
         return f"stopped by nnwizard: {obs['stopped']}"
     return {"finished": "ran to its end", "exited": f"exited with code {obs['exit_code']}",
@@ -162,29 +165,34 @@ def _ended(obs: dict) -> str:
 def print_observed(console, obs: dict) -> None:
     from rich.table import Table
 
-    c = console
-    c.print(f"\n[bold cyan]▶ Observed run of {escape(str(obs['script']))}[/] [dim]({obs['seconds']:.1f} s, {escape(_ended(obs))})[/]",
-            highlight=False)
+    c = console   # (everything below that came from the program is escaped: its text is never read as markup)
+    c.print(f"\n[bold cyan]▶ Observed run of {escape(str(obs['script']))}[/] [dim]({obs['seconds']:.1f} s, "
+            f"{escape(_ended(obs))})[/]", highlight=False)
     c.print(f"  models: {escape(_models_line(obs))}", highlight=False)
     c.print(f"  optimizers: {escape(_optimizers_line(obs))}", highlight=False)
     if obs.get("objectives"):
-        c.print(f"  objectives: {obs['objectives']}", highlight=False)
+        c.print(f"  objectives: {escape(obs['objectives'])}", highlight=False)
     if obs["schedulers"]:
-        c.print("  schedulers: " + ", ".join(f"{s['name']} ({s['steps']} steps)" for s in obs["schedulers"]), highlight=False)
+        c.print("  schedulers: " + escape(", ".join(f"{s['name']} ({s['steps']} steps)" for s in obs["schedulers"])),
+                highlight=False)
     for note in obs.get("recording_notes") or []:
         c.print(f"  [dim]while recording: {escape(note)}[/]", highlight=False)
-    c.print(f"  loss: {obs['loss'] or 'no loss call recorded'}; {_steps_text(obs)}, {obs['backwards']} "
+    c.print(f"  loss: {escape(obs['loss'] or 'no loss call recorded')}; {escape(_steps_text(obs))}, {obs['backwards']} "
             f"backward calls, {obs['eval_loss_calls']} evaluation loss calls", highlight=False)
     if obs["trace"]:
         table = Table(*TRACE_COLUMNS[:6], "bwd", *TRACE_COLUMNS[7:], box=None, padding=(0, 1))
         for row in _trace_rows(obs["trace"]):
-            table.add_row(*map(str, row))
+            table.add_row(*(escape(str(cell)) for cell in row))
         c.print(table)
         for note in _notes(obs["trace"]):
             c.print(f"  [dim]{escape(note)}[/]", highlight=False)
     if obs["written"]:
-        c.print(escape(f"  the script wrote {len(obs['written'])} file(s), kept in {obs['scratch']}: "
+        where = f", kept in {obs['scratch']}" if obs.get("scratch") else ", kept out of your folders"
+        c.print(escape(f"  the script wrote {len(obs['written'])} file(s){where}: "
                        + ", ".join(w["path"] for w in obs["written"][:6])), highlight=False)
+    if obs.get("deleted"):
+        c.print(escape(f"  the script deleted {len(obs['deleted'])} path(s) (still there: it only saw them gone): "
+                       + ", ".join(obs["deleted"][:6])), highlight=False)
     if obs["output_tail"]:
         c.print("  [dim]last lines it printed:[/]")
         for line in obs["output_tail"][-6:]:
@@ -276,19 +284,19 @@ def _short(v, spec: str = ".4g") -> str:
 
 
 def markdown_lines(obs: dict) -> list[str]:
-    from nnwizard.markdown import markdown_table
+    from nnwizard.markdown import fence, markdown_table, text
 
     out = ["## What the script did (observed)", ""]
     if obs["note"]:
-        out += [f"> {obs['note']}", ""]
-    out += [f"- Script: `{obs['script']}` {' '.join(obs['args'])} ({obs['seconds']:.1f} s; {_ended(obs)})",
-            f"- Models: {_models_line(obs)}", f"- Optimizers: {_optimizers_line(obs)}"]
+        out += [f"> {text(obs['note'])}", ""]
+    out += [f"- Script: `{obs['script']}` {text(' '.join(obs['args']))} ({obs['seconds']:.1f} s; {text(_ended(obs))})",
+            f"- Models: {text(_models_line(obs))}", f"- Optimizers: {text(_optimizers_line(obs))}"]
     if obs.get("objectives"):
-        out.append(f"- Objectives: {obs['objectives']}")
+        out.append(f"- Objectives: {text(obs['objectives'])}")
     if obs["schedulers"]:
-        out.append("- Schedulers: " + ", ".join(f"{s['name']} ({s['steps']} steps)" for s in obs["schedulers"]))
-    out += [f"- While recording: {note}" for note in obs.get("recording_notes") or []]
-    out += [f"- Loss: {obs['loss'] or 'no loss call recorded'}", f"- {_steps_text(obs)}, {obs['backwards']} "
+        out.append("- Schedulers: " + text(", ".join(f"{s['name']} ({s['steps']} steps)" for s in obs["schedulers"])))
+    out += [f"- While recording: {text(note)}" for note in obs.get("recording_notes") or []]
+    out += [f"- Loss: {text(obs['loss'] or 'no loss call recorded')}", f"- {_steps_text(obs)}, {obs['backwards']} "
             f"backward calls, {obs['eval_loss_calls']} evaluation loss calls; measured step time "
             f"{_short(obs['measured_step_s'])} s", ""]
     if obs["trace"]:
@@ -304,7 +312,12 @@ def markdown_lines(obs: dict) -> list[str]:
                        for r in obs["reruns"]]) + [""]
     if obs["written"]:
         out += ["### Files the script wrote (kept out of your folders)", ""]
-        out += markdown_table(["path the script used", "saved as"], [[w["path"], w["saved_as"]] for w in obs["written"]]) + [""]
+        out += markdown_table(["path the script used", "saved as"], [[w["path"], w["saved_as"] or "discarded"]
+                                                            for w in obs["written"]]) + [""]
+    if obs.get("deleted"):
+        out += ["### Files the script deleted (they are still there: it only saw them gone)", ""]
+        out += [f"- {text(path)}" for path in obs["deleted"][:50]] + [""]
     if obs["output_tail"]:
-        out += ["### The script's last printed lines", "", "```", *obs["output_tail"], "```", ""]
+        out += ["### The script's last printed lines", "", fence(obs["output_tail"]), *obs["output_tail"],
+                fence(obs["output_tail"]), ""]
     return out

@@ -87,6 +87,34 @@ def _load_script_target(opts: Options, listener):
     return target
 
 
+class _Progress:
+    """A recorder listener that shows the observed run's progress (``script-progress`` events, at most every half
+    second) and says when the script went on after nnwizard stopped it (it catches BaseException)."""
+
+    EVERY_S = 0.5
+
+    def __init__(self, listener):
+        self.listener, self.last, self.said = listener, 0.0, False
+
+    def on_backward(self, rec, loss) -> None:
+        stopped = rec.recording.stopped
+        if stopped and not self.said:   # (a backward pass after the stop: the script trains on)
+            self.said = True
+            note = (f"the script went on training after nnwizard stopped its run ({stopped}) after step "
+                    f"{rec.recording.total_steps}: it catches the stop (a BaseException) and carries on")
+            rec.recording.notes.append(note)
+            self.listener(Event("script-note", data={"text": note, "kind": "stop-caught"}))
+
+    def on_step_post(self, rec, optimizer, step) -> None:
+        import time
+
+        now = time.monotonic()
+        if now - self.last >= self.EVERY_S:
+            self.last = now
+            self.listener(Event("script-progress", data={"step": step.step, "loss": step.loss,
+                                                         "max_steps": rec.max_steps}))
+
+
 def select_trees(trees: dict, target) -> dict:
     """The trees for this kind of target (``modes`` in the tree files)."""
     if getattr(target, "mode", "module") != "script":
@@ -103,12 +131,15 @@ def _in_torchrun() -> bool:
     return in_torchrun()
 
 
-def diagnose(opts: Options, listener=None) -> Diagnosis:
-    """Load everything, run the engine; raises NNWizardError on bad input. No files are written."""
+def diagnose(opts: Options, listener=None, prompter=None, checkpoint=None) -> Diagnosis:
+    """Load everything, run the engine; raises NNWizardError on bad input. No files are written. ``prompter``:
+    the Prompter class to ask with (given the answers known); ``checkpoint``: gets the partial Diagnosis as it
+    grows (after the observed run, then after each probe)."""
     check(opts, load=False)
     trees = load_trees(opts.trees_dir)
     catalog = load_catalog(str(opts.trees_dir) if opts.trees_dir else None)
     answers = load_answers(opts.answers, question_keys(trees)) if opts.answers else {}
+    answers.update(opts.preset_answers or {})
     if opts.symptoms:
         answers[SYMPTOMS_KEY] = list(opts.symptoms)
     with cuda_lost.guard("while loading or running the target"), preserved_state():
@@ -123,13 +154,15 @@ def diagnose(opts: Options, listener=None) -> Diagnosis:
             if script_problem(target):  # nothing trained: one sentence (in the reports) and inconclusive
                 return Diagnosis(target, opts.seed, symptoms=[], given_symptoms=list(opts.symptoms),
                                  answers={k: v for k, v in answers.items() if k != SYMPTOMS_KEY})
-        prompter = QuestionaryPrompter(answers) if opts.interactive else ScriptedPrompter(answers)
+        prompter = (prompter or (QuestionaryPrompter if opts.interactive else ScriptedPrompter))(answers)
         budget = calibrate(target, opts.budget, min(60.0, opts.probe_timeout or 60.0))
         target.sample_limit = budget.batch
         if listener is not None:
             listener(Event("budget", data={"text": budget.describe(), "budget": budget}))
+        if checkpoint is not None:
+            checkpoint(Diagnosis(target, opts.seed, symptoms=[], given_symptoms=list(opts.symptoms), budget=budget))
         engine = Engine(target, trees, catalog, prompter, seed=opts.seed, probe_timeout=opts.probe_timeout,
-                        listener=listener, budget=budget)
+                        listener=listener, budget=budget, checkpoint=checkpoint)
         preset = {k: v for k, v in answers.items() if k != SYMPTOMS_KEY}
         return engine.run(answers.get(SYMPTOMS_KEY), preset)
 

@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.tree import Tree as RichTree
 
 from nnwizard.console import make_console
-from nnwizard.engine import Event
+from nnwizard.events import Event
 from nnwizard.live import progress_text
 from nnwizard.locations import render
 from nnwizard.ranking import FINDING
@@ -31,40 +31,42 @@ class TerminalView:
             return
         c = self.console
         if event.kind == "budget":
-            c.print(f"[dim]{event.data['text']}[/]", highlight=False)
+            c.print(f"[dim]{escape(event.data['text'])}[/]", highlight=False)
         elif event.kind == "tree-start":
-            c.print(f"\n[bold cyan]▶ {event.data['title']}[/] [dim]({event.tree})[/]")
+            c.print(f"\n[bold cyan]▶ {escape(event.data['title'])}[/] [dim]({escape(event.tree)})[/]")
         elif event.kind == "probe-start":
             self._stop()
-            self._status = c.status(f"[bold]{event.data['probe']}[/]: {event.data['title']}…", spinner="dots")
+            self._status = c.status(f"[bold]{escape(event.data['probe'])}[/]: {escape(event.data['title'])}…", spinner="dots")
             self._status.start()
         elif event.kind == "probe-progress" and self._status is not None:
             pct = f"{100 * event.data['fraction']:.0f}%"
-            self._status.update(f"[bold]{event.data['probe']}[/] {pct} {event.data['text']}")
+            self._status.update(f"[bold]{escape(event.data['probe'])}[/] {pct} {escape(event.data['text'])}")
         elif event.kind == "probe-end":
             self._stop()
             r = event.data["result"]
             mark, style = _STYLE[r.status]
-            c.print(f"  [{style}]{mark} {r.id:<22}[/] {escape(render(r.summary))} [dim]({r.duration_s:.1f}s)[/]", highlight=False)
+            c.print(f"  [{style}]{mark} {escape(f'{r.id:<22}')}[/] {escape(render(r.summary))} [dim]({r.duration_s:.1f}s)[/]", highlight=False)
         elif event.kind == "conclusion":
             e = event.data["evidence"]
             sign, style = ("+", "magenta") if e.weight > 0 else ("−", "dim")
-            c.print(f"    [{style}]{sign} {e.hypothesis}[/] [dim]{abs(e.weight):.2f}[/]", highlight=False)
+            c.print(f"    [{style}]{sign} {escape(e.hypothesis)}[/] [dim]{abs(e.weight):.2f}[/]", highlight=False)
         elif event.kind == "question":
             self._stop()
         elif event.kind == "script-start":
             self._stop()
             d = event.data
-            c.print(f"[bold cyan]▶ Running {escape(str(d['script']))} {escape(' '.join(d['args']))}[/] [dim](at most {d['max_steps']} optimizer "
-                    f"steps; its output and files are kept aside)[/]", highlight=False)
+            c.print(f"[bold cyan]▶ Running {escape(str(d['script']) + ' ' + ' '.join(d['args']))}[/] [dim](at most {d['max_steps']} "
+                    f"optimizer steps; {escape(d.get('kept') or 'its output and files are kept aside')})[/]", highlight=False)
             self._status = c.status("[dim]starting the script…[/]", spinner="dots")
             self._status.start()
         elif event.kind == "script-progress" and self._status is not None:
-            self._status.update(f"[bold]observed run[/] {progress_text(event.data)}")
+            self._status.update(f"[bold]observed run[/] {escape(progress_text(event.data))}")
+        elif event.kind == "script-note":
+            c.print(f"  [yellow]{escape(event.data.get('text', ''))}[/]", highlight=False)
         elif event.kind == "script-observed":
+            self._stop()
             from nnwizard.script_view import print_observed
 
-            self._stop()
             print_observed(c, event.data["observed"])
 
     def close(self) -> None:
@@ -92,15 +94,20 @@ class TerminalView:
             table.add_column("fix", ratio=2, overflow="fold")
             for i, h in enumerate(shown):
                 style = "bold red" if h.confidence >= FINDING else "yellow"
-                measured = escape("\n".join(f"• {e}" for e in h.evidence[:3]))   # (text from the program: never markup)
-                table.add_row(str(i + 1), f"[{style}]{h.id}[/]", f"{h.confidence:.2f}", f"[bold]{escape(h.title)}[/]\n{measured}", escape(h.fix_here or h.fix))
+                measured = escape("\n".join(f"• {e}" for e in h.evidence[:3]))
+                table.add_row(str(i + 1), f"[{style}]{escape(h.id)}[/]", f"{h.confidence:.2f}", f"[bold]{escape(h.title)}[/]\n{measured}",
+                              escape(h.fix_here or h.fix))
             c.print(table)
         weaker = len(report.hypotheses) - len(shown)
         if weaker:
             c.print(f"[dim]{weaker} weaker hypothes{'is' if weaker == 1 else 'es'} (below {SHOWN}) "
                     f"{'is' if weaker == 1 else 'are'} listed in the reports.[/]")
         if "ambiguous" in report.task_source:
-            c.print(f"[yellow]Task: {report.task} ({report.task_source}).[/]")
+            c.print(f"[yellow]Task: {escape(report.task)} ({escape(report.task_source)}).[/]")
+        if report.ended:
+            c.print(f"[bold yellow]The diagnosis was cut short: {escape(report.ended.get('text', ''))}[/]", highlight=False)
+            for line in (report.ended.get("stack") or [])[:4]:
+                c.print(f"  [dim]{escape(line)}[/]", highlight=False)
         verdict_style = {"problems-found": "bold red", "healthy": "bold green", "inconclusive": "bold yellow"}[report.verdict]
         c.print(f"Verdict: [{verdict_style}]{report.verdict}[/]" + (" (interrupted: partial)" if report.interrupted else ""))
         if report.not_run:
@@ -109,15 +116,15 @@ class TerminalView:
                 head += ", so the verdict cannot be healthy"
             c.print(f"[yellow]{len(report.not_run)} probe{'s' if len(report.not_run) != 1 else ''} {head}:[/]")
             for n in report.not_run[:8]:
-                c.print(f"  [yellow]! {n.probe:<22}[/] [dim]{n.why}[/] {escape(n.reason)}", highlight=False)
+                c.print(f"  [yellow]! {escape(f'{n.probe:<22}')}[/] [dim]{escape(n.why)}[/] {escape(n.reason)}", highlight=False)
             if len(report.not_run) > 8:
                 c.print(f"  [dim]... and {len(report.not_run) - 8} more, listed in the reports[/]")
         for f in files:
-            c.print(f"[dim]wrote {f}[/]")
+            c.print(f"[dim]wrote {escape(str(f))}[/]", highlight=False)
         if report.mode == "replay":
             loc = report.localised
-            c.print(f"replay of step {report.step} ({report.trigger}: {report.reason})"
-                    + (f"\n  localised: {loc['text']} ({loc['phase']})" if loc else "\n  localised: no op named"), highlight=False)
+            c.print(escape(f"replay of step {report.step} ({report.trigger}: {report.reason})"
+                           + (f"\n  localised: {loc['text']} ({loc['phase']})" if loc else "\n  localised: no op named")), highlight=False)
 
     def failed(self, reasons: list[str]) -> None:
         """Why the exit code is 1 (--fail-on, --strict): the last lines a CI log shows."""
