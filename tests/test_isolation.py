@@ -445,3 +445,26 @@ def test_ctrl_c_ends_a_watched_run_that_ignores_sigint(tmp_path):
     assert proc.returncode == 130, err
     time.sleep(0.3)
     assert not leftovers(tag)
+
+
+@pytest.mark.parametrize("name", ["rmtree", "os_exit"])
+def test_the_python_api_runs_the_program_in_a_worker(name, tmp_path, monkeypatch):
+    """``nnwizard.diagnose`` isolates as the command does: the caller's process survives a script that ends its own
+    process, the user's files come out byte-identical, and the report says how the program ran."""
+    import nnwizard
+
+    user = tmp_path / "user"
+    user.mkdir()
+    make_user_folder(user)
+    (user / "train.py").write_text(CASES[name].source())
+    before = snapshot(user)
+    monkeypatch.chdir(user)
+    report = nnwizard.diagnose(script="train.py", symptoms=["auto"], max_steps=20, budget=20, device="cpu")
+    assert snapshot(user) == before
+    assert report.isolation.get("mode") in ("os", "python")
+    if name == "os_exit":
+        assert report.script["ended_by"].startswith("called os._exit(0)"), report.script["ended_by"]   # (and we are here)
+    else:
+        assert report.verdict in ("healthy", "inconclusive"), report.verdict
+        assert any(p.endswith("/out") or p.endswith("out/old.ckpt") for p in report.isolation["deleted"]) or \
+            report.isolation["mode"] == "python"

@@ -7,8 +7,9 @@
     d.findings                          # the hypotheses at confidence 0.5 or more
     d.to_dict()                         # the JSON report (CONTRACT §4)
 
-Every call goes through ``nnwizard.session.run`` (and ``nnwizard.session.probe`` for one probe), the same entry the
-command line uses. Bad input raises :class:`nnwizard.errors.UsageError` (a ``ValueError``-like NNWizardError).
+Every call runs the program as the ``diagnose`` command does: in a worker process under isolation
+(``nnwizard.supervisor.report``; ``supervisor.probe`` for one probe), so that nothing the program does reaches the
+caller's process or files. Bad input raises :class:`nnwizard.errors.UsageError` (an NNWizardError).
 """
 
 from __future__ import annotations
@@ -38,17 +39,30 @@ def diagnose(script: str | Path | None = None, args: Iterable[str] | None = None
              symptoms: Iterable[str] | None = ("auto",), device: str = "auto", seed: int = 0,
              max_steps: int | None = None, budget: float | None = None, probe_timeout: float | None = None,
              json: str | Path | None = None, report: str | Path | None = None, trees: str | Path | None = None,
-             verbose: bool = False):
+             isolation: str = "auto", verbose: bool = False):
     """Diagnose a script (``script=``, run as ``python script ARGS`` would; a notebook ``.ipynb`` too) or a training
     module (``module=``, CONTRACT §1) and return the report (:class:`nnwizard.report.Report`). ``json``/``report``
-    also write the JSON and markdown reports; ``verbose`` shows the progress on stderr as the command does."""
-    from nnwizard.session import run
-
+    also write the JSON and markdown reports; ``isolation``: as ``--isolation`` (auto, os, python, none);
+    ``verbose`` shows the progress on stderr as the command does."""
     opts = options(script, args, module=module, symptoms=symptoms, device=device, seed=seed, max_steps=max_steps,
                    budget=budget, probe_timeout=probe_timeout, json=json, report=report, trees=trees)
-    listener = None
+    return run(opts, isolation, verbose)
+
+
+def run(opts: Options, isolation: str = "auto", verbose: bool = False):
+    """The report of ``opts`` from a supervised worker (in this process when ``NNWIZARD_IN_PROCESS=1``, as the command
+    line allows for benchmarks)."""
+    import os
+
+    view = None
     if verbose:
         from nnwizard.view import TerminalView
 
-        listener = TerminalView()
-    return run(opts, listener=listener)
+        view = TerminalView()
+    if os.environ.get("NNWIZARD_IN_PROCESS") == "1":
+        from nnwizard.session import run as in_process
+
+        return in_process(opts, listener=view)
+    from nnwizard.supervisor import report as supervised
+
+    return supervised(opts, isolation, view)

@@ -45,8 +45,9 @@ def _python_stack(lines: list[str]) -> list[str]:
     return [line.strip() for line in lines[start:] if line.strip().startswith("File ")][:8]
 
 
-def finish(session, opts, view) -> int:
-    from nnwizard.options import exit_code, failure_reasons
+def collect(session, opts):
+    """``(report, internal)``: the Report of a supervised diagnosis however its worker ended, and the worker's
+    internal error (None when there was none). UsageError when the worker refused the input before it reported."""
     from nnwizard.report import Report
 
     if session.error and session.error.get("code") == int(ExitCode.USAGE) and not session.report:
@@ -66,8 +67,16 @@ def finish(session, opts, view) -> int:
     if session.interrupts and (ended is not None or not session.final):   # (a diagnosis that had finished stands)
         data["interrupted"] = True
     report = Report.model_validate(data)
-    written = _write(report, session, opts)
-    view.summary(report, written)
+    report._written = write(report, session, opts)
+    return report, internal
+
+
+def finish(session, opts, view) -> int:
+    """The ``diagnose`` command's end: the reports written, the summary shown, the exit code (CONTRACT §5, §5a)."""
+    from nnwizard.options import exit_code, failure_reasons
+
+    report, internal = collect(session, opts)
+    view.summary(report, report.written)
     if internal is not None:
         log = crash_log(internal.get("traceback") or internal.get("message", ""))
         print(f"nnwizard: internal error: {internal.get('message')}. This is a bug in nnwizard; the traceback is in {log}.",
@@ -115,7 +124,7 @@ def _partial(data: dict | None, session, opts, ended: dict | None, internal: dic
     return data
 
 
-def _write(report, session, opts) -> list[str]:
+def write(report, session, opts) -> list[str]:
     from nnwizard.report import write_reports
 
     written = write_reports(report, opts.json_path, opts.report_path)

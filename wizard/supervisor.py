@@ -56,6 +56,7 @@ class Session:
         self.error: dict | None = None
         self.exit_code: int | None = None
         self.cuda_lost: dict | None = None
+        self.probe_result: dict | None = None
         self.worker: Worker | None = None
         self.stop_caught: str | None = None   # the script caught its run's stop and went on (the worker said so)
 
@@ -144,6 +145,8 @@ class Session:
             self.exit_code = message.get("code")
         elif kind == "cuda-lost":
             self.cuda_lost = message
+        elif kind == "probe-result":
+            self.probe_result = message
         elif kind is channel.CLOSED["t"] or kind == "closed":
             conn.hello["closed"] = True
 
@@ -280,6 +283,69 @@ def diagnose(opts, isolation: str = "auto", keep_scratch: bool = False) -> int:
         finally:
             view.close()
             session.cleanup()
+
+
+def report(opts, isolation: str = "auto", view=None):
+    """The Python API's diagnosis (``nnwizard.diagnose``, ``nnwizard.testing``): the same worker and isolation as the
+    command, without a terminal unless ``view`` is given. Returns the Report (``report.written``: the files that
+    ``opts`` asked for). UsageError on bad input; NNWizardError when nnwizard itself failed; KeyboardInterrupt
+    after Ctrl-C, once the partial reports are written."""
+    from nnwizard.options import check
+    from nnwizard.outcome import collect
+
+    check(opts)
+    if opts.module:
+        _check_module(opts.module)
+    env: dict[str, str] = {}
+    while True:
+        session = Session(Launch({"command": "diagnose", "options": opts.to_json()}, env=env), isolation, False, view,
+                          None, opts.script)
+        try:
+            session.run()
+            if session.cuda_lost and not env:
+                opts, env = _on_cpu(opts, session.cuda_lost, view)
+                continue
+            result, internal = collect(session, opts)
+        finally:
+            if view is not None and hasattr(view, "close"):
+                view.close()
+            session.cleanup()
+        if internal is not None:
+            log = crash_log(internal.get("traceback") or internal.get("message", ""))
+            raise NNWizardError(f"internal error: {internal.get('message')}. This is a bug in nnwizard; the traceback "
+                                f"is in {log}.")
+        if session.interrupts:
+            raise KeyboardInterrupt
+        return result
+
+
+def probe(opts, probe_id: str, params: dict | None = None, isolation: str = "auto") -> dict:
+    """One probe on the program ``opts`` names, in a worker (``nnwizard.testing.assert_overfits_one_batch``): the
+    program observed as a diagnosis observes it, then ``probe_id`` measures. Returns the worker's message:
+    ``result`` (the ProbeResult's fields, JSON-safe) and ``error`` (the program's own error while observed, or
+    None); with ``ended`` (how the worker's process ended) when it sent none."""
+    from nnwizard.options import check
+    from nnwizard.outcome import how_it_ended
+
+    check(opts)
+    session = Session(Launch({"command": "probe", "options": opts.to_json(), "probe": probe_id, "params": params or {}}),
+                      isolation, False, None, None, opts.script)
+    try:
+        session.run()
+    finally:
+        session.cleanup()
+    if session.error and session.error.get("code") == int(ExitCode.USAGE):
+        raise UsageError(session.error["message"])
+    if session.error and session.error.get("code") == int(ExitCode.INTERNAL):
+        log = crash_log(session.error.get("traceback") or session.error.get("message", ""))
+        raise NNWizardError(f"internal error: {session.error.get('message')}. This is a bug in nnwizard; the traceback "
+                            f"is in {log}.")
+    if session.interrupts:
+        raise KeyboardInterrupt
+    if session.probe_result is None:
+        ended = how_it_ended(session) or {"text": "the worker ended without a result"}
+        return {"result": None, "error": None, "ended": ended}
+    return session.probe_result
 
 
 def _announce(view, decision: Decision) -> None:

@@ -43,14 +43,15 @@ def assert_no_training_bugs(script: str | Path | None = None, args: Iterable[str
     """Diagnose ``script`` (or ``module``) and fail when a hypothesis reaches ``fail_on`` (0.5: every finding), when
     the program raised, or (unless ``allow_inconclusive``) when the verdict is inconclusive: the checks that could
     tell could not run, so "no bug" would not be measured. ``options``: those of :func:`nnwizard.diagnose`
-    (``device``, ``seed``, ``max_steps``, ``budget``, ``json``, ``report``...). Returns the report."""
+    (``device``, ``seed``, ``max_steps``, ``budget``, ``json``, ``report``, ``isolation``...). Returns the report."""
     __tracebackhide__ = True
     from nnwizard.api import options as make_options
-    from nnwizard.session import run
+    from nnwizard.api import run
 
+    isolation = options.pop("isolation", "auto")
     opts = make_options(script, args, module=module, symptoms=symptoms, fail_on=fail_on, strict=not allow_inconclusive,
                         **options)
-    report = run(opts)
+    report = run(opts, isolation)
     if exit_code(report, opts):
         raise TrainingBugsFound(bugs_message(report, opts), report)
     return report
@@ -90,22 +91,28 @@ def assert_overfits_one_batch(script: str | Path | None = None, args: Iterable[s
     __tracebackhide__ = True
     from nnwizard.api import options as make_options
     from nnwizard.locations import render
-    from nnwizard.session import probe
+    from nnwizard.probes.api import ProbeResult
+    from nnwizard.supervisor import probe
 
+    isolation = options.pop("isolation", "auto")
     opts = make_options(script, args, module=module, **options)
     if opts.module:
         from nnwizard.errors import UsageError
 
         raise UsageError("assert_overfits_one_batch runs a script's own loop: give script=, not module=")
-    result, target = probe(opts, "script-overfit", {"steps": steps})
+    sent = probe(opts, "script-overfit", {"steps": steps}, isolation)
+    name = Path(opts.script).name
+    if sent.get("result") is None:   # the worker's process ended before it measured
+        raise DoesNotOverfit(render(f"nnwizard: {name} could not be measured: {sent['ended'].get('text')}"), None)
+    result = ProbeResult(**sent["result"])
     if result.status == "passed":
         return result
-    name = Path(opts.script).name
     if result.status in ("errored", "skipped") or result.data.get("cannot_run"):
         why = f"could not be measured: {result.summary}"
     else:
         why = f"did not overfit one batch ({result.outcome}): {result.summary}"
-    error = target.recording.error if getattr(target, "recording", None) is not None else None
+    error = sent.get("error")
     if error is not None:
-        why += f"\nthe program's own run raised {error.type}" + (f" at {error.where}" if error.where else "") + f": {error.message}"
+        why += (f"\nthe program's own run raised {error['type']}" + (f" at {error['where']}" if error.get("where") else "")
+                + f": {error['message']}")
     raise DoesNotOverfit(render(f"nnwizard: {name} {why}"), result)

@@ -210,7 +210,25 @@ def replay(job: dict, client: channel.Client) -> int:
                o["device"], o["seed"], o["quiet"])
 
 
-COMMANDS = {"diagnose": diagnose, "watch": watch, "replay": replay}
+def probe(job: dict, client: channel.Client) -> int:
+    """One probe outside any tree (``nnwizard.testing``): its result and the program's own error, if it raised."""
+    from nnwizard.jsonsafe import jsonable
+    from nnwizard.options import Options
+    from nnwizard.session import probe as run_probe
+
+    opts = Options.from_json(job["options"])
+    watchdog.interrupts_by_message(True)
+    result, target = run_probe(opts, job["probe"], job.get("params") or {})
+    recording = getattr(target, "recording", None)
+    error = getattr(recording, "error", None) if recording is not None else None
+    client.send({"t": "probe-result", "result": {
+        "status": result.status, "outcome": result.outcome, "summary": result.summary, "data": jsonable(result.data),
+        "duration_s": result.duration_s, "id": result.id or job["probe"], "params": jsonable(result.params)},
+        "error": None if error is None else {"type": error.type, "where": error.where, "message": error.message}})
+    return int(ExitCode.OK)
+
+
+COMMANDS = {"diagnose": diagnose, "watch": watch, "replay": replay, "probe": probe}
 
 
 def main(argv: list[str]) -> None:
