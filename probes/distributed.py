@@ -19,6 +19,7 @@ Every result that finds a fault carries ``fix_here``: the fix at the script's ow
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import statistics
@@ -40,16 +41,28 @@ def _run(ctx: ProbeContext):
     return getattr(ctx.target, "distributed", None)
 
 
-def _not_distributed(ctx: ProbeContext) -> ProbeResult | None:
-    run = _run(ctx)
-    if run is None:
-        return skipped("not a distributed run")
-    if run.world < 2:
-        return skipped("one rank: nothing to compare across ranks")
-    if len(run.digests) < 2:
-        return cannot_run(f"digests from {len(run.digests)} of {run.world} rank(s): nothing to compare across ranks",
-                          reason="ranks-missing")
-    return None
+def on_ranks(fn):
+    """A probe body ``fn(ctx, run)`` on the ranks' merged recordings; skipped when the target is not a distributed run."""
+    @functools.wraps(fn)
+    def measure(ctx: ProbeContext) -> ProbeResult:
+        run = _run(ctx)
+        if run is None:
+            return skipped("not a distributed run")
+        return fn(ctx, run)
+    return measure
+
+
+def across_ranks(fn):
+    """:func:`on_ranks` for a comparison of the ranks: skipped with one rank, cannot run without two ranks' digests."""
+    @functools.wraps(fn)
+    def measure(ctx: ProbeContext, run) -> ProbeResult:
+        if run.world < 2:
+            return skipped("one rank: nothing to compare across ranks")
+        if len(run.digests) < 2:
+            return cannot_run(f"digests from {len(run.digests)} of {run.world} rank(s): nothing to compare across ranks",
+                              reason="ranks-missing")
+        return fn(ctx, run)
+    return on_ranks(measure)
 
 
 def _ranks(ranks) -> str:
@@ -65,10 +78,8 @@ def _ranks(ranks) -> str:
     "aborted": "the watchdog stopped every rank (a hang, or the hard time limit)",
     "not-distributed": "no rank called init_process_group or built DDP/FSDP: the ranks ran independent copies",
     "start-failed": "the ranks could not be started"})
-def dist_run(ctx: ProbeContext) -> ProbeResult:
-    run = _run(ctx)
-    if run is None:
-        return skipped("not a distributed run")
+@on_ranks
+def dist_run(ctx: ProbeContext, run) -> ProbeResult:
     lines = [f"rank {r}: {run.ended(r)}" for r in range(run.world)]
     table = Table("ranks", "How each rank ended", ["rank", "steps", "collectives", "ended"],
                   [[r, (run.digests.get(r) or {}).get("total_steps"), (run.digests.get(r) or {}).get("collective_count"),
@@ -134,10 +145,8 @@ def _busy_text(busy: dict | None) -> str:
     "peer-raised": "a rank's collective failed because another rank had raised an error of its own",
     "order": "the ranks entered different collectives at the same point",
     "rendezvous": "the ranks never met: every rank waited in init_process_group"})
-def dist_collectives(ctx: ProbeContext) -> ProbeResult:
-    run = _run(ctx)
-    if run is None:
-        return skipped("not a distributed run")
+@on_ranks
+def dist_collectives(ctx: ProbeContext, run) -> ProbeResult:
     if not run.initialised():
         return skipped("no process group: no collectives")
     stacks = {r: user_frames(s) for r, s in run.stacks.items()}
@@ -247,10 +256,8 @@ def _hang_fix(run) -> str:
 @probe("dist-unused-params", title="DistributedDataParallel and parameters that get no gradient", outcomes={
     "ok": "every parameter DDP wraps received a gradient (or DDP was told to look for unused ones)",
     "unused": "DDP's reducer raised: parameters it wraps received no gradient"})
-def dist_unused_params(ctx: ProbeContext) -> ProbeResult:
-    run = _run(ctx)
-    if run is None:
-        return skipped("not a distributed run")
+@on_ranks
+def dist_unused_params(ctx: ProbeContext, run) -> ProbeResult:
     ddps = [(r, w) for r, d in run.digests.items() for w in d.get("ddp", [])]
     if not ddps:
         return skipped("no DistributedDataParallel was built")
@@ -280,10 +287,8 @@ def dist_unused_params(ctx: ProbeContext) -> ProbeResult:
 @probe("dist-sampler-epoch", title="A DistributedSampler's epoch set every epoch", outcomes={
     "ok": "every shuffling DistributedSampler drew a new order each epoch",
     "epoch-not-set": "a shuffling DistributedSampler drew the same order every epoch (set_epoch never called)"})
-def dist_sampler_epoch(ctx: ProbeContext) -> ProbeResult:
-    run = _run(ctx)
-    if run is None:
-        return skipped("not a distributed run")
+@on_ranks
+def dist_sampler_epoch(ctx: ProbeContext, run) -> ProbeResult:
     samplers = [(r, s) for r, d in sorted(run.digests.items()) for s in d.get("samplers", [])]
     shuffled = [(r, s) for r, s in samplers if s.get("shuffle")]
     if not samplers:
@@ -343,11 +348,8 @@ def _same_dataset(a: dict, b: dict) -> bool | None:
     "same-batches": "the ranks' training batches were identical at the same steps",
     "whole-dataset": "every rank's training sampler runs over the whole data set",
     "overlap": "a sharding sampler gave the ranks overlapping samples (its rank or num_replicas is wrong)"})
-def dist_sharding(ctx: ProbeContext) -> ProbeResult:
-    missing = _not_distributed(ctx)
-    if missing is not None:
-        return missing
-    run = _run(ctx)
+@across_ranks
+def dist_sharding(ctx: ProbeContext, run) -> ProbeResult:
     ranks = run.ranks
     base = run.digests[ranks[0]]
     # identical training inputs at the same steps
@@ -429,11 +431,8 @@ def _overlap(a: dict, b: dict) -> float | None:
 @probe("dist-batchnorm", title="BatchNorm statistics over a few samples per rank", outcomes={
     "ok": "no unsynced BatchNorm normalises a small per-rank batch",
     "small-batches": "BatchNorm layers (not SyncBatchNorm) compute their statistics over a few samples per rank"})
-def dist_batchnorm(ctx: ProbeContext) -> ProbeResult:
-    missing = _not_distributed(ctx)
-    if missing is not None:
-        return missing
-    run = _run(ctx)
+@across_ranks
+def dist_batchnorm(ctx: ProbeContext, run) -> ProbeResult:
     base = run.digests[run.ranks[0]]
     layers = base.get("bn_layers", [])
     if not layers:
@@ -555,11 +554,8 @@ LABELS = {"train_loss_mean": "training loss (mean since the last print)", "eval_
     "not-reduced": "a printed loss or metric is one rank's own figure where the global one differs",
     "summed": "a printed figure is the sum over the ranks, not their mean",
     "per-rank": "every rank printed its own, different figure at the same line"})
-def dist_metric(ctx: ProbeContext) -> ProbeResult:
-    missing = _not_distributed(ctx)
-    if missing is not None:
-        return missing
-    run = _run(ctx)
+@across_ranks
+def dist_metric(ctx: ProbeContext, run) -> ProbeResult:
     prints = {r: [p for p in d.get("prints", []) if _numbers(p["text"])] for r, d in run.digests.items()}
     if not any(prints.values()):
         return skipped("the script printed no figures with decimals")
@@ -631,11 +627,8 @@ def dist_metric(ctx: ProbeContext) -> ProbeResult:
 @probe("dist-writes", title="Files written by several ranks", outcomes={
     "ok": "no file was written by more than one rank",
     "conflict": "several ranks wrote the same file"})
-def dist_writes(ctx: ProbeContext) -> ProbeResult:
-    missing = _not_distributed(ctx)
-    if missing is not None:
-        return missing
-    run = _run(ctx)
+@across_ranks
+def dist_writes(ctx: ProbeContext, run) -> ProbeResult:
     writers: dict[str, dict[int, list[dict]]] = defaultdict(lambda: defaultdict(list))
     for r, d in run.digests.items():
         for w in d.get("writes", []):
@@ -675,11 +668,8 @@ def _differs(a: list | None, b: list | None) -> float | None:
     "ok": "after every compared step the ranks held the same parameters",
     "diverged": "the ranks' parameters differ after a step",
     "not-broadcast": "the ranks started from different parameters"})
-def dist_replicas(ctx: ProbeContext) -> ProbeResult:
-    missing = _not_distributed(ctx)
-    if missing is not None:
-        return missing
-    run = _run(ctx)
+@across_ranks
+def dist_replicas(ctx: ProbeContext, run) -> ProbeResult:
     ranks = run.ranks
     from nnwizard.probes._crash import DDP_UNUSED
 

@@ -1,6 +1,6 @@
 """nnwizard: a guided troubleshooting wizard for PyTorch training runs."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 
 def watch(model=None, optimizer=None, out="nnwizard-watch", on_anomaly="continue", **options):

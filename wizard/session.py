@@ -87,34 +87,6 @@ def _load_script_target(opts: Options, listener):
     return target
 
 
-class _Progress:
-    """A recorder listener that shows the observed run's progress (``script-progress`` events, at most every half
-    second) and says when the script went on after nnwizard stopped it (it catches BaseException)."""
-
-    EVERY_S = 0.5
-
-    def __init__(self, listener):
-        self.listener, self.last, self.said = listener, 0.0, False
-
-    def on_backward(self, rec, loss) -> None:
-        stopped = rec.recording.stopped
-        if stopped and not self.said:   # (a backward pass after the stop: the script trains on)
-            self.said = True
-            note = (f"the script went on training after nnwizard stopped its run ({stopped}) after step "
-                    f"{rec.recording.total_steps}: it catches the stop (a BaseException) and carries on")
-            rec.recording.notes.append(note)
-            self.listener(Event("script-note", data={"text": note, "kind": "stop-caught"}))
-
-    def on_step_post(self, rec, optimizer, step) -> None:
-        import time
-
-        now = time.monotonic()
-        if now - self.last >= self.EVERY_S:
-            self.last = now
-            self.listener(Event("script-progress", data={"step": step.step, "loss": step.loss,
-                                                         "max_steps": rec.max_steps}))
-
-
 def select_trees(trees: dict, target) -> dict:
     """The trees for this kind of target (``modes`` in the tree files)."""
     if getattr(target, "mode", "module") != "script":

@@ -535,26 +535,28 @@ class Sandbox:
         self._set(os, "link", linked("link"))
         self._set(os, "symlink", linked("symlink"))
 
-        def listdir(path="."):
+        def listed(path):
+            """``(absolute path, names)`` the script sees in ``path`` (its own writes and deletions applied), or None
+            where the real call answers (a descriptor, bytes, an exempted folder, the sandbox off)."""
             if isinstance(path, (int, bytes)) or not sb.active:
-                return _real["listdir"](path)
+                return None
             p = sb._abs(path)
             if p is None or sb._exempted(p):
-                return _real["listdir"](path)
+                return None
             names = _listing(sb, p)
             if names is None:
                 raise FileNotFoundError(errno.ENOENT, "No such file or directory", os.fspath(path))
-            return list(names)
+            return p, names
+
+        def listdir(path="."):
+            seen = listed(path)
+            return _real["listdir"](path) if seen is None else list(seen[1])
 
         def scandir(path="."):
-            if isinstance(path, (int, bytes)) or not sb.active:
+            seen = listed(path)
+            if seen is None:
                 return _real["scandir"](path)
-            p = sb._abs(path)
-            if p is None or sb._exempted(p):
-                return _real["scandir"](path)
-            names = _listing(sb, p)
-            if names is None:
-                raise FileNotFoundError(errno.ENOENT, "No such file or directory", os.fspath(path))
+            p, names = seen
             shown = os.fspath(path)
             entries = []
             for place in (p, str(sb.mirror(p))):
