@@ -55,7 +55,7 @@ class TerminalView:
         elif event.kind == "script-start":
             self._stop()
             d = event.data
-            c.print(f"[bold cyan]▶ Running {escape(str(d['script']) + ' ' + ' '.join(d['args']))}[/] [dim](at most {d['max_steps']} "
+            c.print(f"[bold cyan]▶ Running {escape(' '.join([str(d['script']), *d['args']]))}[/] [dim](at most {d['max_steps']} "
                     f"optimizer steps; {escape(d.get('kept') or 'its output and files are kept aside')})[/]", highlight=False)
             self._status = c.status("[dim]starting the script…[/]", spinner="dots")
             self._status.start()
