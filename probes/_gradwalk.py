@@ -188,6 +188,7 @@ class GradWalk:
         self.saved: dict[int, tuple[str, dict]] = {}     # id(node) -> (cause, saved numbers), read before the backward
         self._graph: dict[int, Any] = {}                 # id(node) -> node, every node of the watched graphs
         self._depth: dict[int, int] = {}
+        self._via: dict[int, int | None] = {}   # id(node) -> the nearest node toward the loss whose call was seen
         self._stack: list[tuple[str, str]] = []
         self._handles: list = []
         self._attached: list[nn.Module] = []
@@ -241,16 +242,18 @@ class GradWalk:
             self._user[filename] = hit
         return hit
 
-    def where(self) -> str | None:
+    def where(self, through: bool = False) -> str | None:
         """``file:line in function`` of the innermost user frame; ``OURS`` when nnwizard's own machinery (the
-        recorder reading a tensor, a listener) made the op, not the user's code or what it called."""
+        recorder reading a tensor, a listener) made the op, not the user's code or what it called. ``through``: the
+        user's frame beyond nnwizard's (where a node was made: the recorder's loss wrapper calls the user's loss
+        function for them)."""
         frame = sys._getframe(1)
         while frame is not None:
             filename = frame.f_code.co_filename
             if filename.endswith("_gradwalk.py") or "/torch/" in filename:
                 frame = frame.f_back
                 continue
-            if _machinery(filename):
+            if _machinery(filename) and not through:
                 return OURS
             if self._is_user(filename):
                 return f"{Path(filename).name}:{frame.f_lineno} in {frame.f_code.co_name}"
@@ -307,7 +310,7 @@ class GradWalk:
                 node = t.grad_fn
                 if node is not None and id(node) not in self.sites:
                     module, mtype = self._stack[-1] if self._stack else ("", "")
-                    self.sites[id(node)] = (node, Site(name, module, mtype, self.where(), self.ops, bool(self._stack)))
+                    self.sites[id(node)] = (node, Site(name, module, mtype, self.where(through=True), self.ops, bool(self._stack)))
         elif grad_on and self.armed:
             for t in outs:
                 if t.requires_grad and t.grad_fn is None and not isinstance(t, nn.Parameter):
@@ -340,9 +343,9 @@ class GradWalk:
         if loss.grad_fn is None:   # the loss is itself a new leaf (torch.tensor(value, requires_grad=True))
             self.root_leaves.append(loss)
             return
-        frontier = [(loss.grad_fn, 0)]
+        frontier = [(loss.grad_fn, 0, None)]
         while frontier:
-            node, depth = frontier.pop(0)
+            node, depth, via = frontier.pop(0)
             if node is None or id(node) in self._graph:
                 continue
             if len(self._graph) >= MAX_NODES:
@@ -350,9 +353,11 @@ class GradWalk:
                 break
             self._graph[id(node)] = node
             self._depth[id(node)] = depth
+            self._via[id(node)] = via
             self._hook(node)
             self._read_saved(node)
-            frontier += [(child, depth + 1) for child, _ in node.next_functions]
+            own = id(node) if id(node) in self.sites else via
+            frontier += [(child, depth + 1, own) for child, _ in node.next_functions]
 
     def _read_saved(self, node) -> None:
         """The cause a node of this type would be, and its saved numbers, read now: the backward frees them."""
@@ -500,8 +505,13 @@ class GradWalk:
         node = best[1]
         site = self.sites.get(id(node))
         cause, numbers = self.saved.get(id(node), (None, {}))
+        op = site[1].op if site else node.name().rstrip("0123456789").removesuffix("Backward")
+        if site is None and self._via.get(id(node)) in self.sites:
+            # a node made inside a call the mode saw as one op (log_softmax inside cross_entropy): that call's line
+            site = self.sites[self._via[id(node)]]
+            op = f"{op} inside {site[1].op}"
         info = dict(node=node.name(), depth=best[0], cause=cause or _cause_by_name(node),
-                    op=site[1].op if site else node.name().rstrip("0123456789").removesuffix("Backward"),
+                    op=op,
                     where=site[1].where if site else None, module=site[1].module if site else "",
                     module_type=site[1].module_type if site else "", in_model=site[1].in_model if site else False)
         info.update(numbers)

@@ -186,6 +186,15 @@ def test_script_softmax_over_one_unit_is_followed_to_its_line(tmp_path):
     assert "gradient norm was exactly 0" in result.data["why"]
 
 
+def test_a_softmax_inside_the_loss_function_is_named_at_the_loss_call(tmp_path):
+    """cross_entropy over one output unit (a class-score loss on a regression head): the log_softmax is made inside
+    torch's cross_entropy, which the recorder's loss wrapper calls for the script; the line named is the script's."""
+    result = _script(tmp_path, "nn.functional.cross_entropy(out, y[i:i + 32])")
+    assert result.outcome == "zero" and result.data["cause"] == "softmax-size1", result.summary
+    assert result.data["op"] == "LogSoftmax inside cross_entropy", result.data["op"]
+    assert result.data["where"].startswith("fit.py:11"), result.data["where"]
+
+
 def test_script_loss_rebuilt_from_a_number(tmp_path):
     result = _script(tmp_path, "torch.tensor(nn.functional.binary_cross_entropy_with_logits(out, y[i:i + 32]).item(), "
                                "requires_grad=True)")
