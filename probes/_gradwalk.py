@@ -194,6 +194,7 @@ class GradWalk:
         self._attached: list[nn.Module] = []
         self._user: dict[str, bool] = {}
         self.truncated = False
+        self.unread: list[str] = []   # nodes whose saved values could not be read (named in the report)
         self._from_input: dict[int, Any] = {}            # id -> tensor computed from the tracked input (kept alive)
         self._mode = _Mode(self)
 
@@ -355,7 +356,10 @@ class GradWalk:
             self._depth[id(node)] = depth
             self._via[id(node)] = via
             self._hook(node)
-            self._read_saved(node)
+            try:
+                self._read_saved(node)
+            except Exception as exc:  # noqa: BLE001 - a node type whose saved values read oddly: its cause stays unknown
+                self.unread.append(f"{node.name()}: {type(exc).__name__}: {exc}")
             own = id(node) if id(node) in self.sites else via
             frontier += [(child, depth + 1, own) for child, _ in node.next_functions]
 
@@ -393,6 +397,8 @@ class GradWalk:
                     leaves_in_graph.append(var)
         found: dict[str, Any] = dict(ops=self.ops, nodes=len(self._graph), truncated=self.truncated, backwards=len(self.roots),
                                      trained=len(trained), reached=bin(reached).count("1"))
+        if self.unread:
+            found["unread"] = self.unread[:5]
         unreached = [i for i in range(len(trained)) if not reached >> i & 1]
         # parameters reached whose whole gradient is zero / non-finite
         zero, nonfinite = [], []
@@ -537,12 +543,24 @@ def _state(grads) -> str | None:
     return found
 
 
+def _dim(node, result) -> int | None:
+    """A softmax node's saved dimension as an index into ``result``: autograd saves it as an unsigned 64-bit
+    number, so ``dim=-1`` reads 2**64 - 1."""
+    dim = getattr(node, "_saved_dim", None)
+    if not isinstance(dim, int) or not isinstance(result, torch.Tensor) or not result.dim():
+        return None
+    if dim >= 2 ** 63:
+        dim -= 2 ** 64
+    return dim if -result.dim() <= dim < result.dim() else None
+
+
 def _cause(node) -> str:
     """What kind of op stops the gradient: read from the node's type and saved tensors (before the backward)."""
     base = node.name().rstrip("0123456789").removesuffix("Backward")
     if base in SOFTMAX_NODES:
-        dim, result = getattr(node, "_saved_dim", None), getattr(node, "_saved_result", None)
-        if isinstance(dim, int) and isinstance(result, torch.Tensor) and result.dim() and result.shape[dim] == 1:
+        result = getattr(node, "_saved_result", None)
+        dim = _dim(node, result)
+        if dim is not None and result.shape[dim] == 1:
             return "softmax-size1"
         return "softmax-saturated"
     return _cause_by_name(node)
@@ -569,13 +587,13 @@ def _saved(node) -> dict[str, Any]:
     out: dict[str, Any] = {}
     try:
         result = getattr(node, "_saved_result", None)
-        dim = getattr(node, "_saved_dim", None)
+        dim = _dim(node, result)
         if isinstance(result, torch.Tensor) and result.numel():
             r = result.detach().float()
             out.update(saved_shape=list(r.shape), saved_min=float(r.min()), saved_max=float(r.max()),
                        saved_zero=float((r == 0).float().mean()))
-            if isinstance(dim, int):
-                out.update(dim=dim, dim_size=int(r.shape[dim]) if r.dim() else 1)
+            if dim is not None:
+                out.update(dim=dim, dim_size=int(r.shape[dim]))
         x = getattr(node, "_saved_self", None)
         if isinstance(x, torch.Tensor) and x.numel() and x.is_floating_point():
             v = x.detach().float()

@@ -81,6 +81,15 @@ def test_a_softmax_over_one_output_unit_makes_every_gradient_exactly_zero():
     assert node["cause"] == "softmax-size1" and node["dim_size"] == 1 and node["saved_min"] == node["saved_max"] == 1.0
 
 
+def test_a_softmax_over_the_last_dimension_is_walked_through():
+    """Autograd saves ``dim=-1`` as an unsigned number (2**64 - 1): the walk reads it as -1 and goes on to every
+    parameter behind the softmax (an attention layer's), instead of stopping there and calling them unreached."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
+    found = _walk(lambda m: F.nll_loss(torch.log(torch.softmax(m(X), dim=-1)), (Y[:, 0] > 0).long()), model)
+    assert found["reached"] == found["trained"] == 4 and not found["unreached"] and not found.get("unread"), found
+
+
 def test_a_dead_relu_and_a_round_are_named():
     model = _mlp()
     with torch.no_grad():
