@@ -9,7 +9,7 @@ from pathlib import Path
 
 import nnwizard
 from nnwizard.errors import ExitCode, UsageError
-from nnwizard.processes import SIGNALS, WHAT_SIGNAL, crash_log
+from nnwizard.processes import SIGNALS, WHAT_SIGNAL, internal_error
 
 
 def how_it_ended(session) -> dict | None:
@@ -78,9 +78,7 @@ def finish(session, opts, view) -> int:
     report, internal = collect(session, opts)
     view.summary(report, report.written)
     if internal is not None:
-        log = crash_log(internal.get("traceback") or internal.get("message", ""))
-        print(f"nnwizard: internal error: {internal.get('message')}. This is a bug in nnwizard; the traceback is in {log}.",
-              file=sys.stderr)
+        print(f"nnwizard: {internal_error(internal)}", file=sys.stderr)
         return int(ExitCode.INTERNAL)
     if session.keep:
         print(f"nnwizard: the scratch folder is kept: {session.folder}", file=sys.stderr)

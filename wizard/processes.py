@@ -219,3 +219,9 @@ def crash_log(text: str) -> Path:
     return path
 
 
+def internal_error(error: dict) -> str:
+    """The sentence for a worker's internal error (``{"message", "traceback"}``), its traceback saved to a crash log."""
+    log = crash_log(error.get("traceback") or error.get("message", ""))
+    return f"internal error: {error.get('message')}. This is a bug in nnwizard; the traceback is in {log}."
+
+

@@ -26,7 +26,7 @@ from nnwizard import channel
 from nnwizard.errors import ExitCode, NNWizardError, UsageError
 from nnwizard.isolate import TRACKERS, Decision, decide, tracker_env, write_roots
 from nnwizard.outcome import finish
-from nnwizard.processes import SIGNALS, WHAT_SIGNAL, Launch, Worker, crash_log, sweep
+from nnwizard.processes import SIGNALS, WHAT_SIGNAL, Launch, Worker, internal_error, sweep
 
 STOP_GRACE_S = 10.0      # a worker asked to stop at a deadline: killed this long after, if still there
 INTERRUPT_GRACE_S = 5.0  # Ctrl-C: the worker finishes its partial report within this, or is killed
@@ -262,27 +262,11 @@ class _signals:
 # ------------------------------------------------------------------------------------------------ commands
 def diagnose(opts, isolation: str = "auto", keep_scratch: bool = False) -> int:
     """``nnwizard diagnose``: the diagnosis in a worker; the reports written here from what it sent."""
-    from nnwizard.options import check
     from nnwizard.view import TerminalView
 
-    check(opts)
-    if opts.module:
-        _check_module(opts.module)
     view = TerminalView(quiet=opts.quiet)
-    env: dict[str, str] = {}
-    while True:
-        session = Session(Launch({"command": "diagnose", "options": opts.to_json()}, env=env),
-                          isolation, keep_scratch, view, _prompter(opts), opts.script,
-                          announce=lambda d: _announce(view, d))
-        try:
-            session.run()
-            if session.cuda_lost and not env:
-                opts, env = _on_cpu(opts, session.cuda_lost, view)
-                continue
-            return finish(session, opts, view)
-        finally:
-            view.close()
-            session.cleanup()
+    return _supervised(opts, isolation, keep_scratch, view, lambda session, o: finish(session, o, view),
+                       _prompter(opts), announce=lambda d: _announce(view, d))
 
 
 def report(opts, isolation: str = "auto", view=None):
@@ -290,33 +274,39 @@ def report(opts, isolation: str = "auto", view=None):
     command, without a terminal unless ``view`` is given. Returns the Report (``report.written``: the files that
     ``opts`` asked for). UsageError on bad input; NNWizardError when nnwizard itself failed; KeyboardInterrupt
     after Ctrl-C, once the partial reports are written."""
-    from nnwizard.options import check
     from nnwizard.outcome import collect
+
+    result, internal, interrupted = _supervised(opts, isolation, False, view,
+                                                lambda session, o: (*collect(session, o), session.interrupts))
+    if internal is not None:
+        raise NNWizardError(internal_error(internal))
+    if interrupted:
+        raise KeyboardInterrupt
+    return result
+
+
+def _supervised(opts, isolation: str, keep_scratch: bool, view, end, prompter=None, announce=None):
+    """The diagnosis ``opts`` asks for, in a worker (once more on the CPU after a sticky CUDA error): what
+    ``end(session, opts)`` makes of the session that finished."""
+    from nnwizard.options import check
 
     check(opts)
     if opts.module:
         _check_module(opts.module)
     env: dict[str, str] = {}
     while True:
-        session = Session(Launch({"command": "diagnose", "options": opts.to_json()}, env=env), isolation, False, view,
-                          None, opts.script)
+        session = Session(Launch({"command": "diagnose", "options": opts.to_json()}, env=env),
+                          isolation, keep_scratch, view, prompter, opts.script, announce=announce)
         try:
             session.run()
             if session.cuda_lost and not env:
                 opts, env = _on_cpu(opts, session.cuda_lost, view)
                 continue
-            result, internal = collect(session, opts)
+            return end(session, opts)
         finally:
-            if view is not None and hasattr(view, "close"):
+            if view is not None:
                 view.close()
             session.cleanup()
-        if internal is not None:
-            log = crash_log(internal.get("traceback") or internal.get("message", ""))
-            raise NNWizardError(f"internal error: {internal.get('message')}. This is a bug in nnwizard; the traceback "
-                                f"is in {log}.")
-        if session.interrupts:
-            raise KeyboardInterrupt
-        return result
 
 
 def probe(opts, probe_id: str, params: dict | None = None, isolation: str = "auto") -> dict:
@@ -337,9 +327,7 @@ def probe(opts, probe_id: str, params: dict | None = None, isolation: str = "aut
     if session.error and session.error.get("code") == int(ExitCode.USAGE):
         raise UsageError(session.error["message"])
     if session.error and session.error.get("code") == int(ExitCode.INTERNAL):
-        log = crash_log(session.error.get("traceback") or session.error.get("message", ""))
-        raise NNWizardError(f"internal error: {session.error.get('message')}. This is a bug in nnwizard; the traceback "
-                            f"is in {log}.")
+        raise NNWizardError(internal_error(session.error))
     if session.interrupts:
         raise KeyboardInterrupt
     if session.probe_result is None:
@@ -391,9 +379,7 @@ def passthrough(job: dict, announce_isolation: bool = False) -> int:
         if session.error and session.error.get("code") == int(ExitCode.USAGE):
             raise UsageError(session.error["message"])
         if session.error and session.error.get("code") == int(ExitCode.INTERNAL):
-            log = crash_log(session.error.get("traceback") or session.error.get("message", ""))
-            print(f"nnwizard: internal error: {session.error.get('message')}. This is a bug in nnwizard; the "
-                  f"traceback is in {log}.", file=sys.stderr)
+            print(f"nnwizard: {internal_error(session.error)}", file=sys.stderr)
             return int(ExitCode.INTERNAL)
         for note in session.notes:
             print(f"nnwizard: {note}", file=sys.stderr)
